@@ -1,0 +1,51 @@
+# scaleout: `make` lists the targets. Every target does its own set-up on a fresh Debian machine.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON_SYS ?= python3
+VENV       ?= .venv
+# cpu | gpu: which TensorFlow 2.18.1 build the venv gets
+TF         ?= cpu
+PY         := $(VENV)/bin/python
+APP        := $(VENV)/bin/app
+PYTEST_ARGS ?=
+# The shared, read-only TFDS folder of this workplace, when it is there (Fashion-MNIST without network).
+DATA_DIR   ?= $(firstword $(TFDS_DATA_DIR) $(wildcard ../shared/datasets/tfds))
+NP         ?= 2
+
+.PHONY: help install system-deps test lint format clean
+
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml scripts/install-horovod.sh
+	@command -v mpicxx >/dev/null || $(MAKE) --no-print-directory system-deps
+	test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[$(strip $(TF)),dev]"
+	scripts/install-horovod.sh $(PY)
+	touch $@
+
+install: $(VENV)/.installed ## create .venv with pinned TensorFlow/tf_keras and Horovod (built once, cached)
+
+system-deps: ## apt packages: OpenMPI (Horovod's MPI controller) and the build tools (needs root)
+	@if [ "$$(id -u)" != 0 ]; then echo "system-deps: run as root or install openmpi-bin libopenmpi-dev g++ by hand" >&2; exit 1; fi
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    openmpi-bin libopenmpi-dev g++ make python3-venv >/dev/null
+
+test: install ## run the test suite (includes 2-process Horovod runs under horovodrun and mpirun)
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+lint: install ## ruff check + ruff format --check
+	$(VENV)/bin/ruff check app tests bench
+	$(VENV)/bin/ruff format --check app tests bench
+
+format: install ## apply ruff's formatting and autofixes
+	$(VENV)/bin/ruff format app tests bench
+	$(VENV)/bin/ruff check --fix app tests bench
+
+clean: ## remove the venv, caches and run outputs (the cached Horovod wheel stays in ~/.cache/scaleout)
+	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info runs
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,87 @@
+"""Keras 2 under Horovod, arranged in exactly one place.
+
+TensorFlow 2.16+ ships Keras 3 as ``keras``; Horovod 0.28.1 (the last release) only supports Keras 2, and its
+Keras modules do ``from keras import backend``. So before TensorFlow or Horovod is imported we:
+
+1. set ``TF_USE_LEGACY_KERAS=1`` so that ``tf.keras`` is ``tf_keras`` (Keras 2.18), and
+2. make the module name ``keras`` (and every ``keras.*`` submodule) resolve to ``tf_keras`` through a
+   meta-path alias. The alias imports nothing until someone imports ``keras``, so ``app --help`` stays instant.
+
+``app/__init__.py`` imports this module before anything else. Code that needs TensorFlow calls
+:func:`import_tensorflow`, which also verifies the result and stops with one clear line if ``tf.keras`` is
+still Keras 3 (for example when ``keras`` was imported before ``app``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import os
+import sys
+
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+# TensorFlow's C++ start-up chatter (oneDNN notices, "Unable to register cuDNN factory" on CPU builds) is
+# noise in every job log; `app --debug` brings it back.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+class KerasError(RuntimeError):
+    """The Keras that TensorFlow uses is not Keras 2 (tf_keras)."""
+
+
+class _KerasAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Resolve ``keras`` and ``keras.<sub>`` to ``tf_keras`` and ``tf_keras.<sub>`` (the same module objects)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "keras" and not fullname.startswith("keras."):
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def __init__(self) -> None:
+        self._real_specs: dict = {}
+
+    def create_module(self, spec):
+        module = importlib.import_module("tf_keras" + spec.name[len("keras") :])
+        self._real_specs[spec.name] = module.__spec__
+        return module
+
+    def exec_module(self, module):
+        # importlib has just set module.__spec__ to the alias's spec; give the real module its own back.
+        module.__spec__ = self._real_specs.pop(module.__spec__.name)
+
+
+def _install_alias() -> None:
+    if not any(isinstance(f, _KerasAlias) for f in sys.meta_path):
+        sys.meta_path.insert(0, _KerasAlias())
+
+
+_install_alias()
+
+
+def import_tensorflow():
+    """Import TensorFlow with Keras 2 and return the ``tf`` module; raise :class:`KerasError` otherwise."""
+    already = sys.modules.get("keras")
+    if already is not None and not already.__name__.startswith("tf_keras"):
+        raise KerasError(
+            f"Keras {getattr(already, '__version__', '3')} was imported before scaleout; "
+            "import app first or unset whatever imports keras, since Horovod 0.28.1 needs tf_keras (Keras 2)"
+        )
+    import tensorflow as tf
+
+    flavour, version = keras_flavour(tf)
+    if flavour != "tf_keras" or not version.startswith("2."):
+        raise KerasError(
+            f"tf.keras is {flavour} {version}, but Horovod 0.28.1 needs Keras 2: install tf_keras==2.18.0 "
+            "and set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported (make install does both)"
+        )
+    return tf
+
+
+def keras_flavour(tf) -> tuple[str, str]:
+    """Which package ``tf.keras`` really is (``tf_keras`` or ``keras``) and its version.
+
+    ``tf.keras`` is a lazy loader without ``__version__``; its layers' home module tells the truth.
+    """
+    package = tf.keras.layers.Dense.__module__.split(".")[0]
+    return package, importlib.import_module(package).__version__

@@ -1,0 +1,149 @@
+"""Everything that scaling out adds, in one place: Horovod init, device pinning, the distributed optimizer,
+Horovod's callbacks in their documented order, collective helpers, and the local launcher (`--np N`).
+
+Training code calls these functions and never imports Horovod itself, so a reader sees here, and only here,
+what running on N workers changes. Horovod is imported lazily (after app.compat made `keras` mean tf_keras).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from app.errors import AppError, UsageError
+
+# Environment variables by which each launcher tells a process its rank.
+LAUNCHER_RANK_VARS = {
+    "horovodrun": "HOROVOD_RANK",
+    "mpirun": "OMPI_COMM_WORLD_RANK",
+    "srun": "SLURM_PROCID",
+    "pmix": "PMIX_RANK",
+}
+
+
+@dataclass(frozen=True)
+class World:
+    """Who this process is among the workers."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    local_size: int = 1
+    nodes: int = 1
+
+    @property
+    def is_chief(self) -> bool:
+        return self.rank == 0
+
+
+def detected_launcher() -> str | None:
+    """The launcher that started this process, if any (so `app train` joins rather than launches)."""
+    for name, var in LAUNCHER_RANK_VARS.items():
+        if var in os.environ and (name != "srun" or int(os.environ.get("SLURM_NTASKS", "1")) > 1):
+            return name
+    return None
+
+
+def hvd():
+    import horovod.tensorflow.keras as hvd_keras
+
+    return hvd_keras
+
+
+def init(threads: int = 0) -> World:
+    """Start Horovod and pin this process to one GPU (one rank per GPU), or share the CPU cores fairly."""
+    import tensorflow as tf
+
+    h = hvd()
+    h.init()  # [horovod] join the other workers
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:  # [horovod] one GPU per rank, chosen by local rank; memory grows instead of being grabbed
+        for gpu in gpus:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        tf.config.set_visible_devices(gpus[h.local_rank() % len(gpus)], "GPU")
+    else:  # [horovod] CPU workers on one node split its cores instead of oversubscribing them
+        per_worker = threads or max(1, (os.cpu_count() or 1) // h.local_size())
+        tf.config.threading.set_intra_op_parallelism_threads(per_worker)
+        tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, per_worker)))
+    return World(h.rank(), h.size(), h.local_rank(), h.local_size(), h.cross_size())
+
+
+def distributed_optimizer(optimizer, accumulation_steps: int = 1, fp16_allreduce: bool = False):
+    """[horovod] Average gradients across workers (and over local backward passes) before each update."""
+    h = hvd()
+    return h.DistributedOptimizer(
+        optimizer,
+        backward_passes_per_step=accumulation_steps,
+        average_aggregated_gradients=True,
+        compression=h.Compression.fp16 if fp16_allreduce else h.Compression.none,
+    )
+
+
+def first_callbacks() -> list:
+    """[horovod] The callbacks that must come first, in Horovod's documented order.
+
+    Broadcast rank 0's initial variables (after a restore too) so every worker starts identical; then
+    average metrics across workers, before any callback that reads them (checkpointing, logging, LR).
+    """
+    h = hvd()
+    return [h.callbacks.BroadcastGlobalVariablesCallback(0), h.callbacks.MetricAverageCallback()]
+
+
+def schedule_callback(
+    initial_lr: float, multiplier, start_epoch: float, end_epoch: float | None, steps_per_epoch: int
+):
+    """[horovod] Horovod's per-batch LR callback: lr = initial_lr * multiplier(fractional epoch).
+
+    Momentum correction stays off: it assumes a legacy optimizer whose momentum is a variable, and fails
+    with Keras >= 2.11 optimizers ('float' object has no attribute 'dtype').
+    """
+    return hvd().callbacks.LearningRateScheduleCallback(
+        initial_lr=initial_lr,
+        multiplier=multiplier,
+        start_epoch=start_epoch,
+        end_epoch=end_epoch,
+        staircase=False,
+        momentum_correction=False,
+        steps_per_epoch=steps_per_epoch,
+    )
+
+
+def broadcast_object(obj, root: int = 0):
+    """[horovod] Rank ``root``'s Python object on every rank (run directory, resume epoch)."""
+    h = hvd()
+    return obj if h.size() == 1 else h.broadcast_object(obj, root_rank=root)
+
+
+def allreduce_min(value: int) -> int:
+    """[horovod] The smallest of every rank's value (equal step counts per epoch: unequal ones deadlock)."""
+    import tensorflow as tf
+
+    h = hvd()
+    if h.size() == 1:
+        return value
+    return int(h.allreduce(tf.constant(value, tf.int64), op=h.Min, name="allreduce_min"))
+
+
+def allgather_object(obj) -> list:
+    """[horovod] Every rank's object, in rank order."""
+    h = hvd()
+    return [obj] if h.size() == 1 else h.allgather_object(obj)
+
+
+def launch_local(np: int, argv: list[str]) -> int:
+    """Run ``app <argv>`` as ``np`` local workers through ``horovodrun --gloo`` and return its exit status."""
+    if np < 1:
+        raise UsageError(f"--np {np}: must be >= 1")
+    horovodrun = shutil.which(
+        "horovodrun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
+    )
+    if horovodrun is None:
+        raise AppError("--np needs horovodrun, which comes with Horovod; run `make install`")
+    cmd = [horovodrun, "--gloo", "-np", str(np), "-H", f"localhost:{np}", sys.executable, "-m", "app", *argv]
+    env = dict(os.environ, SCALEOUT_LAUNCHED_BY="app --np")
+    print("+ " + shlex.join(cmd), file=sys.stderr, flush=True)
+    return subprocess.call(cmd, env=env)

@@ -1,0 +1,70 @@
+"""The learning-rate schedule: linear scaling, Goyal et al.'s gradual warmup, then step decay or cosine.
+
+Defined by the *global* batch, not by the number of workers. Horovod's own ``LearningRateWarmupCallback``
+ramps from ``lr / hvd.size()`` to ``lr``; that equals Goyal's ramp (from the reference LR at batch 256 to
+k times it) only when the global batch is ``size`` x 256, and with one worker plus gradient accumulation its
+ramp is flat. So the multipliers here are computed from k = global_batch / reference_batch, and Horovod's
+per-batch ``LearningRateScheduleCallback`` applies them at every step of every epoch: the LR at any step is a
+function of the step alone, so a resumed run continues exactly where it stopped.
+
+Progress is measured in epochs *after* the step (``(step + 1) / steps_per_epoch``), as Horovod's warmup
+does, so the last warmup step trains at exactly the target LR.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Schedule:
+    target_lr: float  # the LR after warmup: base_lr * k with linear scaling, else base_lr
+    start_lr: float  # the LR warmup starts from: the reference LR (base_lr), at most target_lr
+    warmup_epochs: float
+    kind: str  # step | cosine | constant
+    decay_epochs: tuple[int, ...]
+    decay_factor: float
+    epochs: int
+
+    def multiplier(self, epoch: float) -> float:
+        """LR / target_lr at fractional ``epoch`` (progress after the step)."""
+        w = self.warmup_epochs
+        if w > 0 and epoch < w:
+            start = self.start_lr / self.target_lr
+            return start + (1.0 - start) * epoch / w
+        if self.kind == "step":
+            return self.decay_factor ** sum(1 for d in self.decay_epochs if epoch >= d)
+        if self.kind == "cosine":
+            span = max(self.epochs - w, 1e-9)
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (epoch - w) / span)))
+        return 1.0
+
+    def lr(self, epoch: float) -> float:
+        return self.target_lr * self.multiplier(epoch)
+
+
+def make_schedule(cfg, workers: int) -> Schedule:
+    """The schedule of ``cfg`` (an app.config.Config) on ``workers`` workers."""
+    t = cfg.train
+    target = cfg.scaled_lr(workers)
+    return Schedule(
+        target_lr=target,
+        start_lr=min(t.base_lr, target),
+        warmup_epochs=float(t.warmup_epochs),
+        kind=t.schedule,
+        decay_epochs=tuple(t.decay_epochs),
+        decay_factor=t.decay_factor,
+        epochs=t.epochs,
+    )
+
+
+def lr_callback(schedule: Schedule, steps_per_epoch: int):
+    """Horovod's per-batch LR callback applying ``schedule`` at every step of every epoch."""
+    from app.distributed import schedule_callback
+
+    def multiplier(epoch: float) -> float:
+        # Horovod passes the progress *before* the batch; the schedule is defined after it.
+        return schedule.multiplier(epoch + 1.0 / steps_per_epoch)
+
+    return schedule_callback(schedule.target_lr, multiplier, 0, None, steps_per_epoch)

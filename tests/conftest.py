@@ -1,0 +1,67 @@
+"""Shared helpers: run `app` in-process (CliRunner) or as real processes under a Horovod launcher."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_TFDS = ROOT.parent / "shared" / "datasets" / "tfds"
+BIN = Path(sys.executable).parent
+IN_CI = os.environ.get("CI") == "true"
+
+# OpenMPI refuses to run as root unless told twice; CI and these machines run as root.
+MPI_ENV = {
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "OMPI_MCA_rmaps_base_oversubscribe": "1",
+}
+
+
+def require_tool(name: str) -> str:
+    """The tool's path; skip with the reason on a laptop without it, but fail in CI (.ci/run installs it)."""
+    path = shutil.which(name, path=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    if path is None:
+        if IN_CI:
+            pytest.fail(f"{name} is not on PATH, but CI must run this test (.ci/run installs it)")
+        pytest.skip(f"{name} is not on PATH; install it to run this test")
+    return path
+
+
+def launcher_cmd(launcher: str, np: int) -> tuple[list[str], dict[str, str]]:
+    """The command prefix and environment that start ``np`` local workers with ``launcher``."""
+    if launcher == "horovodrun":
+        return [require_tool("horovodrun"), "--gloo", "-np", str(np), "-H", f"localhost:{np}"], {}
+    if launcher == "mpirun":
+        return [require_tool("mpirun"), "-np", str(np), "--bind-to", "none"], MPI_ENV
+    raise ValueError(launcher)
+
+
+def run_workers(
+    launcher: str, np: int, args: list[str], timeout: int = 600, cwd=None
+) -> subprocess.CompletedProcess:
+    """Run ``python args...`` on ``np`` workers; fail the test with the output if it exits non-zero."""
+    prefix, extra = launcher_cmd(launcher, np)
+    env = dict(os.environ, **extra, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [*prefix, sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd
+    )
+    assert proc.returncode == 0, (
+        f"{launcher} -np {np} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    )
+    return proc
+
+
+@pytest.fixture(scope="session")
+def shared_tfds() -> Path:
+    """The read-only TFDS folder with Fashion-MNIST that this workplace provides beside the repository."""
+    if not (SHARED_TFDS / "fashion_mnist").is_dir():
+        if IN_CI:
+            pytest.fail(f"{SHARED_TFDS} is missing; CI runs with shared/ beside the clone")
+        pytest.skip(f"{SHARED_TFDS} is not here")
+    return SHARED_TFDS

@@ -1,0 +1,103 @@
+"""The command line: version, help for every command, `app info --json`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from app import __version__
+from app.cli import cli
+
+
+def test_version():
+    result = CliRunner().invoke(cli, ["--version"])
+    assert result.exit_code == 0
+    assert result.output.strip() == f"scaleout, version {__version__}"
+
+
+def test_help_lists_commands():
+    result = CliRunner().invoke(cli, ["-h"])
+    assert result.exit_code == 0
+    for name in cli.commands:
+        assert name in result.output
+
+
+@pytest.mark.parametrize("name", sorted(cli.commands))
+def test_every_command_has_help_with_example(name):
+    result = CliRunner().invoke(cli, [name, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Example:" in result.output
+
+
+def test_unknown_command_is_usage_error():
+    result = CliRunner().invoke(cli, ["trian"])
+    assert result.exit_code == 2
+    assert "No such command 'trian'" in result.output
+
+
+def test_help_does_not_import_tensorflow():
+    # `app --help` must be instant on a login node: no TensorFlow, no Horovod.
+    code = (
+        "import sys; from app.cli import cli\n"
+        "try:\n    cli.main(['--help'], standalone_mode=False)\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('tensorflow', 'horovod', 'tf_keras') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
+
+
+@pytest.fixture(scope="module")
+def info():
+    result = CliRunner().invoke(cli, ["info", "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def test_info_json_keys(info):
+    assert {
+        "scaleout",
+        "python",
+        "tensorflow",
+        "keras",
+        "horovod",
+        "gpus",
+        "gpu_count",
+        "cpu_count",
+        "tools",
+        "tfds_data_dir",
+    } <= set(info)
+    assert set(info["tools"]) == {
+        "horovodrun",
+        "mpirun",
+        "srun",
+        "sbatch",
+        "apptainer",
+        "singularity",
+        "docker",
+        "podman",
+    }
+    assert info["scaleout"] == __version__
+
+
+def test_info_reports_pinned_stack(info):
+    assert info["tensorflow"] == "2.18.1"
+    assert info["keras"]["flavour"] == "tf_keras"
+    assert info["keras"]["version"].startswith("2.18.")
+    hvd = info["horovod"]
+    assert hvd["version"] == "0.28.1"
+    assert hvd["controllers"]["gloo"] is True
+    assert hvd["tensor_operations"]["gloo"] is True
+    # MPI support is compiled in exactly when mpicxx was there at build time (it is in CI).
+    assert hvd["controllers"]["mpi"] is (shutil.which("mpicxx") is not None)
+    assert info["gpu_count"] == len(info["gpus"])
+
+
+def test_info_table_renders():
+    result = CliRunner().invoke(cli, ["info"])
+    assert result.exit_code == 0, result.output
+    assert "Horovod" in result.output and "0.28.1" in result.output
