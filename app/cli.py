@@ -14,7 +14,8 @@ import click
 
 from app import __version__
 from app.compat import KerasError
-from app.errors import AppError
+from app.distributed import detected_launcher, rank_from_env
+from app.errors import AppError, UsageError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "APP", "max_content_width": 100}
 
@@ -28,8 +29,13 @@ class AppGroup(click.Group):
         except (AppError, KerasError) as exc:
             if ctx.params.get("debug"):
                 raise
-            error = click.ClickException(str(exc))
-            error.exit_code = getattr(exc, "exit_code", 1)
+            code = getattr(exc, "exit_code", 1)
+            rank = rank_from_env()
+            if isinstance(exc, UsageError) and rank != 0:
+                ctx.exit(code)  # every rank sees the same bad input; rank 0 alone says so
+            prefix = f"[rank {rank}] " if rank and isinstance(exc, AppError) else ""
+            error = click.ClickException(prefix + str(exc))
+            error.exit_code = code
             raise error from None
 
 
@@ -67,6 +73,112 @@ def info(as_json: bool) -> None:
         from rich.console import Console
 
         info_stage.render(report, Console())
+
+
+def config_options(func):
+    """--config/--set and the options every command that builds a config shares."""
+    options = [
+        click.option("-c", "--config", "configs", multiple=True, metavar="FILE",
+                     help="Experiment YAML (repeatable; later files override earlier ones)."),
+        click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+                     help="Override one config key, e.g. --set train.batch_size=64 (repeatable)."),
+        click.option("--data-dir", help="TFDS data dir or ImageNet TFRecord folder (data.data_dir)."),
+        click.option("--seed", type=int, help="Seed for weights, data order and augmentation (run.seed)."),
+        click.option("--threads", type=int, default=0, show_default=True,
+                     help="CPU threads per worker (0: the node's cores shared among its workers)."),
+        click.option("--np", "np_", type=int, metavar="N",
+                     help="Start N local workers through horovodrun --gloo (one workstation)."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def relaunch(np_: int | None, argv: list[str]) -> bool:
+    """With --np N > 1 and no launcher around us, start N workers running ``app argv`` and exit with theirs."""
+    if not np_ or np_ == 1 or detected_launcher():
+        return False
+    from app.distributed import launch_local
+
+    sys.exit(launch_local(np_, argv))
+
+
+def _repeat(flag: str, values) -> list[str]:
+    return [part for v in values for part in (flag, str(v))]
+
+
+@cli.command()
+@config_options
+@click.option("--run-dir", help="Where checkpoints and metrics go; an existing run directory is resumed.")
+@click.option("--epochs", type=int, help="train.epochs")
+@click.option("--batch-size", type=int, help="Per-worker batch size (train.batch_size).")
+@click.option("--accumulation-steps", type=int, help="Backward passes per update (train.accumulation_steps).")
+@click.option("--precision", type=click.Choice(["auto", "float32", "mixed_float16", "mixed_bfloat16"]))
+def train(
+    configs, sets, data_dir, seed, threads, np_, run_dir, epochs, batch_size, accumulation_steps, precision
+):
+    """Train a ResNet data-parallel with Horovod; resumes a run directory that has checkpoints.
+
+    Runs as one process, joins the workers of an outer launcher (horovodrun, mpirun, srun --mpi=pmix), or
+    starts N local workers itself with --np N.
+
+    \b
+    Example:
+      app train -c configs/fashion_mnist.yaml --np 2
+      app train -c configs/resnet50_imagenet.yaml --data-dir /scratch/imagenet --batch-size 256
+      mpirun -np 8 app train -c configs/synthetic.yaml --set train.steps_per_epoch=100
+      app train --run-dir runs/fashion_mnist-20261202-140000     # resume
+    """
+    from app import config
+
+    options = {
+        "data.data_dir": data_dir, "run.seed": seed, "train.epochs": epochs, "train.batch_size": batch_size,
+        "train.accumulation_steps": accumulation_steps, "model.precision": precision,
+    }  # fmt: skip
+    cfg, resolved = config.for_run(configs, sets, options, run_dir)
+    argv = [
+        "train",
+        *_repeat("-c", configs),
+        *_repeat("--set", sets),
+        "--run-dir",
+        str(resolved),
+        "--threads",
+        str(threads),
+    ]
+    for flag, value in (("--data-dir", data_dir), ("--seed", seed), ("--epochs", epochs), ("--batch-size", batch_size),
+                        ("--accumulation-steps", accumulation_steps), ("--precision", precision)):  # fmt: skip
+        argv += [flag, str(value)] if value is not None else []
+    relaunch(np_, argv)
+    from app.train import train_and_evaluate
+
+    train_and_evaluate(cfg, resolved, threads)
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@config_options
+@click.option("--epoch", type=int, help="Evaluate this epoch's checkpoint instead of the latest valid one.")
+def evaluate(run_dir, configs, sets, data_dir, seed, threads, np_, epoch):
+    """Evaluate a run's checkpoint on the evaluation split (distributed over the workers).
+
+    \b
+    Example:
+      app evaluate runs/fashion_mnist-20261202-140000
+      app evaluate runs/resnet50-1234567 --epoch 90 --data-dir /scratch/imagenet --np 4
+    """
+    from app import config
+
+    saved = os.path.join(run_dir, "config.yaml")
+    if not os.path.isfile(saved):
+        raise UsageError(f"RUN_DIR {run_dir}: no config.yaml there; pass the directory `app train` wrote")
+    cfg = config.build([saved, *configs], sets, {"data.data_dir": data_dir, "run.seed": seed})
+    argv = ["evaluate", run_dir, *_repeat("-c", configs), *_repeat("--set", sets), "--threads", str(threads)]
+    for flag, value in (("--data-dir", data_dir), ("--seed", seed), ("--epoch", epoch)):
+        argv += [flag, str(value)] if value is not None else []
+    relaunch(np_, argv)
+    from app.train import evaluate_run
+
+    evaluate_run(cfg, run_dir, epoch, threads)
 
 
 def main() -> None:

@@ -315,3 +315,41 @@ def dump(cfg: Config) -> str:
 def tfds_data_dir(explicit: str | None = None) -> str:
     """The TFDS data dir in use: explicit > $TFDS_DATA_DIR > TFDS's own default (~/tensorflow_datasets)."""
     return explicit or os.environ.get("TFDS_DATA_DIR") or os.path.expanduser("~/tensorflow_datasets")
+
+
+def default_run_dir(name: str) -> Path:
+    """runs/<name>-<Slurm job id> under Slurm (stable across requeues), else runs/<name>-<date-time>."""
+    import time
+
+    job = os.environ.get("SLURM_JOB_ID")
+    return Path("runs") / f"{name}-{job if job else time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def for_run(
+    config_files: typing.Sequence[str],
+    sets: typing.Iterable[str],
+    options: dict[str, object],
+    run_dir: str | None,
+) -> tuple[Config, Path]:
+    """The config and run directory of ``app train``: a run directory holding config.yaml is resumed from it.
+
+    The saved config is the base; files, ``--set`` and options may only change what does not alter what was
+    learned so far (``RESUMABLE_CHANGES``), anything else is a conflict that names the keys.
+    """
+    saved_path = Path(run_dir) / "config.yaml" if run_dir else None
+    if saved_path is not None and saved_path.is_file():
+        try:
+            saved_tree = yaml.safe_load(saved_path.read_text()) or {}
+        except yaml.YAMLError:
+            raise UsageError(f"{saved_path}: not valid YAML; fix it or start a new --run-dir") from None
+        saved = build(base=_flatten(saved_tree, str(saved_path)))
+        cfg = build(config_files, sets, options, base=flat(saved))
+        clash = conflicts(saved, cfg)
+        if clash:
+            raise UsageError(
+                f"--run-dir {run_dir}: resuming with a different config ({'; '.join(clash)}); "
+                "drop those changes or start a new --run-dir"
+            )
+        return cfg, Path(run_dir)
+    cfg = build(config_files, sets, options)
+    return cfg, Path(run_dir) if run_dir else default_run_dir(cfg.name)

@@ -48,6 +48,14 @@ def detected_launcher() -> str | None:
     return None
 
 
+def rank_from_env() -> int:
+    """This process's rank as its launcher announced it (0 when not launched), without importing Horovod."""
+    for var in LAUNCHER_RANK_VARS.values():
+        if var in os.environ:
+            return int(os.environ[var])
+    return 0
+
+
 def hvd():
     import horovod.tensorflow.keras as hvd_keras
 
@@ -147,3 +155,15 @@ def launch_local(np: int, argv: list[str]) -> int:
     env = dict(os.environ, SCALEOUT_LAUNCHED_BY="app --np")
     print("+ " + shlex.join(cmd), file=sys.stderr, flush=True)
     return subprocess.call(cmd, env=env)
+
+
+def allreduce_sum(values):
+    """[horovod] Elementwise sums of a float vector over all ranks."""
+    import numpy as np
+    import tensorflow as tf
+
+    h = hvd()
+    values = np.asarray(values, np.float64)
+    if h.size() == 1:
+        return values
+    return h.allreduce(tf.constant(values), op=h.Sum, name="allreduce_sum").numpy()

@@ -1,0 +1,454 @@
+"""The tf.data input pipeline: sources (TFDS, ImageNet TFRecords, synthetic), per-rank sharding, preprocessing.
+
+Every epoch's stream on every rank is a pure function of (seed, epoch, rank, workers): file order, shuffle
+and augmentation all use stateless randomness seeded by those values. A resumed run therefore sees exactly
+the data an uninterrupted run would have seen, and ``--seed`` makes the order reproducible.
+
+Per worker: shard by rank before shuffling (whole files when there are at least as many files as workers,
+single examples otherwise), interleave files in parallel, shuffle, decode and augment in parallel, batch with
+``drop_remainder=True``, prefetch. The number of steps per epoch is agreed across ranks (the minimum), since
+unequal step counts would deadlock the allreduce.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from app.errors import AppError, UsageError
+
+AUTOTUNE = tf.data.AUTOTUNE
+IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+IMAGENET_TRAIN_EXAMPLES = 1_281_167
+IMAGENET_VALIDATION_EXAMPLES = 50_000
+DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+COUNTS_FILE = "counts.json"  # per-file example counts, written by `app data imagenet-to-tfrecord`
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What the model and the schedule need to know about a dataset."""
+
+    name: str
+    num_classes: int
+    image_shape: tuple[int, int, int]  # what the model sees, after preprocessing
+    train_examples: int  # on this rank
+    eval_examples: int  # on this rank
+    sharding: str  # "file" or "example"
+
+
+# ------------------------------------------------------------------------------------ preprocessing
+
+
+def example_seed(seed: int, rank: int, epoch, index) -> tf.Tensor:
+    """A stateless-random seed unique to (run seed, rank, epoch, example index)."""
+    return tf.stack(
+        [
+            tf.cast(seed, tf.int64) * 1_000_003 + rank,
+            tf.cast(epoch, tf.int64) * (1 << 32) + tf.cast(index, tf.int64),
+        ]
+    )
+
+
+def small_image_train(image: tf.Tensor, size: int, seed: tf.Tensor) -> tf.Tensor:
+    """Fashion-MNIST/CIFAR augmentation: pad 4 px, random crop back, random horizontal flip, scale to [-1, 1]."""
+    image = tf.image.convert_image_dtype(image, tf.float32)
+    image = tf.image.resize_with_crop_or_pad(image, size + 8, size + 8)
+    crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    image = tf.image.stateless_random_crop(image, [size, size, tf.shape(image)[-1]], seed=crop_seed)
+    image = tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
+    return (image - 0.5) / 0.5
+
+
+def small_image_eval(image: tf.Tensor, size: int) -> tf.Tensor:
+    image = tf.image.convert_image_dtype(image, tf.float32)
+    image = tf.image.resize_with_crop_or_pad(image, size, size)
+    return (image - 0.5) / 0.5
+
+
+def _normalize_imagenet(image: tf.Tensor) -> tf.Tensor:
+    return (tf.cast(image, tf.float32) - IMAGENET_MEAN) / IMAGENET_STD
+
+
+def imagenet_train(encoded: tf.Tensor, bbox: tf.Tensor, size: int, seed: tf.Tensor) -> tf.Tensor:
+    """Inception-style random-resized crop decoded in one fused op (only the crop is decoded), flip, resize."""
+    crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    shape = tf.image.extract_jpeg_shape(encoded)
+    begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        shape,
+        bounding_boxes=bbox,
+        seed=crop_seed,
+        min_object_covered=0.1,
+        aspect_ratio_range=(3 / 4, 4 / 3),
+        area_range=(0.08, 1.0),
+        max_attempts=10,
+        use_image_if_no_bounding_boxes=True,
+    )
+    oy, ox, _ = tf.unstack(begin)
+    h, w, _ = tf.unstack(crop_size)
+    image = tf.image.decode_and_crop_jpeg(encoded, tf.stack([oy, ox, h, w]), channels=3)
+    image = tf.image.resize(image, [size, size], method="bilinear")
+    image = tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
+    return _normalize_imagenet(image)
+
+
+def imagenet_eval(encoded: tf.Tensor, size: int, crop_fraction: float = 0.875) -> tf.Tensor:
+    """Central crop (224 of 256, the standard protocol) decoded in one fused op, then resize."""
+    shape = tf.image.extract_jpeg_shape(encoded)
+    h, w = shape[0], shape[1]
+    side = tf.cast(tf.cast(tf.minimum(h, w), tf.float32) * crop_fraction, tf.int32)
+    window = tf.stack([(h - side + 1) // 2, (w - side + 1) // 2, side, side])
+    image = tf.image.decode_and_crop_jpeg(encoded, window, channels=3)
+    return _normalize_imagenet(tf.image.resize(image, [size, size], method="bilinear"))
+
+
+IMAGENET_FEATURES = {
+    "image/encoded": tf.io.FixedLenFeature([], tf.string),
+    "image/class/label": tf.io.FixedLenFeature([], tf.int64),
+    "image/object/bbox/xmin": tf.io.VarLenFeature(tf.float32),
+    "image/object/bbox/ymin": tf.io.VarLenFeature(tf.float32),
+    "image/object/bbox/xmax": tf.io.VarLenFeature(tf.float32),
+    "image/object/bbox/ymax": tf.io.VarLenFeature(tf.float32),
+}
+
+
+def parse_imagenet(record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """A serialized ImageNet example to (JPEG bytes, label 0..999, boxes [1, n, 4] as ymin, xmin, ymax, xmax)."""
+    f = tf.io.parse_single_example(record, IMAGENET_FEATURES)
+    coords = [tf.sparse.to_dense(f[f"image/object/bbox/{k}"]) for k in ("ymin", "xmin", "ymax", "xmax")]
+    bbox = tf.expand_dims(tf.stack(coords, axis=-1), 0)
+    return f["image/encoded"], f["image/class/label"] - 1, bbox  # labels are stored 1..1000
+
+
+# ------------------------------------------------------------------------------------------ sources
+
+
+class Source:
+    """Reads one dataset for one rank. Subclasses fill in the elements and how to preprocess them."""
+
+    spec: Spec
+    files: list[str] = []  # this rank's training files (to name a corrupt one)
+
+    def train_elements(self, epoch: int) -> tf.data.Dataset:
+        """This rank's training examples for ``epoch``, in a deterministic (file-shuffled) order."""
+        raise NotImplementedError
+
+    def eval_elements(self) -> tf.data.Dataset:
+        raise NotImplementedError
+
+    def preprocess_train(self, element, seed: tf.Tensor):
+        raise NotImplementedError
+
+    def preprocess_eval(self, element):
+        raise NotImplementedError
+
+
+class ArraySource(Source):
+    """Small image datasets held in memory: a TFDS dataset or Debian's Fashion-MNIST files.
+
+    Sharded per example (``Dataset.shard`` after trimming to a multiple of the worker count, so every rank
+    gets the same number of examples).
+    """
+
+    def __init__(self, name, train, test, num_classes, size, rank, workers, cache):
+        def shard(ds, n):
+            ds = ds.take(n // workers * workers).shard(workers, rank)
+            return ds.cache() if cache else ds
+
+        self._train, n_train = shard(*train), train[1]
+        self._eval, n_eval = shard(*test), test[1]
+        channels = int(self._train.element_spec[0].shape[-1])
+        self.size = size
+        self.spec = Spec(
+            name, num_classes, (size, size, channels), n_train // workers, n_eval // workers, "example"
+        )
+
+    def train_elements(self, epoch):
+        return self._train
+
+    def eval_elements(self):
+        return self._eval
+
+    def preprocess_train(self, element, seed):
+        image, label = element
+        return small_image_train(image, self.size, seed), label
+
+    def preprocess_eval(self, element):
+        image, label = element
+        return small_image_eval(image, self.size), label
+
+
+def _read_idx(path: Path) -> np.ndarray:
+    # The IDX format (MNIST's): a 4-byte magic whose last byte is the rank, then big-endian sizes, then uint8.
+    # Ten lines by hand because TFDS cannot build fashion_mnist from local files without its download step.
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    ndim = data[3]
+    shape = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
+    return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(shape)
+
+
+def debian_fashion_mnist(root: Path = DEBIAN_FASHION_MNIST):
+    """Fashion-MNIST from the Debian package `dataset-fashion-mnist` as (train, test) (Dataset, count) pairs."""
+    out = []
+    for prefix in ("train", "t10k"):
+        images = _read_idx(root / f"{prefix}-images-idx3-ubyte.gz")[..., None]
+        labels = _read_idx(root / f"{prefix}-labels-idx1-ubyte.gz").astype(np.int64)
+        out.append((tf.data.Dataset.from_tensor_slices((images, labels)), len(labels)))
+    return out
+
+
+def _tfds_source(cfg, rank: int, workers: int) -> Source:
+    import tensorflow_datasets as tfds
+
+    from app.config import tfds_data_dir
+
+    data_dir = tfds_data_dir(cfg.data_dir)
+    if cfg.data_dir and not Path(cfg.data_dir).is_dir():
+        raise UsageError(f"data.data_dir {cfg.data_dir}: no such directory; point it at a TFDS data dir")
+    builder = tfds.builder(cfg.name, data_dir=data_dir)
+    if not builder.is_prepared():
+        if cfg.name == "fashion_mnist" and (DEBIAN_FASHION_MNIST / "train-images-idx3-ubyte.gz").is_file():
+            train, test = debian_fashion_mnist()
+            size = cfg.image_size or 28
+            return ArraySource(
+                "fashion_mnist (Debian files)", train, test, 10, size, rank, workers, cfg.cache
+            )
+        _download(builder, cfg.name, data_dir, rank)
+    info = builder.info
+    if cfg.train_split not in info.splits or cfg.eval_split not in info.splits:
+        raise UsageError(
+            f"data.train_split/eval_split: {cfg.name} has splits {', '.join(info.splits)}, "
+            f"not {cfg.train_split!r} and {cfg.eval_split!r}"
+        )
+    keys = info.supervised_keys
+    if not keys:
+        raise UsageError(
+            f"data.name: {cfg.name} has no (image, label) supervised keys; pick an image dataset"
+        )
+    image_key, label_key = keys[0], keys[1]
+    num_classes = info.features[label_key].num_classes
+    size = cfg.image_size or info.features[image_key].shape[0]
+
+    def split(name):
+        ds = builder.as_dataset(split=name, shuffle_files=False, as_supervised=True)
+        return ds, info.splits[name].num_examples
+
+    return ArraySource(
+        cfg.name, split(cfg.train_split), split(cfg.eval_split), num_classes, size, rank, workers, cfg.cache
+    )
+
+
+def _download(builder, name: str, data_dir: str, rank: int) -> None:
+    """Prepare a TFDS dataset that is not there yet (rank 0 downloads; needs network)."""
+    from app.distributed import broadcast_object
+
+    error = None
+    if rank == 0:
+        try:
+            builder.download_and_prepare()
+        except Exception as exc:  # network or disk: any failure gets the same advice
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    error = broadcast_object(error)
+    if error is None:
+        return
+    ways = f"TFDS data dir ({data_dir})"
+    if name == "fashion_mnist":
+        raise AppError(
+            f"Fashion-MNIST not found: not prepared in the {ways}, no Debian files in {DEBIAN_FASHION_MNIST} "
+            f"(apt-get install dataset-fashion-mnist), and the TFDS download failed ({error}); "
+            "set --data-dir/TFDS_DATA_DIR to a prepared TFDS folder, install the package, or allow the download"
+        )
+    raise AppError(f"TFDS dataset {name} is not prepared in the {ways} and could not be downloaded ({error})")
+
+
+class ImagenetSource(Source):
+    """ImageNet TFRecords in the standard layout: train-XXXXX-of-01024, validation-XXXXX-of-00128."""
+
+    def __init__(self, cfg, rank: int, workers: int, seed: int):
+        root = Path(cfg.data_dir)
+        if not root.is_dir():
+            raise UsageError(
+                f"data.data_dir {root}: no such directory; convert ImageNet with `app data imagenet-to-tfrecord`"
+            )
+        train = sorted(str(p) for p in root.glob("train-*-of-*"))
+        val = sorted(str(p) for p in root.glob("validation-*-of-*"))
+        if not train or not val:
+            missing = "train-*-of-*" if not train else "validation-*-of-*"
+            raise UsageError(
+                f"data.data_dir {root}: no files matching {missing}; convert ImageNet with `app data imagenet-to-tfrecord`"
+            )
+        counts = _file_counts(root, train + val)
+        self.size = cfg.image_size or 224
+        self.seed = seed
+        self.rank, self.workers = rank, workers
+        self.file_level = len(train) >= workers
+        self.files = train[rank::workers] if self.file_level else train
+        self.eval_file_level = len(val) >= workers
+        self.eval_files = val[rank::workers] if self.eval_file_level else val
+        n_train = (
+            sum(counts[f] for f in self.files)
+            if self.file_level
+            else sum(counts[f] for f in train) // workers
+        )
+        n_eval = (
+            sum(counts[f] for f in self.eval_files)
+            if self.eval_file_level
+            else sum(counts[f] for f in val) // workers
+        )
+        self.spec = Spec("imagenet", cfg.num_classes or 1000, (self.size, self.size, 3), n_train, n_eval,
+                         "file" if self.file_level else "example")  # fmt: skip
+
+    def _read(self, files, order_seed=None) -> tf.data.Dataset:
+        names = tf.constant(files)
+        if order_seed is not None:  # a new file order every epoch, the same on every run with this seed
+            names = tf.random.experimental.stateless_shuffle(names, order_seed)
+        ds = tf.data.Dataset.from_tensor_slices(names)
+        return ds.interleave(
+            lambda f: tf.data.TFRecordDataset(f, buffer_size=8 << 20),
+            cycle_length=min(16, len(files)),
+            num_parallel_calls=AUTOTUNE,
+            deterministic=True,
+        )
+
+    def train_elements(self, epoch):
+        ds = self._read(self.files, tf.constant([self.seed, epoch], tf.int64))
+        return ds if self.file_level else ds.shard(self.workers, self.rank)
+
+    def eval_elements(self):
+        ds = self._read(self.eval_files)
+        return ds if self.eval_file_level else ds.shard(self.workers, self.rank)
+
+    def preprocess_train(self, record, seed):
+        encoded, label, bbox = parse_imagenet(record)
+        return imagenet_train(encoded, bbox, self.size, seed), label
+
+    def preprocess_eval(self, record):
+        encoded, label, _ = parse_imagenet(record)
+        return imagenet_eval(encoded, self.size), label
+
+
+def _file_counts(root: Path, files: list[str]) -> dict[str, int]:
+    """Examples per file: from counts.json when the converter wrote one, else ImageNet's known totals
+    spread evenly over a standard 1024/128 layout, else counted (small custom sets)."""
+    path = root / COUNTS_FILE
+    if path.is_file():
+        known = json.loads(path.read_text())
+        if all(os.path.basename(f) in known for f in files):
+            return {f: int(known[os.path.basename(f)]) for f in files}
+    train = [f for f in files if os.path.basename(f).startswith("train-")]
+    val = [f for f in files if os.path.basename(f).startswith("validation-")]
+    if len(train) == 1024 and len(val) == 128:
+        return {f: IMAGENET_TRAIN_EXAMPLES // 1024 for f in train} | {
+            f: IMAGENET_VALIDATION_EXAMPLES // 128 for f in val
+        }
+    return {f: count_records(f) for f in files}
+
+
+def count_records(path: str) -> int:
+    try:
+        return int(tf.data.TFRecordDataset(path).reduce(np.int64(0), lambda n, _: n + 1))
+    except tf.errors.DataLossError as exc:
+        raise AppError(
+            f"{path}: corrupt or truncated TFRecord ({exc.message.splitlines()[0]}); re-create it"
+        ) from None
+
+
+class SyntheticSource(Source):
+    """Random tensors of the model's input shape, generated once and repeated: pure compute throughput."""
+
+    def __init__(self, cfg, workers: int, seed: int):
+        self.size = cfg.image_size or 224
+        channels = cfg.channels or 3
+        n = max(1, cfg.synthetic_examples // workers)
+        self.spec = Spec("synthetic", cfg.num_classes, (self.size, self.size, channels), n, n, "example")
+        rng = np.random.default_rng(seed)
+        self._image = tf.constant(rng.normal(size=self.spec.image_shape).astype(np.float32))
+        self._label = tf.constant(int(rng.integers(cfg.num_classes)), tf.int64)
+
+    def train_elements(self, epoch):
+        return tf.data.Dataset.from_tensors((self._image, self._label)).repeat()
+
+    eval_elements = train_elements
+
+    def preprocess_train(self, element, seed):
+        return element
+
+    def preprocess_eval(self, element):
+        return element
+
+
+def open_source(cfg, rank: int = 0, workers: int = 1, seed: int = 0) -> Source:
+    """The dataset named by ``cfg`` (an app.config.DataConfig) for ``rank`` of ``workers``."""
+    if cfg.source == "tfds":
+        return _tfds_source(cfg, rank, workers)
+    if cfg.source == "imagenet":
+        return ImagenetSource(cfg, rank, workers, seed)
+    return SyntheticSource(cfg, workers, seed)
+
+
+# ---------------------------------------------------------------------------------------- pipelines
+
+
+def train_dataset(
+    source: Source, batch_size: int, steps_per_epoch: int, epochs: int, initial_epoch: int = 0,
+    seed: int = 0, rank: int = 0, shuffle_buffer: int = 10000, synthetic: bool = False,
+) -> tf.data.Dataset:  # fmt: skip
+    """Batches for epochs ``initial_epoch..epochs-1``, ``steps_per_epoch`` per epoch, one epoch after another."""
+    if synthetic:  # one batch, made once, repeated: nothing but compute is measured
+        batch = next(iter(source.train_elements(0).batch(batch_size)))
+        return tf.data.Dataset.from_tensors(batch).repeat((epochs - initial_epoch) * steps_per_epoch)
+
+    def one_epoch(epoch: int) -> tf.data.Dataset:
+        ds = source.train_elements(epoch)
+        ds = ds.shuffle(shuffle_buffer, seed=epoch_seed(seed, rank, epoch), reshuffle_each_iteration=False)
+        ds = ds.enumerate().map(
+            lambda i, el: source.preprocess_train(el, example_seed(seed, rank, epoch, i)),
+            num_parallel_calls=AUTOTUNE,
+            deterministic=True,
+        )
+        return ds.batch(batch_size, drop_remainder=True).take(steps_per_epoch)
+
+    # One dataset per epoch, concatenated: each epoch's shuffle seed is a plain int derived from (seed, rank,
+    # epoch), which Dataset.shuffle needs (it cannot take a traced seed, so flat_map over epochs won't do).
+    ds = one_epoch(initial_epoch)
+    for epoch in range(initial_epoch + 1, epochs):
+        ds = ds.concatenate(one_epoch(epoch))
+    ds = ds.apply(tf.data.experimental.assert_cardinality((epochs - initial_epoch) * steps_per_epoch))
+    return ds.prefetch(AUTOTUNE)
+
+
+def epoch_seed(seed: int, rank: int, epoch: int) -> int:
+    """A 31-bit seed for one rank's shuffle in one epoch."""
+    return int(np.random.SeedSequence([seed, rank, epoch]).generate_state(1)[0] >> 1)
+
+
+def eval_dataset(source: Source, batch_size: int, steps: int = 0) -> tf.data.Dataset:
+    """This rank's evaluation batches (the last one may be short: every example counts once)."""
+    # map() spreads tuple elements over arguments; preprocess_eval takes the element whole, like preprocess_train.
+    ds = source.eval_elements().map(
+        lambda *el: source.preprocess_eval(el if len(el) > 1 else el[0]), num_parallel_calls=AUTOTUNE
+    )
+    ds = ds.batch(batch_size)
+    if steps:
+        ds = ds.take(steps)
+    elif source.spec.name == "synthetic":
+        ds = ds.take(max(1, source.spec.eval_examples // batch_size))
+    return ds.prefetch(AUTOTUNE)
+
+
+def find_corrupt_file(files: list[str]) -> str | None:
+    """The first of ``files`` that cannot be read to the end (to name it in the error)."""
+    for path in files:
+        try:
+            count_records(path)
+        except AppError:
+            return path
+    return None

@@ -1,0 +1,166 @@
+"""Rank-0 output, in one place: the header, progress, per-epoch metrics (JSONL, CSV, TensorBoard), summary.
+
+Every other rank stays quiet unless it fails. Progress is a rich bar when stdout is a terminal and one plain
+line every ``log_every`` steps otherwise (Slurm job logs).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+import time
+from pathlib import Path
+
+import tensorflow as tf
+from rich.console import Console
+from rich.table import Table
+
+
+class Reporter:
+    """Prints on rank 0 only."""
+
+    def __init__(self, rank: int, console: Console | None = None):
+        self.enabled = rank == 0
+        self.console = console or Console(highlight=False, soft_wrap=True)
+
+    def note(self, message: str) -> None:
+        if self.enabled:
+            self.console.print(message)
+
+    def table(self, title: str, rows: list[tuple[str, str]]) -> None:
+        if not self.enabled:
+            return
+        table = Table(title=title, show_header=False, title_justify="left")
+        table.add_column(style="bold")
+        table.add_column()
+        for key, value in rows:
+            table.add_row(key, value)
+        self.console.print(table)
+
+
+class Progress(tf.keras.callbacks.Callback):
+    """A rich progress bar on a terminal; plain lines every ``log_every`` steps in batch logs."""
+
+    def __init__(self, reporter: Reporter, epochs: int, steps: int, images_per_step: int, log_every: int):
+        super().__init__()
+        self.reporter, self.epochs, self.steps = reporter, epochs, steps
+        self.images_per_step, self.log_every = images_per_step, log_every
+        self.interactive = reporter.enabled and reporter.console.is_terminal
+        self._bar = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch, self.t0 = epoch, time.perf_counter()
+        if self.interactive:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._bar = Progress(
+                TextColumn(f"epoch {epoch + 1}/{self.epochs}"), BarColumn(), MofNCompleteColumn(),
+                TimeRemainingColumn(), TextColumn("{task.fields[status]}"),
+                console=self.reporter.console, transient=True,
+            )  # fmt: skip
+            self._bar.start()
+            self._task = self._bar.add_task("train", total=self.steps, status="")
+
+    def _status(self, step: int, logs: dict) -> str:
+        rate = step * self.images_per_step / max(time.perf_counter() - self.t0, 1e-9)
+        lr = float(tf.keras.backend.get_value(self.model.optimizer.learning_rate))
+        acc = f" acc {logs['accuracy']:.4f}" if "accuracy" in logs else ""
+        return f"loss {logs.get('loss', float('nan')):.4f}{acc} lr {lr:.5g} {rate:,.0f} img/s"
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = batch + 1
+        if self._bar is not None:
+            self._bar.update(self._task, completed=step, status=self._status(step, logs or {}))
+        elif self.reporter.enabled and (step % self.log_every == 0 or step == self.steps):
+            self.reporter.note(
+                f"epoch {self.epoch + 1}/{self.epochs} step {step}/{self.steps} {self._status(step, logs or {})}"
+            )
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+class MetricsWriter(tf.keras.callbacks.Callback):
+    """Per-epoch metrics to metrics.jsonl, metrics.csv and TensorBoard, plus a one-line epoch summary.
+
+    Sits after Horovod's MetricAverageCallback and the evaluation callback, so ``logs`` hold metrics averaged
+    over all workers, validation metrics, and the epoch's throughput.
+    """
+
+    def __init__(
+        self, reporter: Reporter, run_dir: Path, tensorboard: bool, images_per_step: int, steps: int
+    ):
+        super().__init__()
+        self.reporter, self.run_dir = reporter, Path(run_dir)
+        self.images_per_step, self.steps = images_per_step, steps
+        self.writer = (
+            tf.summary.create_file_writer(str(self.run_dir / "tensorboard")) if tensorboard else None
+        )
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.t0 = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        elapsed = time.perf_counter() - self.t0
+        row = {"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items()}}
+        row["lr"] = float(tf.keras.backend.get_value(self.model.optimizer.learning_rate))
+        row["epoch_time_s"] = elapsed
+        row["images_per_s"] = self.steps * self.images_per_step / elapsed
+        row["time"] = time.time()
+        if logs is not None:  # later callbacks (the checkpoint's state) see the same numbers
+            logs.update({k: row[k] for k in ("lr", "epoch_time_s", "images_per_s")})
+        append_metrics(self.run_dir, row)
+        if self.writer is not None:
+            with self.writer.as_default(step=epoch + 1):
+                for key, value in row.items():
+                    if key not in ("epoch", "time"):
+                        tf.summary.scalar(key, value)
+            self.writer.flush()
+        val = (
+            f" val_acc {row['val_accuracy']:.4f} val_loss {row['val_loss']:.4f}"
+            if "val_accuracy" in row
+            else ""
+        )
+        top5 = f" val_top5 {row['val_top5']:.4f}" if "val_top5" in row else ""
+        self.reporter.note(
+            f"epoch {epoch + 1}: loss {row.get('loss', float('nan')):.4f} acc {row.get('accuracy', float('nan')):.4f}"
+            f"{val}{top5} lr {row['lr']:.5g} {row['images_per_s']:,.0f} img/s {elapsed:.1f}s"
+        )
+
+
+def append_metrics(run_dir: Path, row: dict) -> None:
+    """One epoch's metrics appended to metrics.jsonl and metrics.csv (the CSV header is the first row's keys)."""
+    run_dir = Path(run_dir)
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\n")
+    path = run_dir / "metrics.csv"
+    new = not path.exists()
+    fields = list(row) if new else path.read_text().splitlines()[0].split(",")
+    with open(path, "a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        if new:
+            writer.writeheader()
+        writer.writerow(row)
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write JSON atomically (temporary file, then rename)."""
+    tmp = Path(path).with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def warn(message: str, rank: int | None = None) -> None:
+    """For any rank: something is wrong (goes to stderr, prefixed with the rank in multi-worker runs)."""
+    prefix = f"[rank {rank}] " if rank is not None else ""
+    print(f"{prefix}{message}", file=sys.stderr, flush=True)

@@ -1,0 +1,324 @@
+"""Training and evaluation: the one place that ties data, model, optimizer, Horovod and outputs together.
+
+The order follows Horovod's Keras example: init and pin the device, data sharded by rank, model, LR scaled by
+the global batch, DistributedOptimizer, callbacks Broadcast -> MetricAverage -> LR schedule -> evaluation ->
+checkpoint/metrics (rank 0 only). Lines that exist only because of distribution call app.distributed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from app import checkpoint, data, distributed, models
+from app.config import Config, dump
+from app.errors import AppError
+from app.output import MetricsWriter, Progress, Reporter, read_metrics, write_json
+from app.schedule import lr_callback, make_schedule
+
+EVAL_BATCH = 256
+
+
+# -------------------------------------------------------------------------------------- components
+
+
+def resolve_precision(precision: str) -> str:
+    """The Keras mixed-precision policy for ``precision`` on this machine (``auto`` picks the fastest)."""
+    if precision != "auto":
+        return precision
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:  # bf16 on Ampere and newer (no loss scaling needed), fp16 on older GPUs such as V100
+        capability = tf.config.experimental.get_device_details(gpus[0]).get("compute_capability", (0, 0))
+        return "mixed_bfloat16" if capability >= (8, 0) else "mixed_float16"
+    from app.info import cpu_has_avx512_bf16
+
+    return "mixed_bfloat16" if cpu_has_avx512_bf16() else "float32"
+
+
+def sparse_loss(label_smoothing: float):
+    """Cross-entropy on integer labels and float32 logits, with optional label smoothing."""
+    if label_smoothing == 0:
+        return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    cce = tf.keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=label_smoothing)
+
+    def loss(labels, logits):
+        return cce(tf.one_hot(tf.cast(tf.reshape(labels, [-1]), tf.int32), tf.shape(logits)[-1]), logits)
+
+    return loss
+
+
+def metrics(num_classes: int) -> list:
+    out = [tf.keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+    if num_classes > 10:
+        out.append(tf.keras.metrics.SparseTopKCategoricalAccuracy(k=5, name="top5"))
+    return out
+
+
+def build_model(cfg: Config, spec: data.Spec, world: distributed.World, steps_per_epoch: int):
+    """The compiled Keras model with its (Horovod-wrapped) SGD optimizer, variables built for restoring."""
+    model = models.create_model(
+        cfg.model.name,
+        spec.num_classes,
+        spec.image_shape,
+        cfg.model.weight_decay,
+        cfg.model.zero_init_residual,
+    )
+    sgd = tf.keras.optimizers.SGD(
+        learning_rate=make_schedule(cfg, world.size).lr(0.0),
+        momentum=cfg.train.momentum,
+        nesterov=cfg.train.nesterov,
+    )
+    optimizer = distributed.distributed_optimizer(sgd, cfg.train.accumulation_steps, cfg.train.fp16_allreduce)
+    model.compile(
+        optimizer=optimizer,
+        loss=sparse_loss(cfg.model.label_smoothing),
+        metrics=metrics(spec.num_classes),
+        jit_compile=cfg.model.jit_compile,
+    )
+    model.optimizer.build(model.trainable_variables)  # slots exist now, so a checkpoint restores into them
+    return model
+
+
+def tracked(model) -> tf.train.Checkpoint:
+    """What a checkpoint holds: weights (with batch-norm statistics) and the optimizer's state."""
+    return tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+
+
+def evaluate(model, dataset, num_classes: int) -> dict:
+    """Loss, top-1 (and top-5) over every rank's share of the evaluation split, summed across ranks."""
+    k = min(5, num_classes)
+
+    @tf.function
+    def step(images, labels):
+        logits = tf.cast(model(images, training=False), tf.float32)
+        labels = tf.cast(tf.reshape(labels, [-1]), tf.int64)
+        loss = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+        top1 = tf.cast(tf.equal(tf.argmax(logits, -1), labels), tf.float64)
+        topk = tf.cast(tf.math.in_top_k(tf.cast(labels, tf.int32), logits, k), tf.float64)
+        n = tf.cast(tf.shape(labels)[0], tf.float64)
+        return tf.stack(
+            [tf.reduce_sum(tf.cast(loss, tf.float64)), tf.reduce_sum(top1), tf.reduce_sum(topk), n]
+        )
+
+    sums = np.zeros(4)
+    for images, labels in dataset:
+        sums += step(images, labels).numpy()
+    loss, top1, topk, n = distributed.allreduce_sum(sums)  # [horovod] exact totals over all ranks
+    result = {"val_loss": loss / max(n, 1), "val_accuracy": top1 / max(n, 1), "val_examples": n}
+    if num_classes > 10:
+        result["val_top5"] = topk / max(n, 1)
+    return result
+
+
+class EvaluateEachEpoch(tf.keras.callbacks.Callback):
+    """Runs :func:`evaluate` on every rank at each epoch end and adds the results to the epoch's logs."""
+
+    def __init__(self, dataset, num_classes: int):
+        super().__init__()
+        self.dataset, self.num_classes = dataset, num_classes
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs.update(evaluate(self.model, self.dataset, self.num_classes))
+
+
+class SaveCheckpoint(tf.keras.callbacks.Callback):
+    """Rank 0: an atomic checkpoint at every epoch end, keeping the newest ``keep``."""
+
+    def __init__(self, run_dir: Path, keep: int, extra_state: dict):
+        super().__init__()
+        self.run_dir, self.keep, self.extra_state = run_dir, keep, extra_state
+
+    def on_epoch_end(self, epoch, logs=None):
+        state = {**self.extra_state, "metrics": {k: float(v) for k, v in (logs or {}).items()}}
+        checkpoint.save(self.run_dir, tracked(self.model), epoch + 1, state, self.keep)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Sizes decided once, before training, and agreed by every rank."""
+
+    steps_per_epoch: int  # backward passes (micro-batches) per epoch on each rank
+    images_per_step: int  # images processed by all ranks in one backward pass
+    global_batch: int  # images per optimizer update
+
+
+def plan(cfg: Config, spec: data.Spec, world: distributed.World) -> Plan:
+    t = cfg.train
+    local = spec.train_examples // t.batch_size
+    if t.steps_per_epoch:
+        local = min(local, t.steps_per_epoch) if cfg.data.source != "synthetic" else t.steps_per_epoch
+    steps = distributed.allreduce_min(local)  # [horovod] unequal step counts would deadlock the allreduce
+    steps -= steps % t.accumulation_steps  # an epoch ends on an optimizer update (checkpoints stay exact)
+    if steps <= 0:
+        raise AppError(
+            f"train.batch_size {t.batch_size} x accumulation {t.accumulation_steps} is more than this rank's "
+            f"{spec.train_examples} training examples; lower the batch size or use fewer workers"
+        )
+    return Plan(steps, t.batch_size * world.size, cfg.global_batch(world.size))
+
+
+def header(reporter: Reporter, cfg: Config, spec: data.Spec, world: distributed.World, p: Plan, policy: str, run_dir, start_epoch: int) -> None:  # fmt: skip
+    s = make_schedule(cfg, world.size)
+    t = cfg.train
+    warmup = f"{t.warmup_epochs:g} epochs from {s.start_lr:.5g}" if t.warmup_epochs else "none"
+    decay = {
+        "step": f"step x{t.decay_factor:g} at epochs {t.decay_epochs}",
+        "cosine": "cosine to 0",
+        "constant": "constant",
+    }
+    reporter.table(
+        f"scaleout: {cfg.name}",
+        [
+            ("workers", f"{world.size} ({world.nodes} node{'s' if world.nodes > 1 else ''}, {world.local_size} per node)"),
+            ("model", f"{cfg.model.name}, {spec.image_shape[0]}x{spec.image_shape[1]}x{spec.image_shape[2]}, {spec.num_classes} classes"),
+            ("data", f"{spec.name}: {spec.train_examples:,} train / {spec.eval_examples:,} eval examples per worker ({spec.sharding}-level shards)"),
+            ("batch", f"{t.batch_size} per worker x {world.size} workers x {t.accumulation_steps} accumulation = {p.global_batch} global"),
+            ("learning rate", f"base {t.base_lr:g} per {t.reference_batch}" + (f" -> scaled {s.target_lr:.5g}" if t.scale_lr else " (not scaled)")),
+            ("warmup", warmup),
+            ("schedule", decay[t.schedule]),
+            ("steps per epoch", f"{p.steps_per_epoch} ({p.steps_per_epoch // t.accumulation_steps} updates)"),
+            ("epochs", f"{t.epochs}" + (f" (resuming after epoch {start_epoch})" if start_epoch else "")),
+            ("precision", policy + (", XLA" if cfg.model.jit_compile else "")),
+            ("run dir", str(run_dir)),
+        ],
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------ stages
+
+
+def setup(cfg: Config, threads: int = 0) -> tuple[distributed.World, Reporter, str]:
+    """Join the workers, seed, and set the precision policy (before any model is built)."""
+    if cfg.model.jit_compile:
+        os.environ.setdefault("HOROVOD_ENABLE_XLA_OPS", "1")  # allreduce inside XLA-compiled steps
+    world = distributed.init(threads)
+    tf.keras.utils.set_random_seed(cfg.run.seed)  # the same initial weights on every rank
+    policy = resolve_precision(cfg.model.precision)
+    tf.keras.mixed_precision.set_global_policy(policy)
+    return world, Reporter(world.rank), policy
+
+
+def train_and_evaluate(cfg: Config, run_dir: Path, threads: int = 0) -> dict:
+    """Train ``cfg`` in ``run_dir`` (resuming from its latest valid checkpoint) and return the summary."""
+    world, reporter, policy = setup(cfg, threads)
+    run_dir = Path(run_dir)
+    source = data.open_source(cfg.data, world.rank, world.size, cfg.run.seed)
+    spec = source.spec
+    p = plan(cfg, spec, world)
+
+    found = checkpoint.latest(run_dir) if world.is_chief else None
+    found = distributed.broadcast_object(found)  # [horovod] rank 0 decides where every rank resumes from
+    start_epoch = found[0] if found else 0
+    if world.is_chief:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(dump(cfg))
+    header(reporter, cfg, spec, world, p, policy, run_dir, start_epoch)
+
+    model = build_model(cfg, spec, world, p.steps_per_epoch)
+    if found:
+        checkpoint.restore(tracked(model), found[1])  # every rank restores; the broadcast below re-syncs
+        reporter.note(f"resumed from {found[1]} (epoch {start_epoch})")
+    if start_epoch >= cfg.train.epochs:
+        reporter.note(f"nothing to do: {run_dir} already trained {start_epoch}/{cfg.train.epochs} epochs")
+        return summarize(cfg, run_dir, world, p, policy) if world.is_chief else {}
+
+    train_ds = data.train_dataset(
+        source, cfg.train.batch_size, p.steps_per_epoch, cfg.train.epochs, start_epoch, cfg.run.seed,
+        world.rank, cfg.data.shuffle_buffer, synthetic=cfg.data.source == "synthetic",
+    )  # fmt: skip
+    callbacks = [
+        *distributed.first_callbacks(),  # [horovod] broadcast initial state, then average metrics
+        lr_callback(make_schedule(cfg, world.size), p.steps_per_epoch),
+    ]
+    if cfg.run.evaluate:
+        eval_ds = data.eval_dataset(
+            source, min(EVAL_BATCH, max(cfg.train.batch_size, 32)), cfg.train.eval_steps
+        )
+        callbacks.append(EvaluateEachEpoch(eval_ds, spec.num_classes))
+    if world.is_chief:  # [horovod] only rank 0 writes checkpoints, metrics and progress
+        callbacks += [
+            MetricsWriter(reporter, run_dir, cfg.run.tensorboard, p.images_per_step, p.steps_per_epoch),
+            SaveCheckpoint(
+                run_dir, cfg.run.keep_checkpoints, {"workers": world.size, "global_batch": p.global_batch}
+            ),
+            Progress(reporter, cfg.train.epochs, p.steps_per_epoch, p.images_per_step, cfg.run.log_every),
+        ]
+    try:
+        model.fit(
+            train_ds, epochs=cfg.train.epochs, initial_epoch=start_epoch, steps_per_epoch=p.steps_per_epoch,
+            callbacks=callbacks, verbose=0,
+        )  # fmt: skip
+    except tf.errors.DataLossError as exc:
+        bad = data.find_corrupt_file(source.files)
+        raise AppError(
+            f"{bad or 'a training file'}: corrupt or truncated TFRecord ({exc.message.splitlines()[0]}); "
+            "re-create it (checkpoints up to the last finished epoch are intact)"
+        ) from None
+    return summarize(cfg, run_dir, world, p, policy) if world.is_chief else {}
+
+
+def summarize(cfg: Config, run_dir: Path, world: distributed.World, p: Plan, policy: str) -> dict:
+    """summary.json: the run's shape and outcome, from metrics.jsonl (so it spans resumes)."""
+    rows = read_metrics(run_dir)
+    best = max(rows, key=lambda r: r.get("val_accuracy", -1.0), default={})
+    last = rows[-1] if rows else {}
+    summary = {
+        "name": cfg.name,
+        "model": cfg.model.name,
+        "dataset": cfg.data.name if cfg.data.source == "tfds" else cfg.data.source,
+        "workers": world.size,
+        "nodes": world.nodes,
+        "batch_size": cfg.train.batch_size,
+        "accumulation_steps": cfg.train.accumulation_steps,
+        "global_batch": p.global_batch,
+        "scaled_lr": make_schedule(cfg, world.size).target_lr,
+        "precision": policy,
+        "epochs": int(last.get("epoch", 0)),
+        "final": last,
+        "best_val_accuracy": best.get("val_accuracy"),
+        "best_epoch": best.get("epoch"),
+        "train_time_s": sum(r.get("epoch_time_s", 0.0) for r in rows),
+        "mean_images_per_s": float(np.mean([r["images_per_s"] for r in rows])) if rows else None,
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    write_json(Path(run_dir) / "summary.json", summary)
+    if rows:
+        Reporter(world.rank).note(
+            f"done: {summary['epochs']} epochs, best val_accuracy {summary['best_val_accuracy'] or float('nan'):.4f} "
+            f"(epoch {summary['best_epoch']}), {summary['train_time_s']:.0f}s training; {run_dir}/summary.json"
+        )
+    return summary
+
+
+def evaluate_run(cfg: Config, run_dir: Path, epoch: int | None = None, threads: int = 0) -> dict:
+    """Evaluate a run's checkpoint (the latest valid one, or ``epoch``) on the evaluation split, distributed."""
+    world, reporter, policy = setup(cfg, threads)
+    found = checkpoint.find(run_dir, epoch) if world.is_chief else None
+    found = distributed.broadcast_object(found)
+    if found is None:
+        which = f"epoch {epoch}" if epoch is not None else "any epoch"
+        raise AppError(f"{run_dir}: no valid checkpoint for {which}; train first or pick another --epoch")
+    source = data.open_source(cfg.data, world.rank, world.size, cfg.run.seed)
+    model = build_model(cfg, source.spec, world, 1)
+    checkpoint.restore(tracked(model), found[1])
+    dataset = data.eval_dataset(source, EVAL_BATCH, cfg.train.eval_steps)
+    result = {
+        "epoch": found[0],
+        "checkpoint": str(found[1]),
+        "workers": world.size,
+        **evaluate(model, dataset, source.spec.num_classes),
+    }
+    if world.is_chief:
+        write_json(Path(run_dir) / f"eval-epoch-{found[0]:04d}.json", result)
+        top5 = f" top-5 {result['val_top5']:.4f}" if "val_top5" in result else ""
+        reporter.note(
+            f"{found[1]}: top-1 {result['val_accuracy']:.4f}{top5} loss {result['val_loss']:.4f} "
+            f"on {int(result['val_examples']):,} examples"
+        )
+    return result
