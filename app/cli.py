@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 import click
 
 from app import __version__
-from app.compat import KerasError
+from app.compat import KerasError, import_tensorflow
 from app.distributed import detected_launcher, rank_from_env
 from app.errors import AppError, UsageError
 
@@ -149,6 +150,7 @@ def train(
                         ("--accumulation-steps", accumulation_steps), ("--precision", precision)):  # fmt: skip
         argv += [flag, str(value)] if value is not None else []
     relaunch(np_, argv)
+    import_tensorflow()  # first, through compat: Keras 2 checked, start-up noise filtered
     from app.train import train_and_evaluate
 
     train_and_evaluate(cfg, resolved, threads)
@@ -176,9 +178,61 @@ def evaluate(run_dir, configs, sets, data_dir, seed, threads, np_, epoch):
     for flag, value in (("--data-dir", data_dir), ("--seed", seed), ("--epoch", epoch)):
         argv += [flag, str(value)] if value is not None else []
     relaunch(np_, argv)
+    import_tensorflow()
     from app.train import evaluate_run
 
     evaluate_run(cfg, run_dir, epoch, threads)
+
+
+@cli.group()
+def data() -> None:
+    """Prepare datasets.
+
+    \b
+    Example:
+      app data imagenet-to-tfrecord /data/ILSVRC2012 /scratch/imagenet-tfrecords
+    """
+
+
+@data.command("imagenet-to-tfrecord")
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("dest", type=click.Path(path_type=Path))
+@click.option("--train-shards", type=int, default=1024, show_default=True)
+@click.option("--validation-shards", type=int, default=128, show_default=True)
+@click.option(
+    "--labels",
+    "labels_file",
+    type=click.Path(path_type=Path),
+    help="Validation labels (LOC_val_solution.csv or one wnid per line).",
+)
+@click.option("--workers", type=int, default=0, help="Parallel processes (0: one per CPU).")
+@click.option("--force", is_flag=True, help="Overwrite existing TFRecords in DEST.")
+def imagenet_to_tfrecord(src, dest, train_shards, validation_shards, labels_file, workers, force):
+    """Convert the raw ILSVRC-2012 tree (train/<wnid>/*.JPEG, val/) to TFRecords in the standard layout.
+
+    \b
+    Example:
+      app data imagenet-to-tfrecord /data/ILSVRC2012 /scratch/imagenet --labels /data/LOC_val_solution.csv
+    """
+    from rich.progress import Progress
+
+    from app.convert import convert
+
+    with Progress(disable=not sys.stdout.isatty()) as bar:
+        task = bar.add_task("writing shards", total=None)
+
+        def progress(done, total):
+            bar.update(task, completed=done, total=total)
+            if not sys.stdout.isatty() and (done == total or done % max(1, total // 20) == 0):
+                click.echo(f"{done}/{total} shards written")
+
+        counts = convert(
+            src, dest, train_shards, validation_shards, workers, force, labels_file, progress=progress
+        )
+    train = sum(n for k, n in counts.items() if k.startswith("train-"))
+    click.echo(
+        f"{dest}: {train:,} training and {sum(counts.values()) - train:,} validation images in {len(counts)} files"
+    )
 
 
 def main() -> None:

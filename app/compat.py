@@ -18,7 +18,9 @@ import importlib
 import importlib.abc
 import importlib.util
 import os
+import re
 import sys
+import tempfile
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 # TensorFlow's C++ start-up chatter (oneDNN notices, "Unable to register cuDNN factory" on CPU builds) is
@@ -67,8 +69,7 @@ def import_tensorflow():
             f"Keras {getattr(already, '__version__', '3')} was imported before scaleout; "
             "import app first or unset whatever imports keras, since Horovod 0.28.1 needs tf_keras (Keras 2)"
         )
-    import tensorflow as tf
-
+    tf = _import_quietly("tensorflow")
     flavour, version = keras_flavour(tf)
     if flavour != "tf_keras" or not version.startswith("2."):
         raise KerasError(
@@ -76,6 +77,38 @@ def import_tensorflow():
             "and set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported (make install does both)"
         )
     return tf
+
+
+# What the CPU build of TensorFlow 2.18 prints at import no matter the log level: CUDA plugins registering
+# twice, absl's pre-init notice. Everything else it prints still reaches stderr.
+_IMPORT_NOISE = re.compile(
+    r"Unable to register cu(DNN|FFT|BLAS) factory|absl::InitializeLog|cuda_drivers|could not find cuda drivers"
+    r"|computation_placer|oneDNN custom operations|cpu_feature_guard|rebuild TensorFlow with the appropriate",
+    re.IGNORECASE,
+)
+
+
+def _import_quietly(name: str):
+    """Import ``name`` with its C++ start-up noise filtered out of stderr (all of it kept under --debug)."""
+    if name in sys.modules or os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0":
+        return importlib.import_module(name)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            return importlib.import_module(name)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            kept = [
+                ln
+                for ln in capture.read().decode(errors="replace").splitlines()
+                if not _IMPORT_NOISE.search(ln)
+            ]
+            if kept:
+                print("\n".join(kept), file=sys.stderr)
 
 
 def keras_flavour(tf) -> tuple[str, str]:

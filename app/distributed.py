@@ -57,9 +57,22 @@ def rank_from_env() -> int:
 
 
 def hvd():
+    """Horovod's Keras API (optimizer, callbacks, rank/size)."""
     import horovod.tensorflow.keras as hvd_keras
 
     return hvd_keras
+
+
+def _hvd_tf():
+    """Horovod's TensorFlow API, for collectives on tensors (Min/Sum reductions, object broadcast)."""
+    import horovod.tensorflow as hvd_tf
+
+    return hvd_tf
+
+
+def _single(h) -> bool:
+    """True when there is nobody to talk to: one worker, or Horovod not started (tools, tests)."""
+    return not h.is_initialized() or h.size() == 1
 
 
 def init(threads: int = 0) -> World:
@@ -122,24 +135,24 @@ def schedule_callback(
 
 def broadcast_object(obj, root: int = 0):
     """[horovod] Rank ``root``'s Python object on every rank (run directory, resume epoch)."""
-    h = hvd()
-    return obj if h.size() == 1 else h.broadcast_object(obj, root_rank=root)
+    h = _hvd_tf()
+    return obj if _single(h) else h.broadcast_object(obj, root_rank=root)
 
 
 def allreduce_min(value: int) -> int:
     """[horovod] The smallest of every rank's value (equal step counts per epoch: unequal ones deadlock)."""
     import tensorflow as tf
 
-    h = hvd()
-    if h.size() == 1:
+    h = _hvd_tf()
+    if _single(h):
         return value
     return int(h.allreduce(tf.constant(value, tf.int64), op=h.Min, name="allreduce_min"))
 
 
 def allgather_object(obj) -> list:
     """[horovod] Every rank's object, in rank order."""
-    h = hvd()
-    return [obj] if h.size() == 1 else h.allgather_object(obj)
+    h = _hvd_tf()
+    return [obj] if _single(h) else h.allgather_object(obj)
 
 
 def launch_local(np: int, argv: list[str]) -> int:
@@ -154,7 +167,35 @@ def launch_local(np: int, argv: list[str]) -> int:
     cmd = [horovodrun, "--gloo", "-np", str(np), "-H", f"localhost:{np}", sys.executable, "-m", "app", *argv]
     env = dict(os.environ, SCALEOUT_LAUNCHED_BY="app --np")
     print("+ " + shlex.join(cmd), file=sys.stderr, flush=True)
-    return subprocess.call(cmd, env=env)
+    # horovodrun prefixes every worker line with "[rank]<stream>:". Rank 0 speaks for the run, so its prefix
+    # goes; other ranks keep theirs (they only speak when something is wrong). horovodrun's own traceback on
+    # a failed worker becomes one line, and TensorFlow's start-up noise is dropped (see app.compat).
+    from app.compat import _IMPORT_NOISE
+
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    )
+    own: list[str] = []
+    for line in proc.stdout:
+        if _IMPORT_NOISE.search(line):
+            continue
+        for tag, stream in (("[0]<stdout>:", sys.stdout), ("[0]<stderr>:", sys.stderr)):
+            if line.startswith(tag):
+                stream.write(line[len(tag) :])
+                stream.flush()
+                break
+        else:
+            if line.startswith("[") and not own:
+                sys.stderr.write(line)
+            else:
+                own.append(line)
+    code = proc.wait()
+    if code != 0:
+        failed = next((ln.split(":", 1)[1].strip() for ln in own if ln.startswith("Process name:")), "?")
+        print(f"Error: worker {failed} of {np} failed; its output is above", file=sys.stderr)
+    elif own:
+        sys.stderr.write("".join(own))
+    return code
 
 
 def allreduce_sum(values):
@@ -162,8 +203,8 @@ def allreduce_sum(values):
     import numpy as np
     import tensorflow as tf
 
-    h = hvd()
+    h = _hvd_tf()
     values = np.asarray(values, np.float64)
-    if h.size() == 1:
+    if _single(h):
         return values
     return h.allreduce(tf.constant(values), op=h.Sum, name="allreduce_sum").numpy()

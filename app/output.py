@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -17,12 +18,23 @@ from rich.console import Console
 from rich.table import Table
 
 
+class _DropOneOffWarnings(logging.Filter):
+    # Keras flags on_train_batch_end as slow once: it is Horovod's first-batch broadcast of the variables.
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "is slow compared to the batch time" not in record.getMessage()
+
+
 class Reporter:
-    """Prints on rank 0 only."""
+    """Prints on rank 0 only; on other ranks TensorFlow's Python warnings are silenced too (errors still show)."""
 
     def __init__(self, rank: int, console: Console | None = None):
         self.enabled = rank == 0
         self.console = console or Console(highlight=False, soft_wrap=True)
+        tf_logger = logging.getLogger("tensorflow")
+        if not any(isinstance(f, _DropOneOffWarnings) for f in tf_logger.filters):
+            tf_logger.addFilter(_DropOneOffWarnings())
+        if not self.enabled:
+            tf_logger.setLevel(logging.ERROR)
 
     def note(self, message: str) -> None:
         if self.enabled:

@@ -1,0 +1,165 @@
+"""`app data imagenet-to-tfrecord`: the raw ILSVRC-2012 tree to TFRecords in the standard layout.
+
+Input (SRC):
+  train/<wnid>/*.JPEG                   one folder per class (labels: sorted wnids -> 1..1000)
+  val/*.JPEG + a label file             LOC_val_solution.csv (ImageId,PredictionString) or a text file with
+                                        one wnid per line in sorted image order; or val/<wnid>/*.JPEG
+Output (DEST): train-00000-of-01024 ..., validation-00000-of-00128 ..., and counts.json (examples per file)
+with the features image/encoded, image/class/label (1..1000), image/class/synset, image/height|width,
+image/format, image/filename, image/object/bbox/* (empty: boxes are optional and the crop falls back to the
+whole image). PNG and CMYK files hidden among ImageNet's JPEGs are re-encoded as RGB JPEG.
+
+Shards are written in parallel processes, each to a temporary name renamed when complete; existing output is
+never overwritten without --force.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+from pathlib import Path
+
+from app.errors import UsageError
+
+IMAGE_EXTENSIONS = {".jpeg", ".jpg", ".png"}
+
+
+def _images(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
+
+
+def scan(
+    src: Path, labels_file: Path | None = None
+) -> tuple[list[str], list[tuple[str, str]], list[tuple[str, str]]]:
+    """(wnids, train [(path, wnid)], validation [(path, wnid)]) of a raw ILSVRC tree."""
+    train_dir, val_dir = src / "train", src / "val"
+    if not train_dir.is_dir():
+        raise UsageError(f"SRC {src}: no train/ folder; expected train/<wnid>/*.JPEG and val/")
+    wnids = sorted(p.name for p in train_dir.iterdir() if p.is_dir())
+    if not wnids:
+        raise UsageError(f"SRC {src}/train: no class folders (train/<wnid>/*.JPEG)")
+    train = [(str(p), w) for w in wnids for p in _images(train_dir / w)]
+    if not train:
+        raise UsageError(f"SRC {src}/train: no .JPEG images in the class folders")
+    if not val_dir.is_dir():
+        raise UsageError(f"SRC {src}: no val/ folder")
+    if any(p.is_dir() for p in val_dir.iterdir()):
+        val = [
+            (str(p), w)
+            for w in sorted(d.name for d in val_dir.iterdir() if d.is_dir())
+            for p in _images(val_dir / w)
+        ]
+    else:
+        val = _labelled_validation(src, _images(val_dir), labels_file)
+    unknown = sorted({w for _, w in val} - set(wnids))
+    if unknown:
+        raise UsageError(f"validation labels name classes without a train/ folder: {', '.join(unknown[:5])}")
+    return wnids, train, val
+
+
+def _labelled_validation(src: Path, images: list[Path], labels_file: Path | None) -> list[tuple[str, str]]:
+    candidates = [labels_file] if labels_file else [src / "LOC_val_solution.csv", src / "val_labels.txt"]
+    path = next((p for p in candidates if p and p.is_file()), None)
+    if path is None:
+        raise UsageError(
+            f"SRC {src}/val: images without class folders need labels; pass --labels FILE "
+            "(LOC_val_solution.csv or one wnid per line)"
+        )
+    if path.suffix == ".csv":
+        with open(path) as f:
+            rows = {r["ImageId"]: r["PredictionString"].split()[0] for r in csv.DictReader(f)}
+        missing = [p.name for p in images if p.stem not in rows]
+        if missing:
+            raise UsageError(f"--labels {path}: no label for {missing[0]} (and {len(missing) - 1} more)")
+        return [(str(p), rows[p.stem]) for p in images]
+    lines = [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
+    if len(lines) != len(images):
+        raise UsageError(f"--labels {path}: {len(lines)} labels for {len(images)} validation images")
+    return [(str(p), w) for p, w in zip(images, lines, strict=True)]
+
+
+def _write_shard(
+    dest: str, name: str, items: list[tuple[str, str]], index: dict[str, int]
+) -> tuple[str, int]:
+    """Write one shard (in a worker process) and return (file name, examples)."""
+    from app.compat import import_tensorflow
+
+    tf = import_tensorflow()
+
+    def feature(value):
+        if isinstance(value, int):
+            return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+        if isinstance(value, list):
+            return tf.train.Feature(float_list=tf.train.FloatList(value=value))
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+
+    tmp = os.path.join(dest, f".{name}.tmp")
+    with tf.io.TFRecordWriter(tmp) as writer:
+        for path, wnid in items:
+            data = Path(path).read_bytes()
+            image = tf.io.decode_image(data, channels=3, expand_animations=False)
+            is_rgb_jpeg = data[:3] == b"\xff\xd8\xff" and int(tf.image.extract_jpeg_shape(data)[2]) == 3
+            if not is_rgb_jpeg:  # a PNG or a CMYK/grayscale JPEG: store an RGB JPEG like all the others
+                data = tf.io.encode_jpeg(image, quality=95).numpy()
+            example = tf.train.Example(
+                features=tf.train.Features(
+                    feature={
+                        "image/encoded": feature(data),
+                        "image/format": feature(b"JPEG"),
+                        "image/class/label": feature(index[wnid]),
+                        "image/class/synset": feature(wnid.encode()),
+                        "image/height": feature(int(image.shape[0])),
+                        "image/width": feature(int(image.shape[1])),
+                        "image/filename": feature(os.path.basename(path).encode()),
+                        **{f"image/object/bbox/{k}": feature([]) for k in ("xmin", "ymin", "xmax", "ymax")},
+                    }
+                )
+            )
+            writer.write(example.SerializeToString())
+    os.replace(tmp, os.path.join(dest, name))
+    return name, len(items)
+
+
+def convert(
+    src: Path, dest: Path, train_shards: int = 1024, validation_shards: int = 128, workers: int = 0,
+    force: bool = False, labels_file: Path | None = None, seed: int = 0, progress=None,
+) -> dict[str, int]:  # fmt: skip
+    """Convert and return {file name: examples}; ``progress(done, total)`` is called as shards finish."""
+    src, dest = Path(src), Path(dest)
+    if not src.is_dir():
+        raise UsageError(f"SRC {src}: no such directory")
+    wnids, train, val = scan(src, labels_file)
+    for what, n, items in (
+        ("--train-shards", train_shards, train),
+        ("--validation-shards", validation_shards, val),
+    ):
+        if not 1 <= n <= len(items):
+            raise UsageError(f"{what} {n}: must be between 1 and the {len(items)} images there")
+    existing = sorted(p.name for p in dest.glob("*-of-*")) if dest.is_dir() else []
+    if existing and not force:
+        raise UsageError(
+            f"DEST {dest}: already holds {existing[0]} and {len(existing) - 1} more; pass --force to overwrite"
+        )
+    dest.mkdir(parents=True, exist_ok=True)
+    random.Random(seed).shuffle(train)  # every shard holds a mix of classes
+    index = {w: i + 1 for i, w in enumerate(wnids)}  # labels 1..1000, as the standard layout stores them
+    jobs = [
+        (f"{split}-{i:05d}-of-{n:05d}", items[i::n])
+        for split, n, items in (("train", train_shards, train), ("validation", validation_shards, val))
+        for i in range(n)
+    ]
+    counts: dict[str, int] = {}
+    # Spawned (not forked) workers: each imports TensorFlow itself, which is not fork-safe once loaded.
+    with ProcessPoolExecutor(max_workers=workers or os.cpu_count(), mp_context=get_context("spawn")) as pool:
+        futures = [pool.submit(_write_shard, str(dest), name, items, index) for name, items in jobs]
+        for future in as_completed(futures):
+            name, n = future.result()
+            counts[name] = n
+            if progress:
+                progress(len(counts), len(jobs))
+    (dest / "counts.json").write_text(json.dumps(dict(sorted(counts.items())), indent=1) + "\n")
+    return counts

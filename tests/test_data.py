@@ -1,0 +1,251 @@
+"""The input pipeline: preprocessing ops, per-rank shards, determinism, ImageNet TFRecords, bad inputs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from app.compat import import_tensorflow
+
+tf = import_tensorflow()
+
+from app import config, data  # noqa: E402
+from app.cli import cli  # noqa: E402
+from app.convert import convert  # noqa: E402
+from app.errors import AppError, UsageError  # noqa: E402
+from conftest import IN_CI  # noqa: E402
+from imagenet_fixture import make_tree  # noqa: E402
+
+SEED = tf.constant([7, 11], tf.int64)
+
+
+# ------------------------------------------------------------------ preprocessing: eager == in map()
+
+
+def both_ways(fn, *args):
+    eager = fn(*args)
+    mapped = next(iter(tf.data.Dataset.from_tensors(args).map(fn)))
+    return eager.numpy(), mapped.numpy()
+
+
+def test_small_image_ops_eager_and_in_map():
+    image = tf.cast(tf.reshape(tf.range(28 * 28) % 251, [28, 28, 1]), tf.uint8)
+    eager, mapped = both_ways(lambda im, s: data.small_image_train(im, 28, s), image, SEED)
+    np.testing.assert_array_equal(eager, mapped)
+    assert eager.shape == (28, 28, 1) and eager.dtype == np.float32
+    assert -1.0 <= eager.min() and eager.max() <= 1.0
+    other = data.small_image_train(image, 28, tf.constant([7, 12], tf.int64)).numpy()
+    assert not np.array_equal(eager, other)  # the seed matters
+    eval_eager, eval_mapped = both_ways(lambda im: data.small_image_eval(im, 28), image)
+    np.testing.assert_array_equal(eval_eager, eval_mapped)
+
+
+@pytest.fixture(scope="module")
+def imagenet_dir(tmp_path_factory):
+    root = make_tree(tmp_path_factory.mktemp("raw"))
+    dest = tmp_path_factory.mktemp("tfrecords")
+    convert(root, dest, train_shards=4, validation_shards=2, workers=2, labels_file=root / "val_labels.txt")
+    return dest
+
+
+def first_record(path):
+    return next(iter(tf.data.TFRecordDataset(str(path))))
+
+
+def test_imagenet_ops_eager_and_in_map(imagenet_dir):
+    encoded, label, bbox = data.parse_imagenet(first_record(imagenet_dir / "train-00000-of-00004"))
+    eager, mapped = both_ways(lambda e, b, s: data.imagenet_train(e, b, 32, s), encoded, bbox, SEED)
+    np.testing.assert_allclose(eager, mapped, rtol=1e-5, atol=1e-4)
+    assert eager.shape == (32, 32, 3)
+    eval_eager, eval_mapped = both_ways(lambda e: data.imagenet_eval(e, 32), encoded)
+    np.testing.assert_allclose(eval_eager, eval_mapped, rtol=1e-5, atol=1e-4)
+    assert 0 <= int(label) < 3
+
+
+# ----------------------------------------------------------------------------------- sharding
+
+
+def id_source(n, rank, workers):
+    """An in-memory dataset whose label is each example's id (so shards can be compared)."""
+    images = np.repeat((np.arange(n) % 256).astype(np.uint8)[:, None, None, None], 8, axis=1).repeat(
+        8, axis=2
+    )
+    ds = tf.data.Dataset.from_tensor_slices((images, np.arange(n)))
+    return data.ArraySource("ids", (ds, n), (ds, n), 10, 8, rank, workers, cache=False)
+
+
+def ids(ds):
+    return [int(label) for _, label in ds]
+
+
+@pytest.mark.parametrize("n, workers", [(103, 2), (103, 4), (64, 1)])
+def test_example_shards_disjoint_complete_and_equal(n, workers):
+    shards = [ids(id_source(n, r, workers).train_elements(0)) for r in range(workers)]
+    assert len({len(s) for s in shards}) == 1  # equal size on every rank
+    flat = [i for s in shards for i in s]
+    assert len(flat) == len(set(flat))  # disjoint
+    assert set(flat) == set(range(n // workers * workers))  # complete (the remainder < workers is dropped)
+    assert id_source(n, 0, workers).spec.train_examples == n // workers
+
+
+def test_imagenet_file_level_and_example_level_shards(imagenet_dir):
+    cfg = config.build(
+        [], ["data.source=imagenet", f"data.data_dir={imagenet_dir}", "data.image_size=32"]
+    ).data
+    names = lambda ds: sorted(ex.numpy() for ex in ds.map(lambda r: data.parse_imagenet(r)[0]))  # noqa: E731
+    file_level = [data.open_source(cfg, r, 2) for r in range(2)]  # 4 files >= 2 workers: whole files
+    assert all(s.spec.sharding == "file" for s in file_level)
+    assert set(file_level[0].files).isdisjoint(file_level[1].files)
+    a, b = (names(s.train_elements(0)) for s in file_level)
+    assert not set(a) & set(b) and len(a) + len(b) == 19  # 3 classes x 6 + the PNG
+    assert sum(s.spec.train_examples for s in file_level) == 19
+    example_level = [data.open_source(cfg, r, 8) for r in range(8)]  # 4 files < 8 workers: single examples
+    assert all(s.spec.sharding == "example" for s in example_level)
+    got = [x for s in example_level for x in names(s.train_elements(0))]
+    assert len(got) == len(set(got)) == 19
+
+
+def test_equal_steps_and_reproducible_order():
+    sources = [id_source(100, r, 2) for r in range(2)]
+    steps = min(s.spec.train_examples for s in sources) // 8
+
+    def batches(source, epochs=2, initial=0, seed=3):
+        ds = data.train_dataset(source, 8, steps, epochs, initial, seed=seed, rank=0, shuffle_buffer=64)
+        return [b[1].numpy().tolist() for b in ds]
+
+    for s in sources:
+        assert len(batches(s)) == 2 * steps  # every rank runs exactly steps_per_epoch batches per epoch
+    full = batches(sources[0])
+    assert full == batches(sources[0])  # same seed, same order
+    assert full != batches(sources[0], seed=4)
+    assert full[:steps] != full[steps:]  # each epoch is shuffled anew
+    assert batches(sources[0], initial=1) == full[steps:]  # a resume replays epoch 2 exactly
+
+
+# ---------------------------------------------------------------------------------- ImageNet files
+
+
+def test_converter_layout_labels_and_counts(imagenet_dir):
+    files = sorted(p.name for p in imagenet_dir.glob("*-of-*"))
+    assert files == [f"train-{i:05d}-of-00004" for i in range(4)] + [
+        f"validation-{i:05d}-of-00002" for i in range(2)
+    ]
+    counts = json.loads((imagenet_dir / "counts.json").read_text())
+    assert sum(v for k, v in counts.items() if k.startswith("train")) == 19
+    assert sum(v for k, v in counts.items() if k.startswith("validation")) == 6
+    labels = []
+    for path in imagenet_dir.glob("train-*"):
+        for record in tf.data.TFRecordDataset(str(path)):
+            f = tf.io.parse_single_example(
+                record,
+                {
+                    "image/class/label": tf.io.FixedLenFeature([], tf.int64),
+                    "image/encoded": tf.io.FixedLenFeature([], tf.string),
+                },
+            )
+            labels.append(int(f["image/class/label"]))
+            assert f["image/encoded"].numpy()[:3] == b"\xff\xd8\xff"  # every image is a JPEG, the PNG too
+    assert sorted(set(labels)) == [1, 2, 3]  # stored 1..K like the standard layout
+
+
+def test_converter_refuses_to_overwrite(imagenet_dir, tmp_path):
+    raw = make_tree(tmp_path / "raw", classes=2, per_class=2, val=2, png_as_jpeg=False)
+    args = [
+        "data",
+        "imagenet-to-tfrecord",
+        str(raw),
+        str(imagenet_dir),
+        "--train-shards",
+        "2",
+        "--validation-shards",
+        "1",
+    ]
+    before = {p.name: p.stat().st_mtime_ns for p in imagenet_dir.iterdir()}
+    result = CliRunner().invoke(cli, [*args, "--labels", str(raw / "val_labels.txt")])
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        f"Error: DEST {imagenet_dir}: already holds train-00000-of-00004 and 5 more; pass --force to overwrite"
+    )
+    assert {p.name: p.stat().st_mtime_ns for p in imagenet_dir.iterdir()} == before  # nothing touched
+    (raw / "val_labels.txt").rename(tmp_path / "elsewhere.txt")  # val/ without class folders, no label file
+    result = CliRunner().invoke(cli, ["data", "imagenet-to-tfrecord", str(raw), str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        f"Error: SRC {raw}/val: images without class folders need labels; pass --labels FILE "
+        "(LOC_val_solution.csv or one wnid per line)"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "setup, message",
+    [
+        (lambda d: None, "no such directory"),
+        (lambda d: d.mkdir(), "no files matching train-*-of-*"),
+        (
+            lambda d: (d.mkdir(), (d / "train-00000-of-00001").write_bytes(b"")),
+            "no files matching validation-*-of-*",
+        ),
+    ],
+)
+def test_imagenet_dir_errors(tmp_path, setup, message):
+    folder = tmp_path / "imagenet"
+    setup(folder)
+    cfg = config.build([], ["data.source=imagenet", f"data.data_dir={folder}"]).data
+    with pytest.raises(UsageError, match=message.replace("*", r"\*")):
+        data.open_source(cfg)
+
+
+def test_corrupt_tfrecord_is_named(imagenet_dir, tmp_path):
+    bad = tmp_path / "train-00001-of-00004"
+    good = imagenet_dir / "train-00000-of-00004"
+    raw = (imagenet_dir / "train-00001-of-00004").read_bytes()
+    bad.write_bytes(raw[: len(raw) // 2])  # truncated mid-record
+    assert data.find_corrupt_file([str(good), str(bad)]) == str(bad)
+    with pytest.raises(AppError, match=f"{bad}: corrupt or truncated TFRecord"):
+        data.count_records(str(bad))
+
+
+# ------------------------------------------------------------------------------- Fashion-MNIST
+
+
+def test_tfds_fashion_mnist_from_shared_dir(shared_tfds):
+    cfg = config.build([], [f"data.data_dir={shared_tfds}"]).data
+    source = data.open_source(cfg, 1, 2)
+    assert source.spec.num_classes == 10 and source.spec.image_shape == (28, 28, 1)
+    assert source.spec.train_examples == 30000 and source.spec.eval_examples == 5000
+
+
+def test_fashion_mnist_falls_back_to_debian_files(tmp_path):
+    if not (data.DEBIAN_FASHION_MNIST / "train-images-idx3-ubyte.gz").is_file():
+        if IN_CI:
+            pytest.fail("dataset-fashion-mnist is not installed, but .ci/run installs it")
+        pytest.skip("apt-get install dataset-fashion-mnist to run this test")
+    empty = tmp_path / "tfds"
+    empty.mkdir()
+    source = data.open_source(config.build([], [f"data.data_dir={empty}"]).data)
+    assert source.spec.name == "fashion_mnist (Debian files)" and source.spec.train_examples == 60000
+    labels = np.array(
+        [int(y) for _, y in source.train_elements(0).batch(10000).take(6).unbatch().map(lambda x, y: (0, y))]
+    )
+    assert np.bincount(labels, minlength=10).tolist() == [6000] * 10  # Fashion-MNIST is balanced
+
+
+def test_fashion_mnist_nowhere_names_the_three_ways(tmp_path, monkeypatch):
+    import tensorflow_datasets as tfds
+
+    def offline(self, *args, **kwargs):  # this machine has no network to TFDS's storage
+        raise ConnectionError("network is unreachable")
+
+    monkeypatch.setattr(data, "DEBIAN_FASHION_MNIST", tmp_path / "no-debian-files")
+    monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", offline)
+    (tmp_path / "tfds").mkdir()
+    with pytest.raises(AppError) as err:
+        data.open_source(config.build([], [f"data.data_dir={tmp_path / 'tfds'}"]).data)
+    message = str(err.value)
+    assert message.startswith("Fashion-MNIST not found")
+    for way in ("--data-dir/TFDS_DATA_DIR", "apt-get install dataset-fashion-mnist", "allow the download"):
+        assert way in message

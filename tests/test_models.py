@@ -1,0 +1,72 @@
+"""Model structure: parameter counts, v1.5 strides, zero-init gammas, where weight decay applies."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.compat import import_tensorflow
+
+tf = import_tensorflow()
+from app.models import ARCHITECTURES, create_model  # noqa: E402
+
+
+def count(variables) -> int:
+    return sum(int(tf.size(v)) for v in variables)
+
+
+def test_resnet50_has_the_canonical_parameter_count():
+    model = create_model("resnet50", 1000, (224, 224, 3))
+    # 25,557,032 trainable parameters: the published ResNet-50 size (conv without bias, BN gamma/beta, FC);
+    # the batch-norm moving statistics add 53,120 non-trainable ones.
+    assert count(model.trainable_variables) == 25_557_032
+    assert count(model.non_trainable_variables) == 53_120
+    assert model.output_shape == (None, 1000)
+
+
+def test_resnet50_is_v1_5_stride_on_the_3x3():
+    model = create_model("resnet50", 10, (64, 64, 3))
+    first = model.get_layer("stage2_block1_conv1")  # the downsampling block's 1x1 keeps stride 1 ...
+    middle = model.get_layer("stage2_block1_conv2")  # ... and its 3x3 strides (v1.5)
+    assert first.strides == (1, 1) and first.kernel_size == (1, 1)
+    assert middle.strides == (2, 2) and middle.kernel_size == (3, 3)
+
+
+@pytest.mark.parametrize("zero", [True, False])
+def test_zero_init_of_each_blocks_last_gamma(zero):
+    model = create_model("resnet20", 10, (32, 32, 3), zero_init_residual=zero)
+    last = [layer for layer in model.layers if layer.name.endswith("_bn2") and "block" in layer.name]
+    assert len(last) == 9  # 3 stages x 3 blocks
+    for layer in last:
+        assert bool(tf.reduce_all(layer.gamma == 0.0)) is zero
+    assert bool(tf.reduce_all(model.get_layer("stem_bn").gamma == 1.0))
+
+
+def test_weight_decay_only_on_conv_and_dense_kernels():
+    model = create_model("resnet20", 10, (32, 32, 3), weight_decay=1e-4)
+    kernels = [
+        layer for layer in model.layers if isinstance(layer, tf.keras.layers.Conv2D | tf.keras.layers.Dense)
+    ]
+    assert len(model.losses) == len(kernels)  # one L2 term per kernel, none for batch norm or biases
+    for layer in model.layers:
+        if isinstance(layer, tf.keras.layers.BatchNormalization):
+            assert layer.gamma_regularizer is None and layer.beta_regularizer is None
+    assert model.get_layer("logits").bias_regularizer is None
+    # wd * w gradient means an L2 loss of wd/2 * sum(w^2)
+    conv = model.get_layer("stem_conv")
+    expected = 0.5e-4 * float(tf.reduce_sum(tf.square(conv.kernel)))
+    assert float(conv.losses[0]) == pytest.approx(expected, rel=1e-5)
+    assert create_model("resnet20", 10, (32, 32, 3), weight_decay=0).losses == []
+
+
+def test_small_resnets_and_float32_logits_under_mixed_precision():
+    tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        model = create_model("resnet20", 10, (28, 28, 1))
+        assert model.output.dtype == tf.float32
+        assert model.get_layer("stage1_block1_conv1").compute_dtype == "bfloat16"
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    # He et al.'s CIFAR ResNet-20 has ~0.27M parameters; ResNet-56 ~0.85M.
+    assert 0.26e6 < count(model.trainable_variables) < 0.28e6
+    assert 0.84e6 < count(create_model("resnet56", 10, (32, 32, 3)).trainable_variables) < 0.87e6
+    assert set(ARCHITECTURES) >= {"resnet50", "resnet18", "resnet20"}
