@@ -36,7 +36,7 @@ def test_small_image_ops_eager_and_in_map():
     eager, mapped = both_ways(lambda im, s: data.small_image_train(im, 28, s), image, SEED)
     np.testing.assert_array_equal(eager, mapped)
     assert eager.shape == (28, 28, 1) and eager.dtype == np.float32
-    assert -1.0 <= eager.min() and eager.max() <= 1.0
+    assert eager.min() >= -1.0 and eager.max() <= 1.0
     other = data.small_image_train(image, 28, tf.constant([7, 12], tf.int64)).numpy()
     assert not np.array_equal(eager, other)  # the seed matters
     eval_eager, eval_mapped = both_ways(lambda im: data.small_image_eval(im, 28), image)
