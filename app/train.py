@@ -21,9 +21,6 @@ from app.errors import AppError
 from app.output import MetricsWriter, Progress, Reporter, read_metrics, write_json
 from app.schedule import lr_callback, make_schedule
 
-EVAL_BATCH = 256
-
-
 # -------------------------------------------------------------------------------------- components
 
 
@@ -237,9 +234,7 @@ def train_and_evaluate(cfg: Config, run_dir: Path, threads: int = 0) -> dict:
         lr_callback(make_schedule(cfg, world.size), p.steps_per_epoch),
     ]
     if cfg.run.evaluate:
-        eval_ds = data.eval_dataset(
-            source, min(EVAL_BATCH, max(cfg.train.batch_size, 32)), cfg.train.eval_steps
-        )
+        eval_ds = data.eval_dataset(source, cfg.train.batch_size, cfg.train.eval_steps)
         callbacks.append(EvaluateEachEpoch(eval_ds, spec.num_classes))
     if world.is_chief:  # [horovod] only rank 0 writes checkpoints, metrics and progress
         callbacks += [
@@ -260,10 +255,13 @@ def train_and_evaluate(cfg: Config, run_dir: Path, threads: int = 0) -> dict:
             f"{bad or 'a training file'}: corrupt or truncated TFRecord ({exc.message.splitlines()[0]}); "
             "re-create it (checkpoints up to the last finished epoch are intact)"
         ) from None
-    return summarize(cfg, run_dir, world, p, policy) if world.is_chief else {}
+    spread = distributed.replica_spread(model.get_weights())  # [horovod] are all replicas still identical?
+    return summarize(cfg, run_dir, world, p, policy, spread) if world.is_chief else {}
 
 
-def summarize(cfg: Config, run_dir: Path, world: distributed.World, p: Plan, policy: str) -> dict:
+def summarize(
+    cfg: Config, run_dir: Path, world: distributed.World, p: Plan, policy: str, spread: float | None = None
+) -> dict:
     """summary.json: the run's shape and outcome, from metrics.jsonl (so it spans resumes)."""
     rows = read_metrics(run_dir)
     best = max(rows, key=lambda r: r.get("val_accuracy", -1.0), default={})
@@ -285,6 +283,7 @@ def summarize(cfg: Config, run_dir: Path, world: distributed.World, p: Plan, pol
         "best_epoch": best.get("epoch"),
         "train_time_s": sum(r.get("epoch_time_s", 0.0) for r in rows),
         "mean_images_per_s": float(np.mean([r["images_per_s"] for r in rows])) if rows else None,
+        "replica_weight_spread": spread,  # max |difference| of weight fingerprints across ranks (0: in sync)
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     write_json(Path(run_dir) / "summary.json", summary)
@@ -307,7 +306,7 @@ def evaluate_run(cfg: Config, run_dir: Path, epoch: int | None = None, threads: 
     source = data.open_source(cfg.data, world.rank, world.size, cfg.run.seed)
     model = build_model(cfg, source.spec, world, 1)
     checkpoint.restore(tracked(model), found[1])
-    dataset = data.eval_dataset(source, EVAL_BATCH, cfg.train.eval_steps)
+    dataset = data.eval_dataset(source, cfg.train.batch_size, cfg.train.eval_steps)  # as during training
     result = {
         "epoch": found[0],
         "checkpoint": str(found[1]),

@@ -65,3 +65,25 @@ def shared_tfds() -> Path:
             pytest.fail(f"{SHARED_TFDS} is missing; CI runs with shared/ beside the clone")
         pytest.skip(f"{SHARED_TFDS} is not here")
     return SHARED_TFDS
+
+
+def run_app(
+    args: list[str], expect: int = 0, timeout: int = 600, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """``python -m app args...`` as a real process; assert its exit status."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "app", *args],
+        capture_output=True, text=True, timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})},
+    )  # fmt: skip
+    assert proc.returncode == expect, (
+        f"exit {proc.returncode}, expected {expect}:\n{proc.stdout}\n{proc.stderr}"
+    )
+    return proc
+
+
+# A few steps of ResNet-20 on 32 px synthetic images: the whole training path in seconds.
+TINY_SYNTHETIC = [
+    "--set", "data.source=synthetic", "--set", "data.num_classes=10", "--set", "data.image_size=32",
+    "--set", "data.synthetic_examples=256", "--set", "model.name=resnet20", "--set", "train.batch_size=8",
+    "--set", "train.steps_per_epoch=2", "--set", "train.warmup_epochs=0", "--set", "run.log_every=1",
+]  # fmt: skip

@@ -1,0 +1,136 @@
+"""`app train` and `app evaluate` end to end, one process: outputs, resume, and every bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY_SYNTHETIC, run_app
+from imagenet_fixture import make_tree
+
+pytestmark = pytest.mark.slow
+
+
+def rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_one_step_synthetic(tmp_path):
+    run = tmp_path / "run"
+    proc = run_app(
+        ["train", *TINY_SYNTHETIC, "--set", "train.steps_per_epoch=1", "--epochs", "1", "--run-dir", str(run)]
+    )
+    assert "scaleout: default" in proc.stdout and "done: 1 epochs" in proc.stdout
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["epochs"] == 1 and summary["workers"] == 1 and summary["global_batch"] == 8
+    assert summary["replica_weight_spread"] == 0.0
+    assert (run / "config.yaml").is_file() and (run / "checkpoints" / "epoch-0001" / "state.json").is_file()
+    assert len(rows(run)) == 1 and rows(run)[0]["images_per_s"] > 0
+
+
+def test_one_step_fashion_mnist_with_outputs(tmp_path, shared_tfds):
+    run = tmp_path / "run"
+    run_app([
+        "train", "-c", "configs/fashion_mnist.yaml", "--data-dir", str(shared_tfds), "--run-dir", str(run),
+        "--epochs", "2", "--set", "train.steps_per_epoch=1", "--set", "train.eval_steps=2", "--set", "train.warmup_epochs=0",
+    ])  # fmt: skip
+    metrics = rows(run)
+    assert [r["epoch"] for r in metrics] == [1, 2]
+    assert {"loss", "accuracy", "val_loss", "val_accuracy", "lr", "images_per_s", "epoch_time_s"} <= set(
+        metrics[0]
+    )
+    assert metrics[0]["val_examples"] == 2 * 64  # eval_steps x the batch size
+    header = (run / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert "val_accuracy" in header and len((run / "metrics.csv").read_text().splitlines()) == 3
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    proc = run_app(["evaluate", str(run), "--set", "train.eval_steps=2"])
+    result = json.loads((run / "eval-epoch-0002.json").read_text())
+    assert result["val_accuracy"] == pytest.approx(metrics[-1]["val_accuracy"])  # same weights, same data
+    assert "top-1" in proc.stdout
+
+
+def test_resume_continues_from_the_right_epoch_with_the_right_lr(tmp_path):
+    # base_lr 0.4 x 8/256 = 0.0125; step decay x0.5 at epoch 2; progress (step+1)/steps, 2 steps per epoch.
+    recipe = [
+        *TINY_SYNTHETIC,
+        "--set",
+        "train.base_lr=0.4",
+        "--set",
+        "train.decay_epochs=[2]",
+        "--set",
+        "train.decay_factor=0.5",
+    ]
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    run_app(["train", *recipe, "--epochs", "3", "--run-dir", str(whole)])
+    run_app(["train", *recipe, "--epochs", "2", "--run-dir", str(split)])
+    proc = run_app(
+        ["train", "--run-dir", str(split), "--epochs", "3"]
+    )  # resume: config comes from the run dir
+    assert "resumed from" in proc.stdout and "resuming after epoch 2" in proc.stdout
+    assert [r["epoch"] for r in rows(split)] == [1, 2, 3]
+    expected = [0.0125, 0.0125 * 0.5, 0.0125 * 0.5]  # the LR at each epoch's last step
+    assert [r["lr"] for r in rows(split)] == pytest.approx(expected)
+    assert [r["lr"] for r in rows(whole)] == pytest.approx(expected)
+    state = json.loads((split / "checkpoints" / "epoch-0003" / "state.json").read_text())
+    assert state["epoch"] == 3
+    proc = run_app(["train", "--run-dir", str(split), "--epochs", "3"])
+    assert "nothing to do" in proc.stdout
+
+
+def test_resume_with_conflicting_config_is_refused(tmp_path):
+    run = tmp_path / "run"
+    run_app(["train", *TINY_SYNTHETIC, "--epochs", "1", "--run-dir", str(run)])
+    before = (run / "checkpoints" / "epoch-0001" / "ckpt.index").read_bytes()
+    proc = run_app(["train", "--run-dir", str(run), "--batch-size", "16"], expect=2)
+    assert proc.stderr.strip() == (
+        f"Error: --run-dir {run}: resuming with a different config (train.batch_size 8 (saved) vs 16 (given)); "
+        "drop those changes or start a new --run-dir"
+    )
+    assert (run / "checkpoints" / "epoch-0001" / "ckpt.index").read_bytes() == before
+
+
+def test_missing_data_dir(tmp_path):
+    proc = run_app(
+        ["train", "--data-dir", str(tmp_path / "nope"), "--run-dir", str(tmp_path / "run")], expect=2
+    )
+    assert (
+        proc.stderr.strip()
+        == f"Error: data.data_dir {tmp_path / 'nope'}: no such directory; point it at a TFDS data dir"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_corrupt_tfrecord_mid_training_names_the_file_and_keeps_checkpoints(tmp_path):
+    from app.convert import convert
+
+    raw = make_tree(tmp_path / "raw", classes=2, per_class=8, val=4)
+    records = tmp_path / "records"
+    convert(raw, records, train_shards=2, validation_shards=1, workers=1, labels_file=raw / "val_labels.txt")
+    run = tmp_path / "run"
+    args = [
+        "train", "--run-dir", str(run), "--set", "data.source=imagenet", "--data-dir", str(records),
+        "--set", "data.image_size=32", "--set", "data.num_classes=2", "--set", "model.name=resnet20",
+        "--batch-size", "4", "--set", "train.warmup_epochs=0", "--set", "data.shuffle_buffer=4",
+    ]  # fmt: skip
+    run_app([*args, "--epochs", "1"])
+    good = (run / "checkpoints" / "epoch-0001" / "ckpt.index").read_bytes()
+    bad = records / "train-00001-of-00002"
+    bad.write_bytes(bad.read_bytes()[:-40])  # truncate the last record
+    proc = run_app([*args, "--epochs", "2"], expect=1)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("Error:")]
+    assert len(lines) == 1 and lines[0].startswith(f"Error: {bad}: corrupt or truncated TFRecord")
+    assert "Traceback" not in proc.stderr
+    assert (run / "checkpoints" / "epoch-0001" / "ckpt.index").read_bytes() == good
+    assert not (run / "checkpoints" / "epoch-0002").exists()
+
+
+def test_evaluate_without_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    run_app(["train", *TINY_SYNTHETIC, "--epochs", "1", "--run-dir", str(run)])
+    proc = run_app(["evaluate", str(run), "--epoch", "7"], expect=1)
+    assert (
+        proc.stderr.strip()
+        == f"Error: {run}: no valid checkpoint for epoch 7; train first or pick another --epoch"
+    )
