@@ -13,8 +13,9 @@ PYTEST_ARGS ?=
 # The shared, read-only TFDS folder of this workplace, when it is there (Fashion-MNIST without network).
 DATA_DIR   ?= $(firstword $(TFDS_DATA_DIR) $(wildcard ../shared/datasets/tfds))
 NP         ?= 2
+TRAIN_ARGS ?=
 
-.PHONY: help install system-deps test lint format clean
+.PHONY: help install system-deps data train test lint format clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -35,16 +36,26 @@ system-deps: ## apt packages: OpenMPI (Horovod's MPI controller) and the build t
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    openmpi-bin libopenmpi-dev g++ make python3-venv >/dev/null
 
+data: ## make sure the quickstart's Fashion-MNIST is here (apt-get install dataset-fashion-mnist as root)
+	@if [ -n "$(DATA_DIR)" ] && [ -d "$(DATA_DIR)/fashion_mnist" ]; then echo "data: TFDS folder $(DATA_DIR)"; \
+	elif [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then echo "data: Debian's dataset-fashion-mnist"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null; \
+	else echo "data: no local Fashion-MNIST; app train will try a TFDS download"; fi
+
+train: install data ## quickstart: Fashion-MNIST, ResNet-20, 2 local CPU workers (NP=2), a few minutes
+	$(APP) train -c configs/fashion_mnist.yaml --np $(NP) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) $(TRAIN_ARGS)
+
 test: install ## run the test suite (includes 2-process Horovod runs under horovodrun and mpirun)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: install ## ruff check + ruff format --check
-	$(VENV)/bin/ruff check app tests bench
-	$(VENV)/bin/ruff format --check app tests bench
+	$(VENV)/bin/ruff check app tests $(wildcard bench)
+	$(VENV)/bin/ruff format --check app tests $(wildcard bench)
 
 format: install ## apply ruff's formatting and autofixes
-	$(VENV)/bin/ruff format app tests bench
-	$(VENV)/bin/ruff check --fix app tests bench
+	$(VENV)/bin/ruff format app tests $(wildcard bench)
+	$(VENV)/bin/ruff check --fix app tests $(wildcard bench)
 
 clean: ## remove the venv, caches and run outputs (the cached Horovod wheel stays in ~/.cache/scaleout)
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info runs

@@ -184,6 +184,73 @@ def evaluate(run_dir, configs, sets, data_dir, seed, threads, np_, epoch):
     evaluate_run(cfg, run_dir, epoch, threads)
 
 
+@cli.command()
+@click.option("--gpus", type=int, required=True, help="Total GPUs (one worker each).")
+@click.option(
+    "--cluster", required=True, help="A profile in jobs/clusters/ (mahti, puhti, roihu, lumi, local)."
+)
+@click.option(
+    "-c", "--config", "configs", multiple=True, metavar="FILE", help="Experiment YAML (repeatable)."
+)
+@click.option(
+    "--set", "sets", multiple=True, metavar="KEY=VALUE", help="Config override passed to app train."
+)
+@click.option("--time", "time_limit", help="Time limit, [D-]HH:MM:SS (default: the profile's).")
+@click.option("--account", help="Slurm account / project (required on CSC and LUMI systems).")
+@click.option("--partition", help="Partition (default: the first in the profile that fits).")
+@click.option("--image", help="Container image (default: the profile's).")
+@click.option("--data-dir", help="Dataset folder for data.data_dir.")
+@click.option(
+    "--stage",
+    "stage_gb",
+    type=int,
+    default=0,
+    help="Copy --data-dir to node-local disk first (GB to request).",
+)
+@click.option("--name", help="Job name (default: the config's name).")
+@click.option("--dry-run", is_flag=True, help="Print the rendered script; submit nothing.")
+@click.option("--test-only", is_flag=True, help="Ask sbatch --test-only whether and when it would run.")
+def submit(
+    gpus,
+    cluster,
+    configs,
+    sets,
+    time_limit,
+    account,
+    partition,
+    image,
+    data_dir,
+    stage_gb,
+    name,
+    dry_run,
+    test_only,
+):
+    """Submit a training job for N GPUs to a Slurm cluster (one task per GPU).
+
+    \b
+    Example:
+      app submit --cluster mahti --gpus 32 -c configs/resnet50_imagenet.yaml --account project_2001234 \\
+                 --data-dir /scratch/project_2001234/imagenet --time 12:00:00
+      app submit --cluster puhti --gpus 8 -c configs/synthetic.yaml --account project_2001234 --dry-run
+    """
+    from app import submit as submit_stage
+
+    job = submit_stage.render(
+        submit_stage.load_cluster(cluster), gpus, list(configs), list(sets), time_limit, account, partition,
+        image, data_dir, stage_gb, name,
+    )  # fmt: skip
+    if dry_run:
+        click.echo(job.script, nl=False)
+        return
+    answer = submit_stage.sbatch(job, test_only)
+    if test_only:
+        click.echo(answer)
+        return
+    click.echo(f"submitted job {answer}: {job.nodes} node(s), {gpus} GPUs, partition {job.partition}")
+    click.echo(f"  log:     {job.log_dir}/{job.job_name}-{answer}.out")
+    click.echo(f"  run dir: {job.runs_dir}/{job.job_name}-{answer}")
+
+
 @cli.group()
 def data() -> None:
     """Prepare datasets.

@@ -156,7 +156,7 @@ def allgather_object(obj) -> list:
 
 
 def replica_spread(weights: list) -> float:
-    """[horovod] The largest difference between any two ranks' weights, from per-tensor fingerprints.
+    """[horovod] The largest difference between any two ranks' (trainable) weights, from per-tensor fingerprints.
 
     Data parallelism means every replica holds the same weights; anything above float noise here means a
     broadcast or an allreduce went wrong. Cheap: one small allgather at the end of training.

@@ -28,8 +28,14 @@ class Reporter:
     """Prints on rank 0 only; on other ranks TensorFlow's Python warnings are silenced too (errors still show)."""
 
     def __init__(self, rank: int, console: Console | None = None):
+        from app.distributed import detected_launcher
+
         self.enabled = rank == 0
-        self.console = console or Console(highlight=False, soft_wrap=True)
+        # Under a launcher, output ends in a job log even when mpirun hands ranks a pty: plain text there.
+        plain = detected_launcher() is not None or not sys.stdout.isatty()
+        self.console = console or Console(
+            highlight=False, soft_wrap=True, force_terminal=not plain, width=100 if plain else None
+        )
         tf_logger = logging.getLogger("tensorflow")
         if not any(isinstance(f, _DropOneOffWarnings) for f in tf_logger.filters):
             tf_logger.addFilter(_DropOneOffWarnings())

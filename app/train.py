@@ -255,7 +255,9 @@ def train_and_evaluate(cfg: Config, run_dir: Path, threads: int = 0) -> dict:
             f"{bad or 'a training file'}: corrupt or truncated TFRecord ({exc.message.splitlines()[0]}); "
             "re-create it (checkpoints up to the last finished epoch are intact)"
         ) from None
-    spread = distributed.replica_spread(model.get_weights())  # [horovod] are all replicas still identical?
+    # [horovod] Are all replicas still identical? Trainable weights only: batch-norm moving statistics are
+    # each worker's own (Horovod does not synchronise them; rank 0's are the ones checkpointed).
+    spread = distributed.replica_spread([v.numpy() for v in model.trainable_variables])
     return summarize(cfg, run_dir, world, p, policy, spread) if world.is_chief else {}
 
 
