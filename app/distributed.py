@@ -27,13 +27,15 @@ LAUNCHER_RANK_VARS = {
 
 @dataclass(frozen=True)
 class World:
-    """Who this process is among the workers."""
+    """Who this process is among the workers, and how they were started and talk."""
 
     rank: int = 0
     size: int = 1
     local_rank: int = 0
     local_size: int = 1
     nodes: int = 1
+    launcher: str = "none"  # horovodrun | mpirun | srun | pmix | none
+    controller: str = "gloo"  # Horovod's controller: mpi or gloo
 
     @property
     def is_chief(self) -> bool:
@@ -90,7 +92,16 @@ def init(threads: int = 0) -> World:
         per_worker = threads or max(1, (os.cpu_count() or 1) // h.local_size())
         tf.config.threading.set_intra_op_parallelism_threads(per_worker)
         tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, per_worker)))
-    return World(h.rank(), h.size(), h.local_rank(), h.local_size(), h.cross_size())
+    controller = "mpi" if h.mpi_enabled() else "gloo"
+    return World(
+        h.rank(),
+        h.size(),
+        h.local_rank(),
+        h.local_size(),
+        h.cross_size(),
+        detected_launcher() or "none",
+        controller,
+    )
 
 
 def distributed_optimizer(optimizer, accumulation_steps: int = 1, fp16_allreduce: bool = False):

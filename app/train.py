@@ -172,7 +172,7 @@ def header(reporter: Reporter, cfg: Config, spec: data.Spec, world: distributed.
     reporter.table(
         f"scaleout: {cfg.name}",
         [
-            ("workers", f"{world.size} ({world.nodes} node{'s' if world.nodes > 1 else ''}, {world.local_size} per node)"),
+            ("workers", f"{world.size} ({world.nodes} node{'s' if world.nodes > 1 else ''}, {world.local_size} per node), launcher {world.launcher}, Horovod controller {world.controller}"),
             ("model", f"{cfg.model.name}, {spec.image_shape[0]}x{spec.image_shape[1]}x{spec.image_shape[2]}, {spec.num_classes} classes"),
             ("data", f"{spec.name}: {spec.train_examples:,} train / {spec.eval_examples:,} eval examples per worker ({spec.sharding}-level shards)"),
             ("batch", f"{t.batch_size} per worker x {world.size} workers x {t.accumulation_steps} accumulation = {p.global_batch} global"),
@@ -274,6 +274,8 @@ def summarize(
         "dataset": cfg.data.name if cfg.data.source == "tfds" else cfg.data.source,
         "workers": world.size,
         "nodes": world.nodes,
+        "launcher": world.launcher,
+        "horovod_controller": world.controller,
         "batch_size": cfg.train.batch_size,
         "accumulation_steps": cfg.train.accumulation_steps,
         "global_batch": p.global_batch,

@@ -1,0 +1,73 @@
+"""`app submit` against a real Slurm: 2 Horovod ranks through srun --mpi=pmix, metrics and checkpoint written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import IN_CI, ROOT
+from slurm_cluster import SlurmCluster, installed
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+TINY = """\
+# tiny: the Slurm end-to-end test. app train -c tiny.yaml; hardware: any CPU; expected: under a minute.
+data: {source: synthetic, num_classes: 10, image_size: 32, synthetic_examples: 64}
+model: {name: resnet20}
+train: {epochs: 1, batch_size: 8, steps_per_epoch: 2, warmup_epochs: 0}
+run: {log_every: 1, tensorboard: false}
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    missing = installed()
+    if missing:
+        if IN_CI:
+            pytest.fail(f"{missing} is not installed, but .ci/run installs slurm-wlm and munge")
+        pytest.skip(f"{missing} is not installed (apt-get install slurm-wlm munge)")
+    if os.geteuid() != 0:
+        pytest.skip("the test cluster runs its daemons as root")
+    c = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+def test_submit_runs_two_ranks_through_srun_pmix(cluster, tmp_path):
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    proc = subprocess.run(
+        [sys.executable, "-m", "app", "submit", "--cluster", "local", "--gpus", "2", "-c", "tiny.yaml"],
+        cwd=tmp_path, env={**cluster.env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.split()[2].rstrip(":")
+    assert proc.stdout.startswith(f"submitted job {job}: 1 node(s), 2 GPUs, partition debug")
+    cluster.wait(job)
+    log = (tmp_path / "logs" / f"tiny-{job}.out").read_text()
+    run = tmp_path / "runs" / f"tiny-{job}"
+    assert (run / "summary.json").is_file(), log
+    summary = json.loads((run / "summary.json").read_text())
+    assert (
+        summary["workers"] == 2 and summary["launcher"] == "srun" and summary["horovod_controller"] == "mpi"
+    )
+    assert summary["replica_weight_spread"] < 1e-6
+    assert "launcher srun, Horovod controller mpi" in log and log.count("scaleout: tiny") == 1
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 1
+    assert (run / "checkpoints" / "epoch-0001" / "state.json").is_file()
+
+
+def test_test_only_asks_sbatch(cluster, tmp_path):
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    proc = subprocess.run(
+        [sys.executable, "-m", "app", "submit", "--cluster", "local", "--gpus", "2", "-c", "tiny.yaml", "--test-only"],
+        cwd=tmp_path, env={**cluster.env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "to start at" in proc.stdout
