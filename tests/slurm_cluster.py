@@ -6,6 +6,7 @@ and accepts them). Everything lives in one temporary folder; the daemons are sto
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -104,10 +105,8 @@ class SlurmCluster:
         for name in reversed(DAEMONS):
             pidfile = self.root / f"{name}.pid"
             if pidfile.is_file():
-                try:
+                with contextlib.suppress(ProcessLookupError, ValueError):
                     os.kill(int(pidfile.read_text().split()[0]), signal.SIGTERM)
-                except (ProcessLookupError, ValueError):
-                    pass
         time.sleep(0.5)
 
 
