@@ -15,7 +15,7 @@ DATA_DIR   ?= $(firstword $(TFDS_DATA_DIR) $(wildcard ../shared/datasets/tfds))
 NP         ?= 2
 TRAIN_ARGS ?=
 
-.PHONY: help install system-deps data train test lint format clean
+.PHONY: help install system-deps data train test lint format clean image sif submit
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -49,13 +49,42 @@ train: install data ## quickstart: Fashion-MNIST, ResNet-20, 2 local CPU workers
 test: install ## run the test suite (includes 2-process Horovod runs under horovodrun and mpirun)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
-lint: install ## ruff check + ruff format --check
+lint: install ## ruff check + ruff format --check + hadolint on the Dockerfile
 	$(VENV)/bin/ruff check app tests $(wildcard bench)
 	$(VENV)/bin/ruff format --check app tests $(wildcard bench)
+	$(VENV)/bin/hadolint Dockerfile
 
 format: install ## apply ruff's formatting and autofixes
 	$(VENV)/bin/ruff format app tests $(wildcard bench)
 	$(VENV)/bin/ruff check --fix app tests $(wildcard bench)
+
+# Container images. FLAVOR=gpu: CUDA + NCCL (x86_64); FLAVOR=cpu: Debian 12 + tensorflow-cpu.
+FLAVOR     ?= gpu
+ENGINE     ?= $(firstword $(shell command -v docker podman 2>/dev/null))
+IMAGE      ?= scaleout:$(FLAVOR)
+CPU_ARGS   := --build-arg BASE_IMAGE=debian:12 --build-arg TF_PACKAGE=tensorflow-cpu==2.18.1 --build-arg HOROVOD_GPU_OPERATIONS=
+IMAGE_ARGS ?=
+
+image: ## build the container image (FLAVOR=gpu|cpu) with docker or podman
+	@test -n "$(ENGINE)" || { echo "image: neither docker nor podman is installed" >&2; exit 1; }
+	$(ENGINE) build -t $(IMAGE) $(if $(filter cpu,$(FLAVOR)),$(CPU_ARGS)) \
+	    --build-arg GIT_REVISION=$$(git rev-parse --short HEAD 2>/dev/null || echo unknown) $(IMAGE_ARGS) .
+
+sif: ## build scaleout.sif for Apptainer/Singularity from the image (run `make image` first)
+	@APPT=$$(command -v apptainer || command -v singularity) || { echo "sif: install Apptainer or Singularity" >&2; exit 1; }; \
+	if command -v docker >/dev/null; then $$APPT build scaleout.sif singularity.def; \
+	else podman save $(IMAGE) -o scaleout.tar && \
+	     sed -e 's/^Bootstrap: docker-daemon/Bootstrap: docker-archive/' -e 's|^From: .*|From: scaleout.tar|' singularity.def > .archive.def && \
+	     $$APPT build scaleout.sif .archive.def && rm -f .archive.def scaleout.tar; fi
+
+# make submit GPUS=32 CLUSTER=puhti CONFIG=configs/resnet50_imagenet.yaml ACCOUNT=project_2001234 [SUBMIT_ARGS=--dry-run]
+GPUS       ?= 4
+CLUSTER    ?= mahti
+CONFIG     ?= configs/resnet50_imagenet.yaml
+ACCOUNT    ?=
+SUBMIT_ARGS ?=
+submit: install ## submit a training job: make submit GPUS=32 CLUSTER=puhti CONFIG=... ACCOUNT=project_...
+	$(APP) submit --gpus $(GPUS) --cluster $(CLUSTER) -c $(CONFIG) $(if $(ACCOUNT),--account $(ACCOUNT)) $(SUBMIT_ARGS)
 
 clean: ## remove the venv, caches and run outputs (the cached Horovod wheel stays in ~/.cache/scaleout)
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info runs

@@ -25,6 +25,7 @@ for d in ("tensorflow", "tensorflow-cpu"):
 py_version=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 if command -v mpicxx >/dev/null; then with_mpi=1; else with_mpi=0; fi
 gpu_ops=${HOROVOD_GPU_OPERATIONS:-none}
+[[ -n "${HOROVOD_GPU_OPERATIONS:-}" ]] || unset HOROVOD_GPU_OPERATIONS  # empty means CPU only
 arch=$(uname -m)
 
 installed=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("horovod"))' 2>/dev/null || true)
