@@ -9,8 +9,9 @@
 ARG BASE_IMAGE=nvidia/cuda:12.5.1-cudnn-devel-ubuntu22.04
 FROM ${BASE_IMAGE}
 
-# Every version is an argument; the defaults are the pins of pyproject.toml and scripts/install-horovod.sh.
+# Every version is an argument; the defaults are the pins of pyproject.toml and scripts/install-stack.sh.
 ARG TF_PACKAGE="tensorflow[and-cuda]==2.18.1"
+ARG TF_KERAS_VERSION=2.18.0
 ARG HOROVOD_VERSION=0.28.1
 ARG HOROVOD_GPU_OPERATIONS=NCCL
 ARG NCCL_PACKAGES="libnccl2 libnccl-dev"
@@ -18,7 +19,7 @@ ARG PIP_VERSION=24.3.1
 ARG SCALEOUT_VERSION=0.1.0
 ARG GIT_REVISION=unknown
 # Build-time only, never stored in the image: a CA bundle for pip behind a TLS-inspecting proxy (mount it
-# with `--volume`), and a folder holding a cached Horovod wheel (scripts/install-horovod.sh's cache layout).
+# with `--volume`), and a folder holding a cached Horovod wheel (scripts/install-stack.sh's cache layout).
 ARG PIP_CERT
 ARG SCALEOUT_WHEEL_CACHE=/tmp/wheels
 
@@ -43,7 +44,7 @@ RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /opt/scaleout
 COPY pyproject.toml README.md ./
-COPY scripts/install-horovod.sh scripts/
+COPY scripts/install-stack.sh scripts/
 # TensorFlow first (Horovod compiles against it), then scaleout's own dependencies.
 # hadolint ignore=DL3013
 RUN pip install "pip==${PIP_VERSION}" \
@@ -52,8 +53,8 @@ COPY app app
 COPY configs configs
 COPY jobs jobs
 RUN pip install -e . \
-    && SCALEOUT_WHEEL_CACHE=${SCALEOUT_WHEEL_CACHE} HOROVOD_VERSION=${HOROVOD_VERSION} \
-       HOROVOD_GPU_OPERATIONS=${HOROVOD_GPU_OPERATIONS} scripts/install-horovod.sh /opt/venv/bin/python \
+    && SCALEOUT_WHEEL_CACHE=${SCALEOUT_WHEEL_CACHE} TF_KERAS_VERSION=${TF_KERAS_VERSION} HOROVOD_VERSION=${HOROVOD_VERSION} \
+       HOROVOD_GPU_OPERATIONS=${HOROVOD_GPU_OPERATIONS} scripts/install-stack.sh /opt/venv/bin/python \
     && rm -rf /tmp/wheels /root/.cache
 
 # Run as a non-root user; nothing is written into the image at run time: caches go to $TMPDIR (/tmp).

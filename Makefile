@@ -20,12 +20,12 @@ TRAIN_ARGS ?=
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: pyproject.toml scripts/install-horovod.sh
+$(VENV)/.installed: pyproject.toml scripts/install-stack.sh
 	@command -v mpicxx >/dev/null || $(MAKE) --no-print-directory system-deps
 	test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[$(strip $(TF)),dev]"
-	scripts/install-horovod.sh $(PY)
+	scripts/install-stack.sh $(PY)
 	touch $@
 
 install: $(VENV)/.installed ## create .venv with pinned TensorFlow/tf_keras and Horovod (built once, cached)
@@ -67,7 +67,7 @@ IMAGE_ARGS ?=
 
 image: ## build the container image (FLAVOR=gpu|cpu) with docker or podman
 	@test -n "$(ENGINE)" || { echo "image: neither docker nor podman is installed" >&2; exit 1; }
-	$(ENGINE) build -t $(IMAGE) $(if $(filter cpu,$(FLAVOR)),$(CPU_ARGS)) \
+	$(ENGINE) build -t $(IMAGE) $(if $(findstring podman,$(ENGINE)),--format docker) $(if $(filter cpu,$(FLAVOR)),$(CPU_ARGS)) \
 	    --build-arg GIT_REVISION=$$(git rev-parse --short HEAD 2>/dev/null || echo unknown) $(IMAGE_ARGS) .
 
 sif: ## build scaleout.sif for Apptainer/Singularity from the image (run `make image` first)

@@ -69,6 +69,8 @@ def import_tensorflow():
             f"Keras {getattr(already, '__version__', '3')} was imported before scaleout; "
             "import app first or unset whatever imports keras, since Horovod 0.28.1 needs tf_keras (Keras 2)"
         )
+    if importlib.util.find_spec("tf_keras") is None:
+        raise KerasError("tf_keras (Keras 2) is not installed, and Horovod 0.28.1 needs it: run make install")
     tf = _import_quietly("tensorflow")
     flavour, version = keras_flavour(tf)
     if flavour != "tf_keras" or not version.startswith("2."):

@@ -1,0 +1,223 @@
+"""`app benchmark`: training (or input-pipeline) throughput, with warmup excluded and confidence intervals.
+
+Shares everything with `app train` (config, data sources, model, precision, Horovod setup); only the loop
+differs: each step is timed on rank 0, split into the time spent waiting for the next batch (input wait)
+and the time of the step itself. The first steps, until step times settle (at least 10% of them), are
+excluded; the rest is cut into measurement windows whose throughputs give a mean and a 95% confidence
+interval. One JSON line per (batch size) is appended to the results file, by rank 0.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import resource
+import socket
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+from app import __version__
+
+# Student's t, two-sided 95%, for 1..30 degrees of freedom; written out to avoid a SciPy dependency.
+T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+       2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]  # fmt: skip
+
+
+def warmup_steps(
+    step_times: list[float], min_fraction: float = 0.1, tolerance: float = 0.25, run: int = 3
+) -> int:
+    """How many leading steps to drop: at least ``min_fraction``, then until ``run`` steps in a row are within
+    ``tolerance`` of the median of the second half (tracing, autotuning and caches settle by then)."""
+    n = len(step_times)
+    start = max(1, math.ceil(min_fraction * n))
+    reference = statistics.median(step_times[n // 2 :])
+    for i in range(start, max(start, n - run) + 1):
+        if all(t <= reference * (1 + tolerance) for t in step_times[i : i + run]):
+            return i
+    return start
+
+
+def windows(step_times: list[float], images_per_step: int, count: int) -> list[float]:
+    """Throughput (images/s) of ``count`` consecutive, equal windows of steps."""
+    count = max(1, min(count, len(step_times)))
+    size = len(step_times) // count
+    return [images_per_step * size / sum(step_times[i * size : (i + 1) * size]) for i in range(count)]
+
+
+def mean_ci95(values: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95% confidence interval (Student's t)."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, float("nan")
+    t = T95[len(values) - 2] if len(values) - 1 <= len(T95) else 1.96
+    return mean, t * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def summarize_steps(
+    step_times: list[float], waits: list[float], images_per_step: int, n_windows: int
+) -> dict:
+    """The measured part of a benchmark: warmup excluded, windows, mean and CI, input wait."""
+    skip = warmup_steps(step_times)
+    measured, measured_waits = step_times[skip:], waits[skip:]
+    mean, ci = mean_ci95(windows(measured, images_per_step, n_windows))
+    total = sum(measured)
+    return {
+        "warmup_steps": skip,
+        "measured_steps": len(measured),
+        "windows": min(n_windows, len(measured)),
+        "images_per_s": {"mean": mean, "ci95": ci},
+        "step_time_s": total / len(measured),
+        "input_wait_s": sum(measured_waits) / len(measured),
+        "input_wait_fraction": sum(measured_waits) / total if total else 0.0,
+    }
+
+
+def environment(world) -> dict:
+    """Where the numbers were measured."""
+    import tensorflow as tf
+
+    from app.compat import keras_flavour
+
+    gpus = tf.config.list_physical_devices("GPU")
+    gpu_model = tf.config.experimental.get_device_details(gpus[0]).get("device_name") if gpus else None
+    try:
+        import horovod
+
+        hvd_version = horovod.__version__
+    except ImportError:
+        hvd_version = None
+    return {
+        "host": socket.gethostname(),
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "gpu_model": gpu_model,
+        "gpu_count": len(gpus),
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "keras": "{} {}".format(*keras_flavour(tf)),
+        "horovod": hvd_version,
+        "scaleout": __version__,
+        "launcher": world.launcher,
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "git_revision": _git_revision(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
+    except OSError:
+        return platform.processor() or None
+
+
+def _git_revision() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            timeout=5,
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def peak_memory_mb() -> float:
+    """Peak memory of this process: the GPU's allocator peak on a GPU, else the resident set's peak."""
+    import tensorflow as tf
+
+    if tf.config.list_physical_devices("GPU"):
+        return tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run(
+    cfg,
+    batch_sizes: list[int],
+    steps: int,
+    n_windows: int,
+    pipeline_only: bool,
+    results: Path,
+    threads: int = 0,
+) -> list[dict]:
+    """Benchmark ``cfg`` at each per-worker batch size; rank 0 appends one JSON line per batch size."""
+    import json
+
+    import tensorflow as tf
+
+    from app import data, distributed
+    from app.train import build_model, setup
+
+    world, reporter, policy = setup(cfg, threads)
+    source = data.open_source(cfg.data, world.rank, world.size, cfg.run.seed)
+    synthetic = cfg.data.source == "synthetic"
+    model = None if pipeline_only else build_model(cfg, source.spec, world, steps)
+    out = []
+    for batch in batch_sizes:
+        ds = data.train_dataset(
+            source, batch, steps, 1, 0, cfg.run.seed, world.rank, cfg.data.shuffle_buffer, synthetic=synthetic
+        )
+        if pipeline_only and synthetic:
+            raise_usage(
+                "--pipeline-only measures an input pipeline; synthetic data has none (pick tfds or imagenet)"
+            )
+        step_fn = None if model is None else tf.function(model.train_step, jit_compile=cfg.model.jit_compile)
+        times, waits = [], []
+        iterator = iter(ds)
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            images, labels = next(iterator)
+            t1 = time.perf_counter()
+            if step_fn is not None:
+                float(step_fn((images, labels))["loss"])  # waits for the step to finish
+            else:
+                images.numpy()
+            t2 = time.perf_counter()
+            waits.append(t1 - t0)
+            times.append(t2 - t0)
+        images_per_step = batch * world.size
+        result = {
+            "kind": "pipeline" if pipeline_only else "train",
+            "model": None if pipeline_only else cfg.model.name,
+            "data": cfg.data.source if cfg.data.source != "tfds" else cfg.data.name,
+            "image_size": source.spec.image_shape[0],
+            "precision": policy,
+            "xla": cfg.model.jit_compile,
+            "batch_size": batch,
+            "accumulation_steps": cfg.train.accumulation_steps,
+            "global_batch": batch * world.size * cfg.train.accumulation_steps,
+            "workers": world.size,
+            "nodes": world.nodes,
+            "threads_per_worker": threads or None,
+            **summarize_steps(times, waits, images_per_step, n_windows),
+            "peak_memory_mb": peak_memory_mb(),
+            "env": environment(world),
+        }
+        result["images_per_s"]["per_worker"] = result["images_per_s"]["mean"] / world.size
+        # [horovod] the slowest rank sets the pace: report the largest step time any rank saw.
+        result["step_time_s"] = max(distributed.allgather_object(result["step_time_s"]))
+        if world.is_chief:
+            results.parent.mkdir(parents=True, exist_ok=True)
+            with open(results, "a") as f:
+                f.write(json.dumps(result) + "\n")
+            ips = result["images_per_s"]
+            reporter.note(
+                f"{result['kind']} batch {batch}/worker x {world.size}: {ips['mean']:,.1f} ± {ips['ci95']:,.1f} images/s "
+                f"({ips['per_worker']:,.1f} per worker), step {result['step_time_s'] * 1000:.0f} ms, "
+                f"input wait {result['input_wait_fraction']:.0%}, warmup {result['warmup_steps']} steps excluded"
+            )
+        out.append(result)
+    return out
+
+
+def raise_usage(message: str):
+    from app.errors import UsageError
+
+    raise UsageError(message)
