@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from app import __version__
+from app.errors import UsageError
 
 # Student's t, two-sided 95%, for 1..30 degrees of freedom; written out to avoid a SciPy dependency.
 T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
@@ -155,19 +156,19 @@ def run(
     from app import data, distributed
     from app.train import build_model, setup
 
+    synthetic = cfg.data.source == "synthetic"
+    if pipeline_only and synthetic:
+        raise UsageError(
+            "--pipeline-only measures an input pipeline; synthetic data has none (use tfds or imagenet data)"
+        )
     world, reporter, policy = setup(cfg, threads)
     source = data.open_source(cfg.data, world.rank, world.size, cfg.run.seed)
-    synthetic = cfg.data.source == "synthetic"
     model = None if pipeline_only else build_model(cfg, source.spec, world, steps)
     out = []
     for batch in batch_sizes:
         ds = data.train_dataset(
             source, batch, steps, 1, 0, cfg.run.seed, world.rank, cfg.data.shuffle_buffer, synthetic=synthetic
         )
-        if pipeline_only and synthetic:
-            raise_usage(
-                "--pipeline-only measures an input pipeline; synthetic data has none (pick tfds or imagenet)"
-            )
         step_fn = None if model is None else tf.function(model.train_step, jit_compile=cfg.model.jit_compile)
         times, waits = [], []
         iterator = iter(ds)
@@ -215,9 +216,3 @@ def run(
             )
         out.append(result)
     return out
-
-
-def raise_usage(message: str):
-    from app.errors import UsageError
-
-    raise UsageError(message)

@@ -184,6 +184,122 @@ def evaluate(run_dir, configs, sets, data_dir, seed, threads, np_, epoch):
     evaluate_run(cfg, run_dir, epoch, threads)
 
 
+def _batch_sizes(ctx, param, value: str | None) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        sizes = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected comma-separated integers, e.g. 32,64,128") from None
+    if not sizes or min(sizes) <= 0:
+        raise click.BadParameter(f"{value!r}: batch sizes must be positive integers, e.g. 32,64,128")
+    return sizes
+
+
+@cli.command()
+@config_options
+@click.option(
+    "--batch-sizes",
+    callback=_batch_sizes,
+    metavar="N,N,...",
+    help="Per-worker batch sizes to sweep (default: the config's).",
+)
+@click.option(
+    "--steps",
+    type=click.IntRange(min=5),
+    default=50,
+    show_default=True,
+    help="Steps per batch size, warmup included.",
+)
+@click.option(
+    "--windows",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="Measurement windows (for the confidence interval).",
+)
+@click.option(
+    "--pipeline-only", is_flag=True, help="Measure the tf.data input pipeline alone (images/s delivered)."
+)
+@click.option("--results", type=click.Path(path_type=Path), default=Path("results/benchmark.jsonl"), show_default=True,
+              help="JSON-lines file the results are appended to.")  # fmt: skip
+@click.option("--precision", type=click.Choice(["auto", "float32", "mixed_float16", "mixed_bfloat16"]))
+def benchmark(
+    configs,
+    sets,
+    data_dir,
+    seed,
+    threads,
+    np_,
+    batch_sizes,
+    steps,
+    windows,
+    pipeline_only,
+    results,
+    precision,
+):
+    """Measure training (or input-pipeline) throughput; warmup excluded, mean with a 95% confidence interval.
+
+    Sweep workers by launching it at 1, 2, 4, ... workers (--np locally, app submit on a cluster), then
+    read all results with `app report`.
+
+    \b
+    Example:
+      app benchmark -c configs/synthetic.yaml --batch-sizes 32,64,128 --np 2
+      app benchmark -c configs/resnet50_imagenet.yaml --data-dir /scratch/imagenet --pipeline-only
+      app report results/benchmark.jsonl
+    """
+    from app import config
+
+    options = {"data.data_dir": data_dir, "run.seed": seed, "model.precision": precision}
+    cfg = config.build(configs, sets, options)
+    argv = ["benchmark", *_repeat("-c", configs), *_repeat("--set", sets), "--steps", str(steps), "--windows", str(windows),
+            "--results", str(results), "--threads", str(threads)]  # fmt: skip
+    for flag, value in (("--data-dir", data_dir), ("--seed", seed), ("--precision", precision)):
+        argv += [flag, str(value)] if value is not None else []
+    argv += ["--batch-sizes", ",".join(map(str, batch_sizes))] if batch_sizes else []
+    argv += ["--pipeline-only"] if pipeline_only else []
+    relaunch(np_, argv)
+    import_tensorflow()
+    from app.benchmark import run
+
+    run(cfg, batch_sizes or [cfg.train.batch_size], steps, windows, pipeline_only, results, threads)
+
+
+@cli.command()
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=Path("reports"),
+    show_default=True,
+    help="Folder for the tables and plots.",
+)
+@click.option(
+    "--target-accuracy",
+    type=float,
+    help="Accuracy for time-to-accuracy (default: the lowest best accuracy among the runs).",
+)
+def report(inputs, out, target_accuracy):
+    """Tables and plots from benchmark results (JSON lines) and training run directories.
+
+    Scaling: throughput vs workers, speedup and efficiency per per-worker batch size (Markdown, CSV, PNG).
+    Training: validation accuracy and loss vs epoch and vs wall-clock, time-to-accuracy.
+
+    \b
+    Example:
+      app report results/benchmark.jsonl --out reports/
+      app report runs/resnet50_imagenet-123 runs/resnet50_imagenet_naive-124
+    """
+    from rich.console import Console
+
+    from app import report as report_stage
+
+    report_stage.make_report(
+        list(inputs), out, target_accuracy, Console(width=None if sys.stdout.isatty() else 120)
+    )
+
+
 @cli.command()
 @click.option("--gpus", type=int, required=True, help="Total GPUs (one worker each).")
 @click.option(

@@ -1,0 +1,414 @@
+"""`app report`: scaling tables and plots from benchmark results, curves and time-to-accuracy from runs.
+
+Reads ``app benchmark`` JSON lines and ``app train`` run directories (metrics.jsonl, summary.json), writes
+Markdown, CSV and PNG files into ``--out``, prints the tables with rich, and says in one line each what they
+mean. Imports neither TensorFlow nor Horovod: it runs on a login node.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.errors import UsageError
+
+REQUIRED = ("batch_size", "workers", "images_per_s")
+GOOD, FAIR = 0.90, 0.70  # scaling-efficiency bands for the one-line verdicts
+INPUT_BOUND = 0.10  # a run whose steps wait this long for data is input-bound
+
+
+# ------------------------------------------------------------------------------------------ loading
+
+
+def load_results(path: Path) -> list[dict]:
+    """Benchmark results from one JSON-lines file, each line checked."""
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UsageError(
+                f"{path} line {n}: not JSON ({exc.msg}); each line must be one `app benchmark` result"
+            ) from None
+        if not isinstance(row, dict):
+            raise UsageError(
+                f"{path} line {n}: not a JSON object; each line must be one `app benchmark` result"
+            )
+        missing = [k for k in REQUIRED if k not in row]
+        if missing or not isinstance(row.get("images_per_s"), dict) or "mean" not in row["images_per_s"]:
+            raise UsageError(
+                f"{path} line {n}: missing {', '.join(missing) or 'images_per_s.mean'}; is this an `app benchmark` results file?"
+            )
+        rows.append(row)
+    if not rows:
+        raise UsageError(f"{path}: no results in it; run `app benchmark --results {path}` first")
+    return rows
+
+
+@dataclass
+class Run:
+    name: str
+    metrics: list[dict]
+    summary: dict
+
+
+def load_run(path: Path) -> Run:
+    metrics_path = path / "metrics.jsonl"
+    if not metrics_path.is_file():
+        raise UsageError(
+            f"{path}: not a training run (no metrics.jsonl); pass a run directory of `app train`"
+        )
+    metrics = []
+    for n, line in enumerate(metrics_path.read_text().splitlines(), 1):
+        try:
+            metrics.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise UsageError(f"{metrics_path} line {n}: not JSON; the file is damaged") from None
+    summary_path = path / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    return Run(path.name, metrics, summary)
+
+
+def load(inputs: list[Path]) -> tuple[list[dict], list[Run]]:
+    results, runs = [], []
+    for path in inputs:
+        if path.is_dir():
+            runs.append(load_run(path))
+        elif path.is_file():
+            results += load_results(path)
+        else:
+            raise UsageError(
+                f"{path}: no such file or directory; pass results files of `app benchmark` or run directories"
+            )
+    return results, runs
+
+
+# ---------------------------------------------------------------------------------------- scaling
+
+
+@dataclass(frozen=True)
+class Point:
+    batch_size: int
+    workers: int
+    nodes: int
+    images_per_s: float
+    ci95: float
+    per_worker: float
+    speedup: float
+    efficiency: float
+    input_wait: float
+    samples: int
+
+
+def check_comparable(results: list[dict]) -> None:
+    """One table compares one model, image size, precision and kind: anything else is a mix-up."""
+    for key in ("kind", "model", "image_size", "precision", "xla"):
+        values = sorted({str(r.get(key)) for r in results})
+        if len(values) > 1:
+            raise UsageError(
+                f"results mix {key} {' and '.join(values)}; report one at a time (split the results file, e.g. with jq)"
+            )
+
+
+def scaling(results: list[dict]) -> dict[int, list[Point]]:
+    """Per per-worker batch size: throughput vs workers, speedup and efficiency against the fewest workers.
+
+    efficiency = throughput(N) x N0 / (N x throughput(N0)), N0 the smallest worker count measured (1 when
+    there is a 1-worker result: then it is throughput(N) / (N x throughput(1))). Repeated measurements of
+    the same cell are averaged.
+    """
+    check_comparable(results)
+    cells: dict[tuple[int, int], list[dict]] = {}
+    for r in results:
+        cells.setdefault((int(r["batch_size"]), int(r["workers"])), []).append(r)
+    table: dict[int, list[Point]] = {}
+    for batch in sorted({b for b, _ in cells}):
+        counts = sorted(w for b, w in cells if b == batch)
+        base_n = counts[0]
+        base = statistics.fmean(r["images_per_s"]["mean"] for r in cells[(batch, base_n)])
+        points = []
+        for n in counts:
+            rows = cells[(batch, n)]
+            thr = statistics.fmean(r["images_per_s"]["mean"] for r in rows)
+            ci = statistics.fmean(float(r["images_per_s"].get("ci95") or 0.0) for r in rows)
+            wait = statistics.fmean(float(r.get("input_wait_fraction") or 0.0) for r in rows)
+            nodes = max(int(r.get("nodes") or 1) for r in rows)
+            points.append(
+                Point(
+                    batch, n, nodes, thr, ci, thr / n, thr / base, thr * base_n / (n * base), wait, len(rows)
+                )
+            )
+        table[batch] = points
+    return table
+
+
+def verdicts(table: dict[int, list[Point]]) -> list[str]:
+    """One line per batch size: how it scales to the most workers measured, and why when it does not."""
+    lines = []
+    for batch, points in table.items():
+        top = points[-1]
+        if len(points) == 1:
+            lines.append(
+                f"batch {batch}/worker: only {top.workers} worker(s) measured; run more worker counts to see scaling"
+            )
+            continue
+        base = points[0].workers
+        note = (
+            "near-linear"
+            if top.efficiency >= GOOD
+            else ("good" if top.efficiency >= FAIR else "communication-bound")
+        )
+        if top.input_wait >= INPUT_BOUND:
+            note = f"input-bound: steps waited {top.input_wait:.0%} for data"
+        rel = "" if base == 1 else f" (relative to {base} workers)"
+        lines.append(
+            f"batch {batch}/worker scales at {top.efficiency:.0%} to {top.workers} workers{rel}: {note}"
+        )
+    if len(table) > 1:
+        best = max(table.values(), key=lambda pts: pts[-1].efficiency)[-1]
+        lines.append(f"largest per-worker batch scales best here: batch {best.batch_size}/worker at {best.efficiency:.0%}"
+                     if best.batch_size == max(table) else
+                     f"best scaling: batch {best.batch_size}/worker at {best.efficiency:.0%}")  # fmt: skip
+    return lines
+
+
+SCALING_COLUMNS = (
+    "batch/worker",
+    "workers",
+    "nodes",
+    "images/s",
+    "±95%",
+    "per worker",
+    "speedup",
+    "efficiency",
+    "input wait",
+)
+
+
+def scaling_rows(table: dict[int, list[Point]]) -> list[list[str]]:
+    return [
+        [str(p.batch_size), str(p.workers), str(p.nodes), f"{p.images_per_s:,.1f}", f"{p.ci95:,.1f}",
+         f"{p.per_worker:,.1f}", f"{p.speedup:.2f}x", f"{p.efficiency:.0%}", f"{p.input_wait:.0%}"]
+        for points in table.values() for p in points
+    ]  # fmt: skip
+
+
+def plot_scaling(table: dict[int, list[Point]], out: Path) -> list[Path]:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for batch, points in table.items():
+        workers = [p.workers for p in points]
+        line = ax.plot(workers, [p.images_per_s for p in points], "o-", label=f"batch {batch}/worker")[0]
+        base = points[0]
+        ax.plot(
+            workers,
+            [base.images_per_s * n / base.workers for n in workers],
+            ":",
+            color=line.get_color(),
+            label=f"ideal ({batch})",
+        )
+    ax.set(xlabel="workers", ylabel="images/s (total)", title="Throughput vs workers")
+    _worker_axis(ax, table)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    throughput = out / "throughput.png"
+    fig.tight_layout()
+    fig.savefig(throughput, dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for batch, points in table.items():
+        ax.plot(
+            [p.workers for p in points],
+            [100 * p.efficiency for p in points],
+            "o-",
+            label=f"batch {batch}/worker",
+        )
+    ax.axhline(100, color="grey", ls=":", label="ideal")
+    ax.set(xlabel="workers", ylabel="scaling efficiency (%)", title="Scaling efficiency", ylim=(0, 110))
+    _worker_axis(ax, table)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    efficiency = out / "efficiency.png"
+    fig.tight_layout()
+    fig.savefig(efficiency, dpi=120)
+    plt.close(fig)
+    return [throughput, efficiency]
+
+
+def _worker_axis(ax, table: dict[int, list[Point]]) -> None:
+    """Workers on a log2 axis, labelled with the counts measured (1, 2, 4, ... rather than 2^k)."""
+    from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
+
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(sorted({p.workers for pts in table.values() for p in pts})))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_locator(NullLocator())
+
+
+# ---------------------------------------------------------------------------------------- training
+
+
+def wall_clock(run: Run) -> list[float]:
+    """Cumulative training time at the end of each epoch (seconds)."""
+    total, out = 0.0, []
+    for m in run.metrics:
+        total += float(m.get("epoch_time_s", 0.0))
+        out.append(total)
+    return out
+
+
+def time_to_accuracy(run: Run, target: float) -> float | None:
+    for m, t in zip(run.metrics, wall_clock(run), strict=True):
+        if m.get("val_accuracy", -1) >= target:
+            return t
+    return None
+
+
+TRAINING_COLUMNS = (
+    "run",
+    "workers",
+    "global batch",
+    "epochs",
+    "best val acc",
+    "at epoch",
+    "final val acc",
+    "train time",
+    "time to target",
+)
+
+
+def training_rows(runs: list[Run], target: float) -> list[list[str]]:
+    rows = []
+    for run in runs:
+        accs = [m.get("val_accuracy") for m in run.metrics if m.get("val_accuracy") is not None]
+        best = (
+            max(range(len(run.metrics)), key=lambda i: run.metrics[i].get("val_accuracy", -1))
+            if accs
+            else None
+        )
+        tta = time_to_accuracy(run, target)
+        rows.append([
+            run.name, str(run.summary.get("workers", "?")), str(run.summary.get("global_batch", "?")), str(len(run.metrics)),
+            f"{run.metrics[best]['val_accuracy']:.4f}" if best is not None else "-",
+            str(run.metrics[best]["epoch"]) if best is not None else "-",
+            f"{accs[-1]:.4f}" if accs else "-",
+            f"{wall_clock(run)[-1]:,.0f} s" if run.metrics else "-",
+            f"{tta:,.0f} s" if tta is not None else "not reached",
+        ])  # fmt: skip
+    return rows
+
+
+def plot_training(runs: list[Run], out: Path) -> Path:
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    for run in runs:
+        epochs = [m["epoch"] for m in run.metrics]
+        clock = [t / 60 for t in wall_clock(run)]
+        for row, key in enumerate(("val_accuracy", "val_loss")):
+            values = [m.get(key, float("nan")) for m in run.metrics]
+            axes[row][0].plot(epochs, values, "o-", ms=3, label=run.name)
+            axes[row][1].plot(clock, values, "o-", ms=3, label=run.name)
+    for row, label in enumerate(("validation accuracy", "validation loss")):
+        axes[row][0].set(xlabel="epoch", ylabel=label)
+        axes[row][1].set(xlabel="wall-clock (min)", ylabel=label)
+        for ax in axes[row]:
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("Training runs")
+    fig.tight_layout()
+    path = out / "training.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def training_verdicts(runs: list[Run], target: float) -> list[str]:
+    scored = [(max(m.get("val_accuracy", -1) for m in r.metrics), r) for r in runs if r.metrics]
+    if not scored:
+        return []
+    best_acc, best = max(scored, key=lambda s: s[0])
+    lines = [f"best: {best.name} reached {best_acc:.2%} validation accuracy"]
+    for acc, run in scored:
+        if run is not best:
+            lines.append(f"{run.name}: {acc:.2%} ({100 * (acc - best_acc):+.2f} points vs {best.name})")
+    reached = [(t, r.name) for r in runs if (t := time_to_accuracy(r, target)) is not None]
+    if reached:
+        t, name = min(reached)
+        lines.append(f"fastest to {target:.2%}: {name} in {t / 60:,.1f} min")
+    return lines
+
+
+# ------------------------------------------------------------------------------------------ output
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def write_table(out: Path, stem: str, columns, rows) -> list[Path]:
+    md = out / f"{stem}.md"
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    md.write_text("\n".join(lines) + "\n")
+    path = out / f"{stem}.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        writer.writerows(rows)
+    return [md, path]
+
+
+def print_table(console, title: str, columns, rows) -> None:
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for c in columns:
+        table.add_column(c, justify="left" if c in ("run",) else "right")
+    for r in rows:
+        table.add_row(*r)
+    console.print(table)
+
+
+def make_report(inputs: list[Path], out: Path, target: float | None, console) -> list[Path]:
+    """Everything `app report` writes; returns the files."""
+    results, runs = load(inputs)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    if results:
+        table = scaling(results)
+        rows = scaling_rows(table)
+        kind = results[0].get("kind", "train")
+        what = f"{results[0].get('model') or 'input pipeline'}, {results[0].get('image_size')} px, {results[0].get('precision')}"
+        print_table(console, f"Scaling ({kind}): {what}", SCALING_COLUMNS, rows)
+        written += write_table(out, "scaling", SCALING_COLUMNS, rows)
+        written += plot_scaling(table, out)
+        lines = verdicts(table)
+        (out / "scaling.md").write_text(
+            (out / "scaling.md").read_text() + "\n" + "\n".join(f"- {ln}" for ln in lines) + "\n"
+        )
+        for line in lines:
+            console.print(line)
+    if runs:
+        accs = [max(m.get("val_accuracy", -1) for m in r.metrics) for r in runs if r.metrics]
+        target = target if target is not None else (min(accs) if accs else 1.0)
+        rows = training_rows(runs, target)
+        print_table(
+            console, f"Training runs (time to {target:.2%} validation accuracy)", TRAINING_COLUMNS, rows
+        )
+        written += write_table(out, "training", TRAINING_COLUMNS, rows)
+        written.append(plot_training(runs, out))
+        for line in training_verdicts(runs, target):
+            console.print(line)
+    console.print(f"wrote {', '.join(str(p) for p in written)}")
+    return written

@@ -1,0 +1,127 @@
+"""`app benchmark`: warmup exclusion, windows and confidence intervals, a tiny real run on 2 workers."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+from click.testing import CliRunner
+
+from app import benchmark
+from app.cli import cli
+from conftest import ROOT, run_app
+
+TINY = ["-c", "configs/synthetic.yaml", "--set", "model.name=resnet20", "--set", "data.image_size=32"]
+
+
+def test_warmup_excludes_slow_first_steps():
+    times = [
+        3.0,
+        1.5,
+        0.8,
+        0.11,
+        0.1,
+        0.1,
+        0.12,
+        0.1,
+        0.1,
+        0.1,
+        0.1,
+        0.1,
+        0.1,
+        0.1,
+        0.1,
+        0.1,
+        0.1,
+        0.1,
+        0.1,
+        0.1,
+    ]
+    assert benchmark.warmup_steps(times) == 3
+    assert benchmark.warmup_steps([0.1] * 50) == 5  # at least 10%, even when steady from the start
+    assert benchmark.warmup_steps([0.1] * 5) == 1
+
+
+def test_windows_and_ci95():
+    times = [0.5] * 4 + [1.0] * 4  # two windows: 4 steps of 0.5 s, then 4 of 1.0 s, 10 images per step
+    assert benchmark.windows(times, 10, 2) == pytest.approx([20.0, 10.0])
+    mean, ci = benchmark.mean_ci95([20.0, 10.0, 15.0])
+    assert mean == pytest.approx(15.0)
+    assert ci == pytest.approx(4.303 * statistics.stdev([20.0, 10.0, 15.0]) / 3**0.5)
+    assert benchmark.mean_ci95([5.0])[1] != benchmark.mean_ci95([5.0])[1]  # NaN: one window has no spread
+
+
+def test_summary_of_steps():
+    times = [2.0, 1.0] + [0.2] * 18
+    waits = [0.0, 0.0] + [0.05] * 18
+    s = benchmark.summarize_steps(times, waits, images_per_step=40, n_windows=3)
+    assert s["warmup_steps"] == 2 and s["measured_steps"] == 18 and s["windows"] == 3
+    assert s["images_per_s"]["mean"] == pytest.approx(200.0)
+    assert s["input_wait_fraction"] == pytest.approx(0.25)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_tiny_benchmark_on_two_workers_writes_one_line_per_batch_size(tmp_path):
+    results = tmp_path / "results.jsonl"
+    proc = run_app(
+        [
+            "benchmark",
+            *TINY,
+            "--batch-sizes",
+            "4,8",
+            "--steps",
+            "8",
+            "--windows",
+            "2",
+            "--results",
+            str(results),
+            "--np",
+            "2",
+        ]
+    )
+    lines = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [r["batch_size"] for r in lines] == [4, 8]  # rank 0 alone writes, once per batch size
+    for r in lines:
+        assert r["workers"] == 2 and r["global_batch"] == 2 * r["batch_size"] and r["model"] == "resnet20"
+        assert r["measured_steps"] + r["warmup_steps"] == 8 and r["images_per_s"]["mean"] > 0
+        assert r["images_per_s"]["per_worker"] == pytest.approx(r["images_per_s"]["mean"] / 2)
+        assert r["env"]["launcher"] == "horovodrun" and r["env"]["tensorflow"] == "2.18.1"
+        assert {"cpu_model", "cpu_count", "gpu_count", "horovod", "git_revision", "date", "host"} <= set(
+            r["env"]
+        )
+        assert r["peak_memory_mb"] > 0
+    assert proc.stdout.count("train batch 4/worker x 2") == 1
+    report = CliRunner().invoke(cli, ["report", str(results), "--out", str(tmp_path / "report")])
+    assert report.exit_code == 0 and "only 2 worker(s) measured" in report.output
+
+
+@pytest.mark.slow
+def test_pipeline_only_on_fashion_mnist(tmp_path, shared_tfds):
+    results = tmp_path / "pipeline.jsonl"
+    run_app(["benchmark", "-c", "configs/fashion_mnist.yaml", "--data-dir", str(shared_tfds), "--pipeline-only",
+             "--steps", "10", "--windows", "2", "--results", str(results)])  # fmt: skip
+    (line,) = [json.loads(x) for x in results.read_text().splitlines()]
+    assert line["kind"] == "pipeline" and line["model"] is None and line["images_per_s"]["mean"] > 0
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--batch-sizes", "32,x"],
+            "Invalid value for '--batch-sizes': '32,x': expected comma-separated integers",
+        ),
+        (
+            ["--batch-sizes", "0"],
+            "Invalid value for '--batch-sizes': '0': batch sizes must be positive integers",
+        ),
+        (["--pipeline-only"], "Error: --pipeline-only measures an input pipeline; synthetic data has none"),
+        (["--steps", "2"], "Invalid value for '--steps': 2 is not in the range x>=5."),
+    ],
+)
+def test_bad_benchmark_input(args, message):
+    result = CliRunner().invoke(cli, ["benchmark", "-c", str(ROOT / "configs" / "synthetic.yaml"), *args])
+    assert result.exit_code == 2
+    assert message in result.output
