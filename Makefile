@@ -14,8 +14,9 @@ PYTEST_ARGS ?=
 DATA_DIR   ?= $(firstword $(TFDS_DATA_DIR) $(wildcard ../shared/datasets/tfds))
 NP         ?= 2
 TRAIN_ARGS ?=
+BENCH_ARGS ?=
 
-.PHONY: help install system-deps data train test lint format clean image sif submit
+.PHONY: help install system-deps data train test lint format clean image sif submit bench
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -57,6 +58,10 @@ lint: install ## ruff check + ruff format --check + hadolint on the Dockerfile
 format: install ## apply ruff's formatting and autofixes
 	$(VENV)/bin/ruff format app tests $(wildcard bench)
 	$(VENV)/bin/ruff check --fix app tests $(wildcard bench)
+
+bench: install ## scaleout against its peers, side by side, as ratios (bench/out/ratios.md; ~20 min on 2 cores)
+	$(PY) -m pip install -q "scikit-image>=0.22"
+	$(PY) bench/run.py $(BENCH_ARGS)
 
 # Container images. FLAVOR=gpu: CUDA + NCCL (x86_64); FLAVOR=cpu: Debian 12 + tensorflow-cpu.
 FLAVOR     ?= gpu

@@ -166,9 +166,16 @@ def run(
     model = None if pipeline_only else build_model(cfg, source.spec, world, steps)
     out = []
     for batch in batch_sizes:
+        # As many epochs of the real data as the steps need (a small dataset is simply cycled through).
+        per_epoch = steps if synthetic else distributed.allreduce_min(source.spec.train_examples // batch)
+        if per_epoch < 1:
+            raise UsageError(
+                f"--batch-sizes {batch}: more than this worker's {source.spec.train_examples} examples"
+            )
         ds = data.train_dataset(
-            source, batch, steps, 1, 0, cfg.run.seed, world.rank, cfg.data.shuffle_buffer, synthetic=synthetic
-        )
+            source, batch, per_epoch, math.ceil(steps / per_epoch), 0, cfg.run.seed, world.rank,
+            cfg.data.shuffle_buffer, synthetic=synthetic,
+        )  # fmt: skip
         step_fn = None if model is None else tf.function(model.train_step, jit_compile=cfg.model.jit_compile)
         times, waits = [], []
         iterator = iter(ds)

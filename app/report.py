@@ -213,13 +213,7 @@ def plot_scaling(table: dict[int, list[Point]], out: Path) -> list[Path]:
             label=f"ideal ({batch})",
         )
     ax.set(xlabel="workers", ylabel="images/s (total)", title="Throughput vs workers")
-    _worker_axis(ax, table)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    throughput = out / "throughput.png"
-    fig.tight_layout()
-    fig.savefig(throughput, dpi=120)
-    plt.close(fig)
+    throughput = _save_scaling_plot(plt, fig, ax, table, out / "throughput.png")
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for batch, points in table.items():
@@ -231,24 +225,23 @@ def plot_scaling(table: dict[int, list[Point]], out: Path) -> list[Path]:
         )
     ax.axhline(100, color="grey", ls=":", label="ideal")
     ax.set(xlabel="workers", ylabel="scaling efficiency (%)", title="Scaling efficiency", ylim=(0, 110))
-    _worker_axis(ax, table)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    efficiency = out / "efficiency.png"
-    fig.tight_layout()
-    fig.savefig(efficiency, dpi=120)
-    plt.close(fig)
-    return [throughput, efficiency]
+    return [throughput, _save_scaling_plot(plt, fig, ax, table, out / "efficiency.png")]
 
 
-def _worker_axis(ax, table: dict[int, list[Point]]) -> None:
-    """Workers on a log2 axis, labelled with the counts measured (1, 2, 4, ... rather than 2^k)."""
+def _save_scaling_plot(plt, fig, ax, table: dict[int, list[Point]], path: Path) -> Path:
+    """Workers on a log2 axis labelled with the counts measured (1, 2, 4 rather than 2^k); grid, legend, PNG."""
     from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(FixedLocator(sorted({p.workers for pts in table.values() for p in pts})))
     ax.xaxis.set_major_formatter(ScalarFormatter())
     ax.xaxis.set_minor_locator(NullLocator())
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 # ---------------------------------------------------------------------------------------- training

@@ -1,0 +1,164 @@
+"""`make bench`: scaleout against the peers a user would otherwise write, side by side in one run, as ratios.
+
+  python bench/run.py [--quick] [--out bench/out]
+
+Every number is measured here, in this run, on these cores, the same way (warmup excluded, windows, 95%
+CI; app.benchmark.summarize_steps); the ratios are the result, the raw numbers are kept in raw.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+HOROVODRUN = str(Path(PY).parent / "horovodrun")
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+
+def sh(args, **kw) -> str:
+    print("+ " + " ".join(map(str, args)), file=sys.stderr, flush=True)
+    proc = subprocess.run(args, capture_output=True, text=True, env=ENV, cwd=ROOT, **kw)
+    if proc.returncode != 0:
+        raise SystemExit(
+            f"bench: {' '.join(map(str, args[:6]))} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+    return proc.stdout
+
+
+def app_benchmark(out: Path, args: list[str], np: int = 1) -> list[dict]:
+    results = out / f"app-{time.time_ns()}.jsonl"
+    cmd = [PY, "-m", "app", "benchmark", *args, "--results", str(results), "--windows", "5"]
+    sh(cmd + (["--np", str(np)] if np > 1 else []))
+    return [json.loads(line) for line in results.read_text().splitlines()]
+
+
+def ips(result: dict) -> float:
+    return result["images_per_s"]["mean"]
+
+
+def data(out: Path) -> tuple[Path, Path]:
+    raw, records = out / "jpeg", out / "records"
+    if not (records / "counts.json").is_file():
+        sys.path.insert(0, str(ROOT / "bench"))
+        from images import make_tree
+
+        make_tree(raw)
+        sh([PY, "-m", "app", "data", "imagenet-to-tfrecord", str(raw), str(records), "--train-shards", "8",
+            "--validation-shards", "2", "--labels", str(raw / "val_labels.txt"), "--force"])  # fmt: skip
+    return raw, records
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer steps and no batch 128 (a smoke run)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
+    a = parser.parse_args()
+    out = a.out
+    out.mkdir(parents=True, exist_ok=True)
+    steps = 8 if a.quick else 14
+    raw_dir, records = data(out)
+    imagenet = ["-c", "configs/resnet50_imagenet.yaml", "--data-dir", str(records)]
+    synthetic = ["-c", "configs/synthetic.yaml"]
+    measured: dict[str, float] = {}
+    rows = []
+
+    # 1-2. The ImageNet input pipeline against raw decoding of the same records and against ImageDataGenerator.
+    pipe = app_benchmark(
+        out, [*imagenet, "--pipeline-only", "--batch-sizes", "64", "--steps", str(4 * steps)]
+    )[0]
+    raw = json.loads(
+        sh([PY, "bench/peers/input.py", "raw", str(records), "64", str(4 * steps)]).strip().splitlines()[-1]
+    )
+    keras = json.loads(
+        sh([PY, "bench/peers/input.py", "keras", str(raw_dir), "64", str(steps)]).strip().splitlines()[-1]
+    )
+    measured |= {"pipeline": ips(pipe), "raw_decode": ips(raw), "image_data_generator": ips(keras)}
+    rows.append(("ImageNet input pipeline / raw JPEG decode of the same records", ips(pipe) / ips(raw), 0.85))
+    rows.append(
+        ("ImageNet input pipeline / ImageDataGenerator.flow_from_directory", ips(pipe) / ips(keras), 10.0)
+    )
+
+    # 3-4. Training step, float32 and the default precision, against plain keras.applications ResNet50 fit.
+    threads = str(os.cpu_count())
+    peer = json.loads(
+        sh([PY, "bench/peers/keras_fit.py", "32", str(steps), threads]).strip().splitlines()[-1]
+    )
+    fp32 = app_benchmark(
+        out, [*synthetic, "--batch-sizes", "32", "--steps", str(steps), "--precision", "float32"]
+    )[0]
+    auto = app_benchmark(
+        out, [*synthetic, "--batch-sizes", "32", "--steps", str(steps), "--precision", "auto"]
+    )[0]
+    measured |= {
+        "keras_fit_fp32": ips(peer),
+        "scaleout_fp32": ips(fp32),
+        f"scaleout_{auto['precision']}": ips(auto),
+    }
+    rows.append(
+        ("training step float32 / plain tf_keras ResNet50 fit float32 (batch 32)", ips(fp32) / ips(peer), 1.0)
+    )
+    rows.append(
+        (f"training step {auto['precision']} (default) / the same float32 peer", ips(auto) / ips(peer), 1.6)
+    )
+
+    # 5. 2 Horovod workers against 2 independent processes without allreduce, 1 thread each.
+    sizes = [32, 64] if a.quick else [32, 64, 128]
+    common = [
+        *synthetic,
+        "--batch-sizes",
+        ",".join(map(str, sizes)),
+        "--steps",
+        str(max(6, steps // 2)),
+        "--threads",
+        "1",
+    ]
+    hvd = {r["batch_size"]: r for r in app_benchmark(out, common, np=2)}
+    solo_files = [out / f"solo{i}-{time.time_ns()}.jsonl" for i in range(2)]
+    procs = [subprocess.Popen([PY, "-m", "app", "benchmark", *common, "--results", str(f), "--windows", "5"],
+                              env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for f in solo_files]  # fmt: skip
+    if any(p.wait() for p in procs):
+        raise SystemExit("bench: an independent process failed")
+    solo = [
+        {json.loads(ln)["batch_size"]: json.loads(ln) for ln in f.read_text().splitlines()}
+        for f in solo_files
+    ]
+    for b in sizes:
+        both = ips(solo[0][b]) + ips(solo[1][b])
+        measured |= {f"hvd2_b{b}": ips(hvd[b]), f"independent2_b{b}": both}
+        rows.append((f"2 Horovod workers / 2 independent processes, 1 thread each, batch {b}/worker", ips(hvd[b]) / both,
+                     0.90 if b == max(sizes) else None))  # fmt: skip
+
+    # 6. 2 scaleout workers against Horovod's own synthetic-benchmark pattern, same model/batch/precision/threads.
+    text = sh([HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2", PY, "bench/peers/horovod_synthetic.py", "32",
+               str(max(6, steps // 2)), "1", hvd[32]["precision"]])  # fmt: skip
+    pattern = json.loads(next(ln.split("RESULT ", 1)[1] for ln in text.splitlines() if "RESULT " in ln))
+    measured["horovod_pattern_b32"] = ips(pattern)
+    rows.append(
+        (
+            "2 scaleout workers / Horovod's synthetic-benchmark pattern (batch 32, 1 thread each)",
+            ips(hvd[32]) / ips(pattern),
+            1.0,
+        )
+    )
+
+    table = ["| comparison | ratio | target | |", "|---|---|---|---|"]
+    for name, ratio, target in rows:
+        verdict = "" if target is None else ("met" if ratio >= target else "MISSED")
+        table.append(f"| {name} | {ratio:.2f} | {'' if target is None else f'>= {target:g}'} | {verdict} |")
+    text = "\n".join(table) + "\n"
+    (out / "ratios.md").write_text(text)
+    (out / "raw.json").write_text(json.dumps({"images_per_s": measured, "cpu_count": os.cpu_count(),
+                                              "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2) + "\n")  # fmt: skip
+    print(text)
+    print(f"raw numbers (images/s): {out / 'raw.json'}")
+
+
+if __name__ == "__main__":
+    main()
