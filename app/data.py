@@ -213,7 +213,14 @@ def _tfds_source(cfg, rank: int, workers: int) -> Source:
     data_dir = tfds_data_dir(cfg.data_dir)
     if cfg.data_dir and not Path(cfg.data_dir).is_dir():
         raise UsageError(f"data.data_dir {cfg.data_dir}: no such directory; point it at a TFDS data dir")
-    builder = tfds.builder(cfg.name, data_dir=data_dir)
+    try:
+        builder = tfds.builder(cfg.name, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError:
+        import difflib
+
+        near = difflib.get_close_matches(cfg.name, tfds.list_builders(), n=1)
+        hint = f"; did you mean '{near[0]}'?" if near else " (see tfds.list_builders())"
+        raise UsageError(f"data.name: unknown TFDS dataset '{cfg.name}'{hint}") from None
     if not builder.is_prepared():
         if cfg.name == "fashion_mnist" and (DEBIAN_FASHION_MNIST / "train-images-idx3-ubyte.gz").is_file():
             train, test = debian_fashion_mnist()

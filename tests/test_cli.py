@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -40,15 +41,33 @@ def test_unknown_command_is_usage_error():
     assert "No such command 'trian'" in result.output
 
 
-def test_help_does_not_import_tensorflow():
-    # `app --help` must be instant on a login node: no TensorFlow, no Horovod.
+@pytest.mark.parametrize(
+    "args",
+    [["--help"], ["submit", "--help"], ["report", "--help"], ["report", "results-that-do-not-exist.jsonl"]],
+)
+def test_login_node_commands_do_not_import_tensorflow(args):
+    # `app --help`, `app submit` and `app report` must be instant on a login node: no TensorFlow, no Horovod.
     code = (
         "import sys; from app.cli import cli\n"
-        "try:\n    cli.main(['--help'], standalone_mode=False)\nexcept SystemExit:\n    pass\n"
+        f"try:\n    cli.main({args!r}, standalone_mode=False)\nexcept BaseException:\n    pass\n"
         "print(sorted(m for m in ('tensorflow', 'horovod', 'tf_keras') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_install_is_idempotent():
+    # A second `make install` must not rebuild Horovod: the install script sees the same build key and stops.
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [str(root / "scripts" / "install-stack.sh"), sys.executable],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "install-stack: horovod 0.28.1 already installed" in proc.stdout
+    assert "building" not in proc.stdout
 
 
 @pytest.fixture(scope="module")

@@ -249,3 +249,9 @@ def test_fashion_mnist_nowhere_names_the_three_ways(tmp_path, monkeypatch):
     assert message.startswith("Fashion-MNIST not found")
     for way in ("--data-dir/TFDS_DATA_DIR", "apt-get install dataset-fashion-mnist", "allow the download"):
         assert way in message
+
+
+def test_unknown_tfds_dataset(tmp_path):
+    with pytest.raises(UsageError) as err:
+        data.open_source(config.build([], ["data.name=fashion_mnistt", f"data.data_dir={tmp_path}"]).data)
+    assert str(err.value) == "data.name: unknown TFDS dataset 'fashion_mnistt'; did you mean 'fashion_mnist'?"
