@@ -95,17 +95,23 @@ def config_options(func):
     return func
 
 
-def relaunch(np_: int | None, argv: list[str]) -> bool:
-    """With --np N > 1 and no launcher around us, start N workers running ``app argv`` and exit with theirs."""
+def relaunch(np_: int | None, extra: list[str] = ()) -> None:
+    """With --np N > 1 and no launcher around us, run this same command line (without --np) on N local
+    workers through horovodrun, and exit with their status."""
     if not np_ or np_ == 1 or detected_launcher():
-        return False
+        return
     from app.distributed import launch_local
 
-    sys.exit(launch_local(np_, argv))
-
-
-def _repeat(flag: str, values) -> list[str]:
-    return [part for v in values for part in (flag, str(v))]
+    argv, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip or arg.startswith("--np="):
+            skip = False
+            continue
+        if arg == "--np":
+            skip = True
+            continue
+        argv.append(arg)
+    sys.exit(launch_local(np_, [*argv, *extra]))
 
 
 @cli.command()
@@ -137,19 +143,7 @@ def train(
         "train.accumulation_steps": accumulation_steps, "model.precision": precision,
     }  # fmt: skip
     cfg, resolved = config.for_run(configs, sets, options, run_dir)
-    argv = [
-        "train",
-        *_repeat("-c", configs),
-        *_repeat("--set", sets),
-        "--run-dir",
-        str(resolved),
-        "--threads",
-        str(threads),
-    ]
-    for flag, value in (("--data-dir", data_dir), ("--seed", seed), ("--epochs", epochs), ("--batch-size", batch_size),
-                        ("--accumulation-steps", accumulation_steps), ("--precision", precision)):  # fmt: skip
-        argv += [flag, str(value)] if value is not None else []
-    relaunch(np_, argv)
+    relaunch(np_, [] if run_dir else ["--run-dir", str(resolved)])  # every worker gets the same run directory
     import_tensorflow()  # first, through compat: Keras 2 checked, start-up noise filtered
     from app.train import train_and_evaluate
 
@@ -174,10 +168,7 @@ def evaluate(run_dir, configs, sets, data_dir, seed, threads, np_, epoch):
     if not os.path.isfile(saved):
         raise UsageError(f"RUN_DIR {run_dir}: no config.yaml there; pass the directory `app train` wrote")
     cfg = config.build([saved, *configs], sets, {"data.data_dir": data_dir, "run.seed": seed})
-    argv = ["evaluate", run_dir, *_repeat("-c", configs), *_repeat("--set", sets), "--threads", str(threads)]
-    for flag, value in (("--data-dir", data_dir), ("--seed", seed), ("--epoch", epoch)):
-        argv += [flag, str(value)] if value is not None else []
-    relaunch(np_, argv)
+    relaunch(np_)
     import_tensorflow()
     from app.train import evaluate_run
 
@@ -253,13 +244,7 @@ def benchmark(
 
     options = {"data.data_dir": data_dir, "run.seed": seed, "model.precision": precision}
     cfg = config.build(configs, sets, options)
-    argv = ["benchmark", *_repeat("-c", configs), *_repeat("--set", sets), "--steps", str(steps), "--windows", str(windows),
-            "--results", str(results), "--threads", str(threads)]  # fmt: skip
-    for flag, value in (("--data-dir", data_dir), ("--seed", seed), ("--precision", precision)):
-        argv += [flag, str(value)] if value is not None else []
-    argv += ["--batch-sizes", ",".join(map(str, batch_sizes))] if batch_sizes else []
-    argv += ["--pipeline-only"] if pipeline_only else []
-    relaunch(np_, argv)
+    relaunch(np_)
     import_tensorflow()
     from app.benchmark import run
 

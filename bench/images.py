@@ -33,7 +33,7 @@ def photos():
     return out
 
 
-def make_tree(root: Path, classes: int = 10, per_class: int = 64, val: int = 128, seed: int = 0) -> Path:
+def make_tree(root: Path, classes: int = 10, per_class: int = 320, val: int = 128, seed: int = 0) -> Path:
     from PIL import Image
 
     rng = random.Random(seed)
