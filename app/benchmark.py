@@ -174,7 +174,7 @@ def run(
             )
         ds = data.train_dataset(
             source, batch, per_epoch, math.ceil(steps / per_epoch), 0, cfg.run.seed, world.rank,
-            cfg.data.shuffle_buffer, synthetic=synthetic,
+            cfg.data.shuffle_buffer, synthetic=synthetic, deterministic=cfg.data.deterministic,
         )  # fmt: skip
         step_fn = None if model is None else tf.function(model.train_step, jit_compile=cfg.model.jit_compile)
         times, waits = [], []

@@ -43,6 +43,10 @@ class DataConfig:
     shuffle_buffer: int = 10000
     augment: bool = True
     cache: bool = False  # cache decoded examples in memory (small datasets only)
+    # Keep the exact example order through parallel decoding: what makes --seed and resume reproducible.
+    # false: elements leave the parallel map as they finish (~20% more images/s on 2 cores, measured), with
+    # the same examples and augmentations per epoch, in a slightly different order.
+    deterministic: bool = True
 
 
 @dataclass

@@ -227,7 +227,7 @@ def train_and_evaluate(cfg: Config, run_dir: Path, threads: int = 0) -> dict:
 
     train_ds = data.train_dataset(
         source, cfg.train.batch_size, p.steps_per_epoch, cfg.train.epochs, start_epoch, cfg.run.seed,
-        world.rank, cfg.data.shuffle_buffer, synthetic=cfg.data.source == "synthetic",
+        world.rank, cfg.data.shuffle_buffer, synthetic=cfg.data.source == "synthetic", deterministic=cfg.data.deterministic,
     )  # fmt: skip
     callbacks = [
         *distributed.first_callbacks(),  # [horovod] broadcast initial state, then average metrics

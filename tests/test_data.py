@@ -125,6 +125,17 @@ def test_equal_steps_and_reproducible_order():
     assert batches(sources[0], initial=1) == full[steps:]  # a resume replays epoch 2 exactly
 
 
+def test_nondeterministic_order_keeps_the_same_examples():
+    source = id_source(96, 0, 1)
+
+    def epoch_labels(deterministic):
+        ds = data.train_dataset(source, 8, 12, 1, seed=3, shuffle_buffer=96, deterministic=deterministic)
+        return [int(x) for b in ds for x in b[1]]
+
+    ordered, loose = epoch_labels(True), epoch_labels(False)
+    assert sorted(ordered) == sorted(loose) == list(range(96))  # the same examples, each once
+
+
 # ---------------------------------------------------------------------------------- ImageNet files
 
 
