@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from app import checkpoint, data, distributed, models
 from app.config import Config, dump
-from app.errors import AppError
+from app.errors import AppError, UsageError
 from app.output import MetricsWriter, Progress, Reporter, read_metrics, write_json
 from app.schedule import lr_callback, make_schedule
 
@@ -153,7 +153,7 @@ def plan(cfg: Config, spec: data.Spec, world: distributed.World) -> Plan:
     steps = distributed.allreduce_min(local)  # [horovod] unequal step counts would deadlock the allreduce
     steps -= steps % t.accumulation_steps  # an epoch ends on an optimizer update (checkpoints stay exact)
     if steps <= 0:
-        raise AppError(
+        raise UsageError(
             f"train.batch_size {t.batch_size} x accumulation {t.accumulation_steps} is more than this rank's "
             f"{spec.train_examples} training examples; lower the batch size or use fewer workers"
         )

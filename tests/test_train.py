@@ -134,3 +134,13 @@ def test_evaluate_without_checkpoint(tmp_path):
         proc.stderr.strip()
         == f"Error: {run}: no valid checkpoint for epoch 7; train first or pick another --epoch"
     )
+
+
+def test_batch_larger_than_the_data(tmp_path):
+    proc = run_app(["train", *TINY_SYNTHETIC, "--set", "data.synthetic_examples=4", "--set", "train.steps_per_epoch=0",
+                    "--run-dir", str(tmp_path / "run")], expect=2)  # fmt: skip
+    assert proc.stderr.strip() == (
+        "Error: train.batch_size 8 x accumulation 1 is more than this rank's 4 training examples; "
+        "lower the batch size or use fewer workers"
+    )
+    assert not (tmp_path / "run" / "checkpoints").exists()
