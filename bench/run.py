@@ -151,7 +151,7 @@ def horovod_group(out, synthetic, steps, quick, measured, rows) -> None:
         "--batch-sizes",
         ",".join(map(str, sizes)),
         "--steps",
-        str(max(6, steps // 2)),
+        str(steps),
         "--threads",
         "1",
     ]
@@ -173,7 +173,7 @@ def horovod_group(out, synthetic, steps, quick, measured, rows) -> None:
 
     # 6. 2 scaleout workers against Horovod's own synthetic-benchmark pattern, same model/batch/precision/threads.
     text = sh([HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2", PY, "bench/peers/horovod_synthetic.py", "32",
-               str(max(6, steps // 2)), "1", hvd[32]["precision"]])  # fmt: skip
+               str(steps), "1", hvd[32]["precision"]])  # fmt: skip
     pattern = json.loads(next(ln.split("RESULT ", 1)[1] for ln in text.splitlines() if "RESULT " in ln))
     measured["horovod_pattern_b32"] = ips(pattern)
     rows.append(
