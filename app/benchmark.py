@@ -163,7 +163,7 @@ def run(
         )
     world, reporter, policy = setup(cfg, threads)
     source = data.open_source(cfg.data, world.rank, world.size, cfg.run.seed)
-    model = None if pipeline_only else build_model(cfg, source.spec, world, steps)
+    model = None if pipeline_only else build_model(cfg, source.spec, world)
     out = []
     for batch in batch_sizes:
         # As many epochs of the real data as the steps need (a small dataset is simply cycled through).

@@ -164,21 +164,8 @@ def append_metrics(run_dir: Path, row: dict) -> None:
         writer.writerow(row)
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def write_json(path: Path, data: dict) -> None:
     """Write JSON atomically (temporary file, then rename)."""
     tmp = Path(path).with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     tmp.replace(path)
-
-
-def warn(message: str, rank: int | None = None) -> None:
-    """For any rank: something is wrong (goes to stderr, prefixed with the rank in multi-worker runs)."""
-    prefix = f"[rank {rank}] " if rank is not None else ""
-    print(f"{prefix}{message}", file=sys.stderr, flush=True)

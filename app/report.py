@@ -57,21 +57,30 @@ class Run:
     summary: dict
 
 
+def read_metrics(run_dir: Path) -> list[dict]:
+    """The per-epoch rows of a run's metrics.jsonl ([] before the first epoch ends)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise UsageError(f"{path} line {n}: not JSON; the file is damaged") from None
+    return rows
+
+
 def load_run(path: Path) -> Run:
-    metrics_path = path / "metrics.jsonl"
-    if not metrics_path.is_file():
+    if not (path / "metrics.jsonl").is_file():
         raise UsageError(
             f"{path}: not a training run (no metrics.jsonl); pass a run directory of `app train`"
         )
-    metrics = []
-    for n, line in enumerate(metrics_path.read_text().splitlines(), 1):
-        try:
-            metrics.append(json.loads(line))
-        except json.JSONDecodeError:
-            raise UsageError(f"{metrics_path} line {n}: not JSON; the file is damaged") from None
     summary_path = path / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    return Run(path.name, metrics, summary)
+    return Run(path.name, read_metrics(path), summary)
 
 
 def load(inputs: list[Path]) -> tuple[list[dict], list[Run]]:

@@ -18,7 +18,8 @@ import tensorflow as tf
 from app import checkpoint, data, distributed, models
 from app.config import Config, dump
 from app.errors import AppError, UsageError
-from app.output import MetricsWriter, Progress, Reporter, read_metrics, write_json
+from app.output import MetricsWriter, Progress, Reporter, write_json
+from app.report import read_metrics
 from app.schedule import lr_callback, make_schedule
 
 # -------------------------------------------------------------------------------------- components
@@ -56,7 +57,7 @@ def metrics(num_classes: int) -> list:
     return out
 
 
-def build_model(cfg: Config, spec: data.Spec, world: distributed.World, steps_per_epoch: int):
+def build_model(cfg: Config, spec: data.Spec, world: distributed.World):
     """The compiled Keras model with its (Horovod-wrapped) SGD optimizer, variables built for restoring."""
     model = models.create_model(
         cfg.model.name,
@@ -217,7 +218,7 @@ def train_and_evaluate(cfg: Config, run_dir: Path, threads: int = 0) -> dict:
         (run_dir / "config.yaml").write_text(dump(cfg))
     header(reporter, cfg, spec, world, p, policy, run_dir, start_epoch)
 
-    model = build_model(cfg, spec, world, p.steps_per_epoch)
+    model = build_model(cfg, spec, world)
     if found:
         checkpoint.restore(tracked(model), found[1])  # every rank restores; the broadcast below re-syncs
         reporter.note(f"resumed from {found[1]} (epoch {start_epoch})")
@@ -308,7 +309,7 @@ def evaluate_run(cfg: Config, run_dir: Path, epoch: int | None = None, threads: 
         which = f"epoch {epoch}" if epoch is not None else "any epoch"
         raise AppError(f"{run_dir}: no valid checkpoint for {which}; train first or pick another --epoch")
     source = data.open_source(cfg.data, world.rank, world.size, cfg.run.seed)
-    model = build_model(cfg, source.spec, world, 1)
+    model = build_model(cfg, source.spec, world)
     checkpoint.restore(tracked(model), found[1])
     dataset = data.eval_dataset(source, cfg.train.batch_size, cfg.train.eval_steps)  # as during training
     result = {
