@@ -266,3 +266,23 @@ def test_unknown_tfds_dataset(tmp_path):
     with pytest.raises(UsageError) as err:
         data.open_source(config.build([], ["data.name=fashion_mnistt", f"data.data_dir={tmp_path}"]).data)
     assert str(err.value) == "data.name: unknown TFDS dataset 'fashion_mnistt'; did you mean 'fashion_mnist'?"
+
+
+@pytest.mark.parametrize(
+    "damage, args, message",
+    [
+        (lambda raw: None, {"train_shards": 0}, "--train-shards 0: must be between 1 and the 6 images there"),
+        (lambda raw: None, {"validation_shards": 3}, "--validation-shards 3: must be between 1 and the 2 images there"),
+        (lambda raw: (raw / "val_labels.txt").write_text("n00001000\n"), {}, "val_labels.txt: 1 labels for 2 validation images"),
+        (lambda raw: (raw / "val_labels.txt").write_text("n99999999\nn00001000\n"), {},
+         "validation labels name classes without a train/ folder: n99999999"),
+        (lambda raw: __import__("shutil").rmtree(raw / "train"), {}, "no train/ folder; expected train/<wnid>/*.JPEG and val/"),
+    ],
+)  # fmt: skip
+def test_converter_bad_source(tmp_path, damage, args, message):
+    raw = make_tree(tmp_path / "raw", classes=3, per_class=2, val=2, png_as_jpeg=False)
+    damage(raw)
+    with pytest.raises(UsageError) as err:
+        convert(raw, tmp_path / "out", **{"train_shards": 2, "validation_shards": 1, **args})
+    assert message in str(err.value)
+    assert not (tmp_path / "out").exists()  # nothing written

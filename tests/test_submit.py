@@ -132,6 +132,14 @@ def test_partition_choice_and_staging():
             "--stage: lumi has no node-local scratch; drop --stage",
         ),
         (dict(cluster="mahti", gpus=0), "--gpus 0: must be >= 1"),
+        (
+            dict(cluster="mahti", gpus=4, stage_gb=100),
+            "--stage needs --data-dir: the folder to copy to node-local disk",
+        ),
+        (
+            dict(cluster="mahti", gpus=4, name="my job"),
+            "--name 'my job': use letters, digits and . _ + - only",
+        ),
     ],
 )
 def test_errors(kw, message):
@@ -196,3 +204,10 @@ def test_submit_starts_instantly_without_tensorflow():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=GOLDEN.parents[1]
     ).stdout
     assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_invalid_cluster_profile(monkeypatch, tmp_path):
+    (tmp_path / "broken.yaml").write_text("name: broken\ngpus_per_node: 4\npartitions: []\nsurprise: 1\n")
+    monkeypatch.setattr(submit, "CLUSTERS", tmp_path)
+    with pytest.raises(UsageError, match=r"broken.yaml: invalid cluster profile \(.*surprise"):
+        submit.load_cluster("broken")
