@@ -2,7 +2,11 @@
 
 Cluster profiles are data files (jobs/clusters/<name>.yaml): GPUs per node, how to request them, partitions
 and their limits, launcher, container runtime, node-local scratch. A user adds a cluster by adding a file.
-Values from the command line and the configs are validated and shell-quoted; none is pasted raw into shell.
+
+No user string is pasted raw into shell. Values that land on ``#SBATCH`` lines or in names (job name,
+account, partition, time, image, every cluster profile value) must match a small safe character set and are
+refused with one line naming the input otherwise; the rest (config paths, ``--set`` items, the data folder)
+is shell-quoted and reaches ``app train`` as single, intact arguments.
 Nothing here imports TensorFlow: it runs instantly on a login node.
 """
 
@@ -27,8 +31,101 @@ ROOT = Path(__file__).resolve().parents[1]
 CLUSTERS = ROOT / "jobs" / "clusters"
 TEMPLATE = ROOT / "jobs" / "train.sbatch"
 REQUEUE_EXIT_CODE = 3  # training checkpointed on SIGUSR1 and wants to continue in a requeued job
-SIGNAL_SECONDS = 600
-SAFE = re.compile(r"^[A-Za-z0-9_.+-]+$")
+SIGNAL_SECONDS = 600  # USR1 lead time for long jobs; shorter jobs get a tenth of their time (at least 60 s)
+MIN_TIME_SECONDS = 120  # shorter jobs cannot train, checkpoint on USR1 and exit before the limit
+MAX_STAGE_GB = 100_000  # --stage cap for profiles that do not state their node-local disk size (max_gb)
+
+# Names (job, account, partition, cluster): Slurm-safe and shell-safe, never an option (no leading . + -).
+SAFE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
+SAFE_HINT = "use letters, digits and . _ + - only (first a letter, digit or _; at most 128)"
+# Paths and URIs that may stand unquoted on an #SBATCH line or in a command (image, binds, log dirs).
+PLAIN_PATH = re.compile(r"[A-Za-z0-9_./][A-Za-z0-9_./:@+=-]*")
+PLAIN_HINT = (
+    "use letters, digits and . _ / : @ + = - only (no spaces or shell characters), not starting with -"
+)
+SHOWN_RAW = re.compile(r"[A-Za-z0-9_.,:/@=+-]+")
+TIME_FORMATS = (
+    "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (e.g. 04:00:00 is four hours, 90 is 90 minutes, "
+    "1-12 is 36 hours)"
+)
+_TIME = re.compile(
+    r"(?P<days>[0-9]{1,5})-(?P<dh>[0-9]{1,6})(?::(?P<dm>[0-9]{1,6})(?::(?P<ds>[0-9]{1,6}))?)?"
+    r"|(?P<a>[0-9]{1,7})(?::(?P<b>[0-9]{1,7})(?::(?P<c>[0-9]{1,7}))?)?"
+)
+
+
+def show(value: object) -> str:
+    """``value`` for an error line: plain when harmless, else its repr (quotes, escaped newlines)."""
+    text = str(value)
+    return text if SHOWN_RAW.fullmatch(text) else repr(text)
+
+
+def check_name(what: str, value: str) -> str:
+    """A job/account/partition name: one clear line if it is not in the safe set."""
+    if not value:
+        raise UsageError(f"{what} '': empty; {SAFE_HINT}")
+    if not SAFE.fullmatch(value):
+        raise UsageError(f"{what} {show(value)}: {SAFE_HINT}")
+    return value
+
+
+def check_text(what: str, value: str) -> str:
+    """A string that will be shell-quoted: it only has to be non-empty, NUL-free UTF-8."""
+    if not value:
+        raise UsageError(f"{what} '': empty; give a value or leave the option out")
+    if "\0" in value:
+        raise UsageError(f"{what} {show(value)}: contains a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"{what} {show(value)}: not valid UTF-8; rename it") from None
+    return value
+
+
+def parse_time(value: object, what: str = "--time") -> int:
+    """A Slurm time limit in seconds, parsed as ``sbatch --time`` does, with ASCII digits only.
+
+    ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``: ``04:00`` is four minutes,
+    ``1-12`` a day and a half. Slurm's "no limit" spellings (0, UNLIMITED, INFINITE, -1) are refused.
+    """
+    text = value if isinstance(value, str) else None
+    m = _TIME.fullmatch(text) if text is not None else None
+    if text is not None and text.strip().lower() in ("unlimited", "infinite", "-1"):
+        raise UsageError(f"{what} {show(text)}: give a finite time limit: {TIME_FORMATS}")
+    if not m:
+        raise UsageError(f"{what} {show(value)}: expected {TIME_FORMATS}")
+    g = {k: int(v) if v is not None else None for k, v in m.groupdict().items()}
+    if g["days"] is not None:
+        days, hours, minutes, secs = g["days"], g["dh"], g["dm"] or 0, g["ds"] or 0
+        if hours > 23:
+            raise UsageError(f"{what} {text}: hours after the day must be 0-23; accepted: {TIME_FORMATS}")
+    elif g["c"] is not None:
+        days, hours, minutes, secs = 0, g["a"], g["b"], g["c"]
+    else:
+        days, hours, minutes, secs = 0, 0, g["a"], g["b"] or 0
+    if (g["c"] is not None or g["dm"] is not None) and minutes > 59:
+        raise UsageError(f"{what} {text}: minutes after hours must be 0-59; accepted: {TIME_FORMATS}")
+    if secs > 59:
+        raise UsageError(f"{what} {text}: seconds must be 0-59; accepted: {TIME_FORMATS}")
+    total = ((days * 24 + hours) * 60 + minutes) * 60 + secs
+    if total == 0:
+        raise UsageError(f"{what} {text}: 0 means no time limit to Slurm; give a limit: {TIME_FORMATS}")
+    return total
+
+
+def seconds(value: str) -> int:  # the old name, kept for callers
+    return parse_time(value)
+
+
+def signal_lead(time_s: int) -> int:
+    """Seconds before the limit at which Slurm sends USR1: at most 600, a tenth of the job (>= 60 s), and
+    never more than half of it, so that a short job still trains before it is told to checkpoint."""
+    return min(SIGNAL_SECONDS, max(60, time_s // 10), time_s // 2)
+
+
+def _duration(time_s: int) -> str:
+    minutes, secs = divmod(time_s, 60)
+    return f"{minutes} min {secs} s" if secs else f"{minutes} min"
 
 
 @dataclass(frozen=True)
@@ -56,36 +153,182 @@ class Cluster:
 
 
 def available() -> list[str]:
-    return sorted(p.stem for p in CLUSTERS.glob("*.yaml"))
+    return sorted(p.stem for p in CLUSTERS.glob("*.yaml") if SAFE.fullmatch(p.stem))
+
+
+def _where(path: Path) -> str:
+    try:
+        return str(path.relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+class _Profile:
+    """Type and value checks of one cluster profile, each failing with one line naming the file and key."""
+
+    def __init__(self, path: Path):
+        self.where = _where(path)
+
+    def fail(self, problem: str) -> UsageError:
+        return UsageError(" ".join(f"{self.where}: invalid cluster profile ({problem})".split()))
+
+    def get(self, raw: dict, key: str, kind: str, default: object = ..., prefix: str = "") -> object:
+        if key not in raw:
+            if default is ...:
+                raise self.fail(f"{prefix}{key} is missing")
+            return default
+        value = raw[key]
+        ok = {
+            "int": type(value) is int and value >= 1,
+            "bool": type(value) is bool,
+            "str": isinstance(value, str) and value != "",
+            "list": isinstance(value, list),
+            "dict": isinstance(value, dict),
+        }[kind]
+        if value is None and default is None:
+            return None
+        if not ok:
+            expected = {"int": "a whole number >= 1", "bool": "true or false", "str": "a non-empty string",
+                        "list": "a list", "dict": "a mapping"}[kind]  # fmt: skip
+            raise self.fail(f"{prefix}{key} must be {expected}, got {show(value)}")
+        return value
+
+    def unknown(self, raw: dict, known: tuple[str, ...], prefix: str = "") -> None:
+        extra = [str(k) for k in raw if k not in known]
+        if extra:
+            raise self.fail(f"unknown key {show(prefix + extra[0])}; known: {', '.join(known)}")
+
+    def match(self, key: str, value: str, pattern: re.Pattern, hint: str) -> str:
+        if not pattern.fullmatch(value):
+            raise self.fail(f"{key} {show(value)}: {hint}")
+        return value
+
+    def fill(self, key: str, template: str, pattern: re.Pattern, **values: object) -> str:
+        """``template.format(**values)``, which must use its placeholders and give a plain value."""
+        try:
+            out = template.format(**values)
+        except (KeyError, IndexError, ValueError, AttributeError) as exc:
+            raise self.fail(
+                f"{key} {show(template)}: bad placeholder ({exc!r}); use {{{', '.join(values)}}}"
+            ) from None
+        return self.match(key, out, pattern, "letters, digits and . _ : , / = - only")
+
+    def time(self, key: str, value: object) -> str:
+        if not isinstance(value, str):
+            raise self.fail(f'{key} must be a quoted Slurm time such as "04:00:00", got {show(value)}'
+                            " (YAML reads unquoted 04:00:00 as a number)")  # fmt: skip
+        try:
+            parse_time(value, key)
+        except UsageError as exc:
+            raise self.fail(str(exc)) from None
+        return value
+
+
+GRES = re.compile(r"--[a-z][a-z-]*=[A-Za-z0-9_:.,=-]+")
+GRES_VALUE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_:.,-]*")
+LAUNCHER = re.compile(r"srun( +-{1,2}[A-Za-z0-9][A-Za-z0-9_.,:=/+-]*)*")
+RUNTIME = re.compile(r"[a-z][a-z0-9_-]*")
+GPU_FLAG = re.compile(r"(-{1,2}[a-z][a-z0-9-]*)?")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+BIND = re.compile(r"/[A-Za-z0-9_./-]*(:/[A-Za-z0-9_./-]*)?")
+KEYS = ("name", "gpus_per_node", "gpu_request", "cpus_per_gpu", "partitions", "launcher", "account_required",
+        "default_time", "gpu_type", "arch", "container", "scratch")  # fmt: skip
 
 
 def load_cluster(name: str) -> Cluster:
+    """The profile jobs/clusters/<name>.yaml, every value type- and character-checked."""
     path = CLUSTERS / f"{name}.yaml"
-    if not SAFE.match(name) or not path.is_file():
+    if not SAFE.fullmatch(name) or not path.is_file():
+        add = f" or add jobs/clusters/{name}.yaml" if SAFE.fullmatch(name) else ""
         raise UsageError(
-            f"--cluster {name}: unknown cluster; choose from {', '.join(available())} or add jobs/clusters/{name}.yaml"
+            f"--cluster {show(name)}: unknown cluster; choose from {', '.join(available())}{add}"
         )
-    raw = yaml.safe_load(path.read_text())
+    p = _Profile(path)
     try:
-        parts = tuple(Partition(**p) for p in raw.pop("partitions"))
-        return Cluster(partitions=parts, **raw)
-    except (TypeError, KeyError) as exc:
-        raise UsageError(f"{path}: invalid cluster profile ({exc})") from None
-
-
-def seconds(value: str) -> int:
-    """Slurm time ([D-]HH:MM:SS, HH:MM or MM) to seconds."""
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", value.strip())
-    if not m:
-        raise UsageError(f"--time {value}: expected [D-]HH:MM:SS, e.g. 04:00:00 or 1-12:00:00")
-    days, a, b, c = m.groups()
-    if b is None:  # MM
-        total = int(a) * 60
-    elif c is None:  # HH:MM
-        total = int(a) * 3600 + int(b) * 60
-    else:
-        total = int(a) * 3600 + int(b) * 60 + int(c)
-    return total + int(days or 0) * 86400
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise p.fail(f"cannot read it: {getattr(exc, 'strerror', None) or exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f"line {mark.line + 1}: " if mark else ""
+        raise p.fail(f"not valid YAML, {at}{getattr(exc, 'problem', None) or exc}") from None
+    if not isinstance(raw, dict):
+        raise p.fail(
+            f"must be a mapping with keys such as name, gpus_per_node, partitions; got {type(raw).__name__}"
+        )
+    p.unknown(raw, KEYS)
+    cname = p.match("name", p.get(raw, "name", "str"), SAFE, SAFE_HINT)
+    gpn = p.get(raw, "gpus_per_node", "int")
+    gpu_request = p.get(raw, "gpu_request", "str")
+    p.fill("gpu_request", gpu_request, GRES, gpus=gpn)
+    if "{gpus}" not in gpu_request:
+        raise p.fail(f"gpu_request {show(gpu_request)} must contain {{gpus}}, e.g. --gres=gpu:a100:{{gpus}}")
+    launcher = p.match("launcher", p.get(raw, "launcher", "str", "srun --mpi=pmix"), LAUNCHER,
+                       "srun followed by options such as --mpi=pmix")  # fmt: skip
+    default_time = p.time("default_time", raw.get("default_time", "01:00:00"))
+    if parse_time(default_time) < MIN_TIME_SECONDS:
+        raise p.fail(f"default_time {default_time} is shorter than 2 minutes")
+    parts_raw = p.get(raw, "partitions", "list")
+    if not parts_raw:
+        raise p.fail("partitions is empty; list at least one GPU partition")
+    parts = []
+    for i, part in enumerate(parts_raw):
+        at = f"partitions[{i}]."
+        if not isinstance(part, dict):
+            raise p.fail(
+                f"partitions[{i}] must be a mapping such as {{name: gpu, max_nodes: 4, max_time: '1-00:00:00'}}"
+            )
+        p.unknown(part, ("name", "max_nodes", "max_time", "max_gpus"), at)
+        if "max_time" not in part:
+            raise p.fail(f"{at}max_time is missing")
+        parts.append(
+            Partition(
+                name=p.match(at + "name", p.get(part, "name", "str", prefix=at), SAFE, SAFE_HINT),
+                max_nodes=p.get(part, "max_nodes", "int", prefix=at),
+                max_time=p.time(at + "max_time", part["max_time"]),
+                max_gpus=p.get(part, "max_gpus", "int", None, prefix=at),
+            )
+        )
+    container = p.get(raw, "container", "dict", {})
+    p.unknown(container, ("runtime", "gpu_flag", "image", "binds"), "container.")
+    runtime = p.match("container.runtime", p.get(container, "runtime", "str", "native", "container."), RUNTIME,
+                      "a command name such as apptainer, singularity or native")  # fmt: skip
+    if "gpu_flag" in container:
+        flag = container["gpu_flag"]
+        if not isinstance(flag, str):
+            raise p.fail(f"container.gpu_flag must be a string such as --nv, got {show(flag)}")
+        p.match("container.gpu_flag", flag, GPU_FLAG, "one option such as --nv or --rocm, or empty")
+    if runtime != "native":
+        image = p.get(container, "image", "str", prefix="container.")
+        p.fill("container.image", image, PLAIN_PATH, account="project_0")
+    binds = p.get(container, "binds", "list", [], "container.")
+    for b in binds:
+        if not isinstance(b, str) or not BIND.fullmatch(b):
+            raise p.fail(
+                f"container binds must be plain absolute paths (letters, digits and . _ / -), got {show(b)}"
+            )
+    scratch = p.get(raw, "scratch", "dict", None)
+    if scratch is not None:
+        p.unknown(scratch, ("env", "gres", "max_gb"), "scratch.")
+        p.match("scratch.env", p.get(scratch, "env", "str", prefix="scratch."), ENV_NAME,
+                "an environment variable name such as LOCAL_SCRATCH")  # fmt: skip
+        gres = p.get(scratch, "gres", "str", prefix="scratch.")
+        p.fill("scratch.gres", gres, GRES_VALUE, gb=1)
+        p.get(scratch, "max_gb", "int", None, "scratch.")
+    return Cluster(
+        name=cname,
+        gpus_per_node=gpn,
+        gpu_request=gpu_request,
+        cpus_per_gpu=p.get(raw, "cpus_per_gpu", "int"),
+        partitions=tuple(parts),
+        launcher=launcher,
+        account_required=p.get(raw, "account_required", "bool", False),
+        default_time=default_time,
+        gpu_type=str(p.get(raw, "gpu_type", "str", "")),
+        arch=str(p.get(raw, "arch", "str", "x86_64")),
+        container=container,
+        scratch=scratch,
+    )
 
 
 def _nearest_multiples(n: int, step: int) -> str:
@@ -101,16 +344,16 @@ def choose_partition(cluster: Cluster, nodes: int, gpus: int, time_s: int, wante
             return (
                 f"--gpus {gpus} is above partition {p.name}'s maximum of {p.max_gpus} GPUs on {cluster.name}"
             )
-        if time_s > seconds(p.max_time):
+        if time_s > parse_time(p.max_time):
             return f"--time is above partition {p.name}'s limit of {p.max_time} on {cluster.name}"
         return None
 
-    if wanted:
+    if wanted is not None:
         match = [p for p in cluster.partitions if p.name == wanted]
         if not match:
             names = ", ".join(p.name for p in cluster.partitions)
             raise UsageError(
-                f"--partition {wanted}: not a GPU partition of {cluster.name} (choose from {names})"
+                f"--partition {show(wanted)}: not a GPU partition of {cluster.name} (choose from {names})"
             )
         problem = fits(match[0])
         if problem:
@@ -127,7 +370,7 @@ def _no_partition(cluster: Cluster, nodes: int, gpus: int, time_s: int) -> str:
     most = max(cluster.partitions, key=lambda p: p.max_nodes)
     if nodes > most.max_nodes:
         return f"--gpus {gpus} needs {nodes} nodes; the largest partition on {cluster.name} ({most.name}) allows at most {most.max_nodes} ({most.max_nodes * cluster.gpus_per_node} GPUs)"
-    longest = max(cluster.partitions, key=lambda p: seconds(p.max_time))
+    longest = max(cluster.partitions, key=lambda p: parse_time(p.max_time))
     return f"--time is above every partition's limit on {cluster.name} (the longest: {longest.name}, {longest.max_time})"
 
 
@@ -141,6 +384,27 @@ class Job:
     runs_dir: Path
 
 
+def _check_plain(what: str, value: str, empty: str) -> str:
+    if not value:
+        raise UsageError(f"{what} '': empty; {empty}")
+    if not PLAIN_PATH.fullmatch(value):
+        raise UsageError(f"{what} {show(value)}: {PLAIN_HINT}")
+    return value
+
+
+def _default_name(cfg_name: object, configs: list[str], sets: list[str]) -> str:
+    """The config's name as the job name, or one line that says where it came from and to pass --name."""
+    value = "" if cfg_name is None else str(cfg_name)
+    if SAFE.fullmatch(value):
+        return value
+    from_set = any(s.partition("=")[0].strip() == "name" for s in sets)
+    origin = "--set name" if from_set else f"config {show(configs[-1])}"
+    raise UsageError(
+        f"the job name defaults to the config's name {show(value)} (from {origin}), which is not usable as "
+        f"a job name ({SAFE_HINT}); pass --name NAME"
+    )
+
+
 def render(
     cluster: Cluster, gpus: int, configs: list[str], sets: list[str] = (), time_limit: str | None = None,
     account: str | None = None, partition: str | None = None, image: str | None = None,
@@ -148,8 +412,36 @@ def render(
     log_dir: Path = Path("logs"), runs_dir: Path = Path("runs"), python: str | None = None,
 ) -> Job:  # fmt: skip
     """The sbatch script for ``gpus`` GPUs on ``cluster``; every check that can fail, fails here."""
+    configs, sets = [str(c) for c in configs], list(sets)
     if gpus < 1:
         raise UsageError(f"--gpus {gpus}: must be >= 1")
+    if stage_gb < 0:
+        raise UsageError(
+            f"--stage {stage_gb}: GB of node-local disk to request, >= 1 (leave --stage out to read --data-dir in place)"
+        )
+    # Shell-quoted values: any text but empty, NUL or undecodable.
+    for c in configs:
+        check_text("--config", c)
+    for s in sets:
+        check_text("--set", s)
+    if data_dir is not None:
+        check_text("--data-dir", data_dir)
+    # Values that stand unquoted in the script (#SBATCH lines, paths): the safe character sets only.
+    if account is not None and not account:
+        raise UsageError("--account '': empty; give your project, e.g. --account project_2001234")
+    if name is not None and not name:
+        raise UsageError("--name '': empty; give a job name or leave --name out to use the config's name")
+    if partition is not None and not partition:
+        raise UsageError(
+            "--partition '': empty; name one or leave --partition out to take the first that fits"
+        )
+    for flag, value in (("--account", account), ("--name", name), ("--partition", partition)):
+        if value is not None:
+            check_name(flag, value)
+    if image is not None:
+        _check_plain("--image", image, "leave --image out to use the profile's image")
+    for what, folder in (("log dir", log_dir), ("runs dir", runs_dir)):
+        _check_plain(what, str(folder), "name a folder")
     gpn = cluster.gpus_per_node
     nodes = math.ceil(gpus / gpn)
     if nodes > 1 and gpus % gpn:
@@ -157,16 +449,18 @@ def render(
             f"--gpus {gpus} is not a multiple of {gpn} GPUs per node on {cluster.name}; "
             f"use {_nearest_multiples(gpus, gpn)} (or at most {gpn} on one node)"
         )
-    time_limit = time_limit or cluster.default_time
-    time_s = seconds(time_limit)
+    time_limit = cluster.default_time if time_limit is None else time_limit
+    time_s = parse_time(time_limit)
+    if time_s < MIN_TIME_SECONDS:
+        raise UsageError(
+            f"--time {time_limit} is {_duration(time_s)}: too short for a job that trains and checkpoints "
+            "before its limit; ask for at least 2 minutes (e.g. --time 10 for ten)"
+        )
     chosen = choose_partition(cluster, nodes, gpus, time_s, partition)
     if cluster.account_required and not account:
         raise UsageError(
             f"--account is required on {cluster.name} (your project, e.g. project_2001234); or set APP_SUBMIT_ACCOUNT"
         )
-    for flag, value in (("--account", account), ("--name", name)):
-        if value and not SAFE.match(value):
-            raise UsageError(f"{flag} {value!r}: use letters, digits and . _ + - only")
     if not configs:
         raise UsageError(
             "--config: name at least one experiment file, e.g. -c configs/resnet50_imagenet.yaml"
@@ -174,18 +468,20 @@ def render(
     from app import config as config_module
 
     cfg = config_module.build(configs, sets, {"data.data_dir": data_dir} if data_dir else {})  # fails early
-    name = name or cfg.name
+    name = name if name is not None else _default_name(cfg.name, configs, sets)
     tasks = min(gpus, gpn)
     runtime = cluster.container.get("runtime", "native")
     if runtime == "native":
+        if image is not None:
+            raise UsageError(
+                f"--image: {cluster.name} runs without a container (runtime native); drop --image"
+            )
         app = f"{shlex.quote(python or sys.executable)} -m app"
     else:
-        image = image or cluster.container["image"].format(account=account or "")
+        if image is None:
+            image = cluster.container["image"].format(account=account or "")
+            _check_plain("--image", image, "")  # the profile's template filled with a checked account
         binds = cluster.container.get("binds", [])
-        if not all(re.fullmatch(r"[A-Za-z0-9_./-]+", b) for b in binds):
-            raise UsageError(
-                f"jobs/clusters/{cluster.name}.yaml: container binds must be plain paths, got {binds}"
-            )
         gpu_flag = cluster.container.get("gpu_flag", "")
         # $PWD (the submit directory, where sbatch starts the job) holds the configs and receives runs/.
         app = f'{runtime} exec {gpu_flag} --bind "{",".join([*binds, "$PWD"])}" {shlex.quote(image)} app'
@@ -196,6 +492,14 @@ def render(
             raise UsageError(f"--stage: {cluster.name} has no node-local scratch; drop --stage")
         if not data_dir:
             raise UsageError("--stage needs --data-dir: the folder to copy to node-local disk")
+        limit = cluster.scratch.get("max_gb")
+        if stage_gb > (limit or MAX_STAGE_GB):
+            has = (
+                f"a {cluster.name} GPU node has ({limit} GB)"
+                if limit
+                else f"any node has ({MAX_STAGE_GB} GB)"
+            )
+            raise UsageError(f"--stage {stage_gb}: more node-local disk than {has}; ask for less")
         scratch_gres = cluster.scratch["gres"].format(gb=stage_gb)
         gres = (
             f"{gres},{scratch_gres}"
@@ -205,12 +509,12 @@ def render(
         env = cluster.scratch["env"]
         stage = (
             "# Stage the dataset to node-local disk once per node, then read it from there.\n"
-            f'srun --ntasks-per-node=1 --ntasks="$SLURM_NNODES" cp -r "$DATA_DIR" "${env}/"\n'
-            f'DATA_DIR="${env}/$(basename "$DATA_DIR")"\n'
+            f'srun --ntasks-per-node=1 --ntasks="$SLURM_NNODES" cp -r -- "$DATA_DIR" "${env}/"\n'
+            f'DATA_DIR="${env}/$(basename -- "$DATA_DIR")"\n'
         )
     train_args = " ".join(
         [
-            *(f"-c {shlex.quote(str(c))}" for c in configs),
+            *(f"-c {shlex.quote(c)}" for c in configs),
             *(f"--set {shlex.quote(s)}" for s in sets),
         ]
     )
@@ -224,8 +528,8 @@ def render(
         "time": time_limit,
         "partition": chosen.name,
         "account_line": f"#SBATCH --account={account}\n" if account else "",
-        "log_dir": shlex.quote(str(log_dir)),
-        "signal_seconds": min(SIGNAL_SECONDS, max(60, time_s // 10)),
+        "log_dir": str(log_dir),  # checked plain: #SBATCH lines are not shell, quotes would be kept
+        "signal_seconds": signal_lead(time_s),
         "requeue_code": REQUEUE_EXIT_CODE,
         "runs_dir": shlex.quote(str(runs_dir)),
         "data_dir": shlex.quote(data_dir) if data_dir else '""',
@@ -234,7 +538,7 @@ def render(
         "app": app,
         "train_args": train_args,
     }
-    script = string.Template(TEMPLATE.read_text()).substitute(values)
+    script = string.Template(TEMPLATE.read_text(encoding="utf-8")).substitute(values)
     return Job(script, name, nodes, chosen.name, Path(log_dir), Path(runs_dir))
 
 
@@ -245,13 +549,25 @@ def sbatch(job: Job, test_only: bool = False) -> str:
         raise AppError(
             "sbatch not found on PATH: run app submit on a login node of the cluster, or use --dry-run to see the script"
         )
-    job.log_dir.mkdir(parents=True, exist_ok=True)
     path = job.log_dir / f"{job.job_name}-{time.strftime('%Y%m%d-%H%M%S')}.sbatch"
-    path.write_text(job.script)
-    args = [exe, "--test-only", str(path)] if test_only else [exe, "--parsable", str(path)]
-    proc = subprocess.run(args, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise AppError(
-            f"sbatch rejected the job: {(proc.stderr or proc.stdout).strip().splitlines()[-1]} (script: {path})"
+    try:
+        job.log_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(job.script, encoding="utf-8")
+    except OSError as exc:
+        reason = (
+            "a file of that name is in the way" if isinstance(exc, FileExistsError) else exc.strerror or exc
         )
+        raise AppError(
+            f"cannot write the job script to {show(job.log_dir)}/ ({reason}); the job log goes there too: "
+            "run app submit from a writable directory"
+        ) from None
+    args = [exe, "--test-only", str(path)] if test_only else [exe, "--parsable", str(path)]
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, errors="replace")
+    except OSError as exc:
+        raise AppError(f"cannot run {exe}: {exc.strerror or exc}") from None
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        reason = lines[-1] if lines else f"exit status {proc.returncode}"
+        raise AppError(f"sbatch rejected the job: {reason} (script: {path})")
     return (proc.stderr if test_only else proc.stdout).strip().split(";")[0]

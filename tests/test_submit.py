@@ -79,7 +79,9 @@ def test_partition_choice_and_staging():
     assert render("mahti", 4).partition == "gpumedium"  # gpusmall takes at most 2 GPUs
     assert render("mahti", 4, partition="gputest", time_limit="00:10:00").partition == "gputest"
     staged = render("mahti", 8, data_dir="/scratch/p/imagenet", stage_gb=300).script
-    assert "#SBATCH --gres=gpu:a100:4,nvme:300" in staged and 'cp -r "$DATA_DIR" "$LOCAL_SCRATCH/"' in staged
+    assert (
+        "#SBATCH --gres=gpu:a100:4,nvme:300" in staged and 'cp -r -- "$DATA_DIR" "$LOCAL_SCRATCH/"' in staged
+    )
     lumi = render("lumi", 16).script
     assert "#SBATCH --gpus-per-node=8" in lumi and "singularity exec --rocm" in lumi
 
@@ -117,7 +119,7 @@ def test_partition_choice_and_staging():
         ),
         (
             dict(cluster="mahti", gpus=4, time_limit="4 hours"),
-            "--time 4 hours: expected [D-]HH:MM:SS, e.g. 04:00:00 or 1-12:00:00",
+            f"--time '4 hours': expected {submit.TIME_FORMATS}",
         ),
         (
             dict(cluster="mahti", gpus=4, account=None),
@@ -125,7 +127,7 @@ def test_partition_choice_and_staging():
         ),
         (
             dict(cluster="mahti", gpus=4, account="p; rm -rf ~"),
-            "--account 'p; rm -rf ~': use letters, digits and . _ + - only",
+            f"--account 'p; rm -rf ~': {submit.SAFE_HINT}",
         ),
         (
             dict(cluster="lumi", gpus=8, stage_gb=100, data_dir="/flash/x"),
@@ -138,7 +140,7 @@ def test_partition_choice_and_staging():
         ),
         (
             dict(cluster="mahti", gpus=4, name="my job"),
-            "--name 'my job': use letters, digits and . _ + - only",
+            f"--name 'my job': {submit.SAFE_HINT}",
         ),
     ],
 )
