@@ -213,3 +213,122 @@ def test_invalid_cluster_profile(monkeypatch, tmp_path):
     monkeypatch.setattr(submit, "CLUSTERS", tmp_path)
     with pytest.raises(UsageError, match=r"broken.yaml: invalid cluster profile \(.*surprise"):
         submit.load_cluster("broken")
+
+
+# --- Hostile strings through every submit input ------------------------------------------------------------
+# Each is refused with one `Error:` line (exit 2), or rendered so that the script is valid bash, running it
+# (srun and scontrol shimmed) creates no file, and `app train` receives the string intact as one argument.
+MARK = "pwned"
+HOSTILE = [
+    f"x;touch {MARK};", f"x|touch {MARK}", f"x&touch {MARK}&", f"x&&touch {MARK}", f"x$(touch {MARK})",
+    f"x`touch {MARK}`", f"x'touch {MARK}'", f"x'; touch {MARK}; '", f'x"; touch {MARK}; "',
+    f'x"$(touch {MARK})"', f"x\ntouch {MARK}", f"x\rtouch {MARK}", f"x\r\ntouch {MARK}", f"x touch {MARK}",
+    f"x\ttouch {MARK}", f"x#touch {MARK}", f"x >{MARK}", f"x<{MARK}", "x*", "*", "?", "-x", "--help", "x\\",
+    f"x\\\ntouch {MARK}", "$HOME", f"x${{IFS}}touch${{IFS}}{MARK}", "ünïcødé", "名前", "x\u2028y", "x\x85y",
+    "x\x1b[31my", "%x-%j", "~", "!!", "{a,b}", "x=y", ".", "..", "\u0661\u0662", "x\nSBATCH --x",
+    f"x\n#SBATCH --wrap='touch {MARK}'",
+]  # fmt: skip
+SYNTHETIC = str(GOLDEN.parents[1] / "configs" / "synthetic.yaml")
+LOCAL = ["--cluster", "local", "--gpus", "1", "-c", SYNTHETIC]
+MAHTI = ["--cluster", "mahti", "--gpus", "4", "-c", SYNTHETIC, "--account", "project_2001234"]
+
+
+def _config_named(tmp_path: Path, stem: str) -> str:
+    folder = tmp_path / "configs"
+    folder.mkdir(exist_ok=True)
+    path = folder / f"{stem}.yaml"
+    path.write_text(Path(SYNTHETIC).read_text())
+    return str(path)
+
+
+# input -> (args for `app submit`, the argv pair `app train` must receive if rendered, a word the error names)
+INPUTS = {
+    "--name": lambda s, tmp: (LOCAL + ["--name", s], None, "--name"),
+    "--set name=": lambda s, tmp: (LOCAL + ["--set", f"name={s}"], ["--set", f"name={s}"], "name"),
+    "config stem": lambda s, tmp: (
+        ["--cluster", "local", "--gpus", "1", "-c", _config_named(tmp, s)],
+        None,
+        "pass --name",
+    ),
+    "config path": lambda s, tmp: (
+        ["--cluster", "local", "--gpus", "1", "-c", _config_named(tmp, s), "--name", "job1"],
+        ["-c", str(tmp / "configs" / f"{s}.yaml")],
+        "--config",
+    ),
+    "--set value": lambda s, tmp: (
+        LOCAL + ["--set", f"data.name={s}"],
+        ["--set", f"data.name={s}"],
+        "data.name",
+    ),
+    "--account": lambda s, tmp: (MAHTI[:-1] + [s], None, "--account"),
+    "--partition": lambda s, tmp: (LOCAL + ["--partition", s], None, "--partition"),
+    "--image": lambda s, tmp: (MAHTI + ["--image", s], None, "--image"),
+    "--data-dir": lambda s, tmp: (LOCAL + ["--data-dir", s], ["--data-dir", s], "--data-dir"),
+    "--data-dir staged": lambda s, tmp: (MAHTI + ["--data-dir", s, "--stage", "10"], None, "--data-dir"),
+    "--time": lambda s, tmp: (LOCAL + ["--time", s], None, "--time"),
+    "--cluster": lambda s, tmp: (["--cluster", s, "--gpus", "1", "-c", SYNTHETIC], None, "--cluster"),
+}
+SHIM = """#!/bin/bash
+# Records its argv (NUL-separated) as the next numbered file in $SHIM_CALLS; runs nothing.
+shopt -s nullglob
+calls=("$SHIM_CALLS"/*)
+printf '%s\\0' "${0##*/}" "$@" > "$SHIM_CALLS/${#calls[@]}"
+"""
+
+
+def run_sandboxed(script: str, tmp_path: Path) -> list[list[str]]:
+    """Run a rendered job script in an empty folder with srun/scontrol shimmed; the argv of each call."""
+    box, shims, calls = tmp_path / "box", tmp_path / "shims", tmp_path / "calls"
+    for folder in (box, shims, calls):
+        folder.mkdir()
+    for tool in ("srun", "scontrol"):
+        (shims / tool).write_text(SHIM)
+        (shims / tool).chmod(0o755)
+    path = tmp_path / "job.sbatch"
+    path.write_text(script, encoding="utf-8")
+    syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+    env = {
+        "PATH": f"{shims}:/usr/bin:/bin", "HOME": str(box), "SHIM_CALLS": str(calls), "SLURM_JOB_ID": "77",
+        "SLURM_NNODES": "1", "SLURM_JOB_NUM_NODES": "1", "SLURM_CPUS_PER_TASK": "1",
+        "LOCAL_SCRATCH": "/nonexistent-scratch", "LC_ALL": "C.UTF-8",
+    }  # fmt: skip
+    proc = subprocess.run(["bash", str(path)], cwd=box, env=env, capture_output=True, timeout=20)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(os.listdir(box)) == [], "the script created files"
+    assert proc.stdout.decode().startswith("scaleout: 1 node(s) x ")
+    assert len(proc.stdout.decode().splitlines()) == 1, proc.stdout  # no injected output
+    return [(calls / str(i)).read_bytes().decode().split("\0")[:-1] for i in range(len(os.listdir(calls)))]
+
+
+def _adjacent(argv: list[str], pair: list[str]) -> bool:
+    return any(argv[i : i + 2] == pair for i in range(len(argv) - 1))
+
+
+@pytest.mark.parametrize("hostile", HOSTILE, ids=[repr(h)[1:-1][:24] for h in HOSTILE])
+@pytest.mark.parametrize("where", list(INPUTS))
+def test_hostile_strings_never_reach_a_shell(where, hostile, tmp_path):
+    if where.startswith("config") and hostile in (".", ".."):
+        pytest.skip("not a file name")
+    args, pair, named = INPUTS[where](hostile, tmp_path)
+    result = CliRunner().invoke(cli, ["submit", *args, "--dry-run"], color=True)  # keep escape sequences
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    if result.exit_code != 0:
+        line = result.output.rstrip("\n")
+        assert result.exit_code == 2 and "\n" not in line and line.startswith("Error: "), result.output
+        assert len(line.splitlines()) == 1 and named in line, line
+        return
+    script = result.stdout_bytes.decode()  # .output would turn \r\n into \n
+    calls = run_sandboxed(script, tmp_path)
+    train = calls[-1]
+    assert train[0] == "srun" and "train" in train, train
+    job_name = script.split("#SBATCH --job-name=")[1].split("\n")[0]
+    assert submit.SAFE.fullmatch(job_name) and _adjacent(train, ["--run-dir", f"runs/{job_name}-77"])
+    if pair:
+        assert _adjacent(train, pair), (pair, train)
+    if where == "--data-dir staged":
+        assert calls[0][-3:] == ["--", hostile, "/nonexistent-scratch/"], calls[0]
+        assert _adjacent(train, ["--data-dir", f"/nonexistent-scratch/{hostile}"]), train
+    if where == "--image":
+        assert hostile in train
+    assert len(calls) == (2 if where == "--data-dir staged" else 1)
