@@ -12,10 +12,11 @@ import sys
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from app import __version__
 from app.compat import KerasError, import_tensorflow
-from app.distributed import detected_launcher, rank_from_env
+from app.distributed import detected_launcher, rank_from_env, report_to_launcher
 from app.errors import AppError, UsageError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "APP", "max_content_width": 100}
@@ -27,17 +28,60 @@ class AppGroup(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
+        except click.BadParameter as exc:
+            envvar = from_environment(exc.ctx, exc.param)
+            if envvar is None:
+                raise
+            # Nobody typed the option: name the variable that set it, in one line (no usage text).
+            error = click.ClickException(
+                f"environment variable {envvar} (sets {exc.param.opts[0]}): {exc.message.rstrip('.')}; "
+                "fix or unset it"
+            )
+            error.exit_code = 2
+            raise error from None
         except (AppError, KerasError) as exc:
             if ctx.params.get("debug"):
                 raise
             code = getattr(exc, "exit_code", 1)
             rank = rank_from_env()
-            if isinstance(exc, UsageError) and rank != 0:
-                ctx.exit(code)  # every rank sees the same bad input; rank 0 alone says so
-            prefix = f"[rank {rank}] " if rank and isinstance(exc, AppError) else ""
+            if report_to_launcher(rank, code, str(exc)):
+                ctx.exit(code)  # `app --np` prints each different error once, after the workers ended
+            prefix = f"[rank {rank}] " if rank else ""
             error = click.ClickException(prefix + str(exc))
             error.exit_code = code
             raise error from None
+
+
+def from_environment(ctx: click.Context | None, param: click.Parameter | None) -> str | None:
+    """The APP_* environment variable that set ``param``'s value, or None when the value came from elsewhere."""
+    if ctx is None or not isinstance(param, click.Option) or not param.name:
+        return None
+    if ctx.get_parameter_source(param.name) is not ParameterSource.ENVIRONMENT:
+        return None
+    names = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar or ())
+    names.append(f"{ctx.auto_envvar_prefix}_{param.name.upper()}")
+    return next((n for n in names if os.environ.get(n)), names[-1])
+
+
+# Options that set a config key (their values beat --set and the config files).
+OPTION_KEYS = {
+    "data_dir": "data.data_dir", "seed": "run.seed", "epochs": "train.epochs", "batch_size": "train.batch_size",
+    "accumulation_steps": "train.accumulation_steps", "precision": "model.precision",
+}  # fmt: skip
+
+
+def option_values(**values) -> tuple[dict[str, object], dict[str, str]]:
+    """The config values of the options given (by parameter name), and for those an APP_* environment
+    variable set, the variable's name (so a range error names it, not an option nobody typed)."""
+    ctx = click.get_current_context()
+    params = {p.name: p for p in ctx.command.params}
+    options = {OPTION_KEYS[name]: value for name, value in values.items()}
+    origins = {}
+    for name in values:
+        envvar = from_environment(ctx, params.get(name))
+        if envvar:
+            origins[OPTION_KEYS[name]] = f"environment variable {envvar}"
+    return options, origins
 
 
 @click.group(cls=AppGroup, context_settings=CONTEXT)
@@ -84,10 +128,11 @@ def config_options(func):
         click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
                      help="Override one config key, e.g. --set train.batch_size=64 (repeatable)."),
         click.option("--data-dir", help="TFDS data dir or ImageNet TFRecord folder (data.data_dir)."),
-        click.option("--seed", type=int, help="Seed for weights, data order and augmentation (run.seed)."),
-        click.option("--threads", type=int, default=0, show_default=True,
+        click.option("--seed", type=int,
+                     help="Seed for weights, data order and augmentation, 0..2147483647 (run.seed)."),
+        click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
                      help="CPU threads per worker (0: the node's cores shared among its workers)."),
-        click.option("--np", "np_", type=int, metavar="N",
+        click.option("--np", "np_", type=click.IntRange(min=1), metavar="N",
                      help="Start N local workers through horovodrun --gloo (one workstation)."),
     ]  # fmt: skip
     for option in reversed(options):
@@ -136,13 +181,14 @@ def train(
       mpirun -np 8 app train -c configs/synthetic.yaml --set train.steps_per_epoch=100
       app train --run-dir runs/fashion_mnist-20261202-140000     # resume
     """
-    from app import config
+    from app import checkpoint, config
 
-    options = {
-        "data.data_dir": data_dir, "run.seed": seed, "train.epochs": epochs, "train.batch_size": batch_size,
-        "train.accumulation_steps": accumulation_steps, "model.precision": precision,
-    }  # fmt: skip
-    cfg, resolved = config.for_run(configs, sets, options, run_dir)
+    options, origins = option_values(
+        data_dir=data_dir, seed=seed, epochs=epochs, batch_size=batch_size,
+        accumulation_steps=accumulation_steps, precision=precision,
+    )  # fmt: skip
+    cfg, resolved = config.for_run(configs, sets, options, run_dir, origins)
+    checkpoint.check_writable(resolved)  # before TensorFlow and the workers start
     relaunch(np_, [] if run_dir else ["--run-dir", str(resolved)])  # every worker gets the same run directory
     import_tensorflow()  # first, through compat: Keras 2 checked, start-up noise filtered
     from app.train import train_and_evaluate
@@ -153,7 +199,11 @@ def train(
 @cli.command()
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @config_options
-@click.option("--epoch", type=int, help="Evaluate this epoch's checkpoint instead of the latest valid one.")
+@click.option(
+    "--epoch",
+    type=click.IntRange(min=1),
+    help="Evaluate this epoch's checkpoint instead of the latest valid one.",
+)
 def evaluate(run_dir, configs, sets, data_dir, seed, threads, np_, epoch):
     """Evaluate a run's checkpoint on the evaluation split (distributed over the workers).
 
@@ -165,9 +215,11 @@ def evaluate(run_dir, configs, sets, data_dir, seed, threads, np_, epoch):
     from app import config
 
     saved = os.path.join(run_dir, "config.yaml")
-    if not os.path.isfile(saved):
+    if not os.path.lexists(saved):
         raise UsageError(f"RUN_DIR {run_dir}: no config.yaml there; pass the directory `app train` wrote")
-    cfg = config.build([saved, *configs], sets, {"data.data_dir": data_dir, "run.seed": seed})
+    options, origins = option_values(data_dir=data_dir, seed=seed)
+    base = config.flat(config.load_run_config(saved))
+    cfg = config.build(configs, sets, options, base=base, origins=origins)
     relaunch(np_)
     import_tensorflow()
     from app.train import evaluate_run
@@ -204,10 +256,10 @@ def _batch_sizes(ctx, param, value: str | None) -> list[int] | None:
 )
 @click.option(
     "--windows",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=2),
     default=5,
     show_default=True,
-    help="Measurement windows (for the confidence interval).",
+    help="Measurement windows (for the confidence interval: at least 2).",
 )
 @click.option(
     "--pipeline-only", is_flag=True, help="Measure the tf.data input pipeline alone (images/s delivered)."
@@ -242,13 +294,19 @@ def benchmark(
     """
     from app import config
 
-    options = {"data.data_dir": data_dir, "run.seed": seed, "model.precision": precision}
-    cfg = config.build(configs, sets, options)
+    options, origins = option_values(data_dir=data_dir, seed=seed, precision=precision)
+    cfg = config.build(configs, sets, options, origins=origins)
     relaunch(np_)
     import_tensorflow()
     from app.benchmark import run
 
     run(cfg, batch_sizes or [cfg.train.batch_size], steps, windows, pipeline_only, results, threads)
+
+
+def _fraction(ctx, param, value: float | None) -> float | None:
+    if value is not None and not 0 < value <= 1:  # also refuses nan and inf
+        raise click.BadParameter(f"{value}: an accuracy is a fraction in (0, 1], e.g. 0.75")
+    return value
 
 
 @cli.command()
@@ -263,7 +321,8 @@ def benchmark(
 @click.option(
     "--target-accuracy",
     type=float,
-    help="Accuracy for time-to-accuracy (default: the lowest best accuracy among the runs).",
+    callback=_fraction,
+    help="Accuracy for time-to-accuracy, in (0, 1] (default: the lowest best accuracy among the runs).",
 )
 def report(inputs, out, target_accuracy):
     """Tables and plots from benchmark results (JSON lines) and training run directories.

@@ -179,3 +179,272 @@ def test_environment_overrides_config_file(tmp_path, monkeypatch):
     assert result.exit_code == 2 and "train.batch_size: must be > 0, got -1" in result.output
     result = CliRunner().invoke(cli, ["train", "--batch-size", "-2"])
     assert "got -2" in result.output
+
+
+# ----------------------------------------------------------------------------- every bad input: one line
+
+
+def one_line(args, env=None) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, args, env=env)
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, result.output.strip()
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("- 1\n- 2\n", "must be a mapping of sections (data, model, train, run), got list"),
+        ("just words\n", "must be a mapping of sections (data, model, train, run), got str"),
+        ("train: 5\n", "section 'train' must be a mapping of its keys (e.g. 'train:' with '  epochs: 10' below it), got int 5"),
+        ("model: [resnet50]\n", "section 'model' must be a mapping of its keys (e.g. 'model:' with '  name: resnet20' below it), got list ['resnet50']"),
+        ("trian:\n  batch_size: 3\n", "unknown section 'trian'; did you mean 'train'?"),
+        ("optimizer:\n  lr: 0.1\n", "unknown section 'optimizer'; the sections are data, model, train, run"),
+        ("optimizer: sgd\n", "unknown key 'optimizer'; top-level keys are the sections data, model, train, run and 'name'"),
+        ("train:\n  base_lr: .inf\n", "train.base_lr must be a finite number, got inf"),
+        ("train:\n  momentum: .nan\n", "train.momentum must be a finite number, got nan"),
+        ("model:\n  weight_decay: -.inf\n", "model.weight_decay must be a finite number, got -inf"),
+        ("train:\n  decay_factor: 1.0e+400\n", "train.decay_factor must be a finite number, got inf"),
+        ("run:\n  run_dir: runs/x\n", "run.run_dir: the run directory is not a config key; pass it as `app train --run-dir DIR`"),
+        ("base: [a.yaml]\n", "'base:' must name one YAML file, got ['a.yaml']"),
+    ],
+)  # fmt: skip
+def test_bad_file_contents_are_one_line(tmp_path, text, message):
+    path = write(tmp_path, "exp.yaml", text)
+    code, out = one_line(["train", "-c", path])
+    assert (code, out) == (2, f"Error: {path}: {message}")
+
+
+def test_an_empty_section_is_fine(tmp_path):
+    cfg = config.build([write(tmp_path, "exp.yaml", "train:\nmodel:\n  name: resnet32\n")])
+    assert cfg.train == config.TrainConfig() and cfg.model.name == "resnet32"
+
+
+def test_unreadable_and_binary_config_files(tmp_path, monkeypatch):
+    binary = tmp_path / "model.yaml"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")
+    code, out = one_line(["train", "-c", str(binary)])
+    assert (code, out) == (
+        2,
+        f"Error: --config {binary}: not a UTF-8 text file (undecodable byte at offset 0); is it a YAML file?",
+    )
+    code, out = one_line(["train", "-c", str(tmp_path)])
+    assert (code, out) == (2, f"Error: --config {tmp_path}: is a directory, not a YAML file")
+    # Permission denied: root reads a chmod 0 file anyway, so the refusal of open() is simulated too.
+    locked = Path(write(tmp_path, "locked.yaml", "train:\n  epochs: 3\n"))
+    locked.chmod(0)
+
+    def denied(self):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    code, out = one_line(["train", "-c", str(locked)])
+    assert (code, out) == (
+        2,
+        f"Error: --config {locked}: cannot be read (Permission denied); check its permissions",
+    )
+
+
+def test_missing_base_file_names_the_file_that_points_to_it(tmp_path):
+    child = write(tmp_path, "child.yaml", "base: gone.yaml\n")
+    with pytest.raises(UsageError) as err:
+        config.build([child])
+    assert str(err.value) == f"{tmp_path / 'gone.yaml'} (the base: of child.yaml): no such file"
+
+
+@pytest.mark.parametrize(
+    "item, message",
+    [
+        ("optimizer.lr=0.1", "unknown key 'optimizer.lr': no section 'optimizer'; the sections are data, model, train, run"),
+        ("trian.batch_size=3", "unknown key 'trian.batch_size'; did you mean 'train.batch_size'?"),
+        ("train=5", "'train' is a section; set one of its keys, e.g. train.epochs=10"),
+        ("data.seed=1", "unknown key 'data.seed'; did you mean 'run.seed'?"),
+        ("epochs=3", "unknown key 'epochs'; did you mean 'train.epochs'?"),
+        ("train.optimizer=sgd", "unknown key 'train.optimizer'; the keys of 'train' are epochs, batch_size,"),
+        ("run.run_dir=/tmp/x", "run.run_dir: the run directory is not a config key; pass it as `app train --run-dir DIR`"),
+        ("train.base_lr=.inf", "train.base_lr must be a finite number, got inf"),
+        ("train.base_lr=.nan", "train.base_lr must be a finite number, got nan"),
+        ("train.warmup_epochs=-.inf", "train.warmup_epochs must be a finite number, got -inf"),
+        ("model.label_smoothing=.NaN", "model.label_smoothing must be a finite number, got nan"),
+    ],
+)  # fmt: skip
+def test_unknown_keys_suggest_only_close_matches(item, message):
+    with pytest.raises(UsageError) as err:
+        config.build([], [item])
+    assert str(err.value).startswith(f"--set: {message}")
+    assert "image_size" not in str(err.value)
+
+
+def test_every_float_key_refuses_nan_and_inf():
+    floats = [k for k, tp in config.FIELDS.items() if tp is float]
+    assert {"train.base_lr", "train.warmup_epochs", "model.weight_decay"} <= set(floats)
+    for key in floats:
+        for value in (".inf", "-.inf", ".nan"):
+            with pytest.raises(UsageError, match=f"{key} must be a finite number"):
+                config.build([], [f"{key}={value}"])
+
+
+def test_a_null_run_dir_of_an_older_saved_config_is_ignored():
+    assert config.build(base={"run.run_dir": None, "train.epochs": 30}).train.epochs == 30
+
+
+@pytest.mark.parametrize(
+    "sets, message",
+    [
+        (["model.name=resnet50", "data.image_size=1"],
+         "data.image_size: resnet50 needs images of at least 32 px, got 1; use >= 32, or 0 for the dataset's own size"),
+        (["model.name=resnet50", "data.image_size=31"], "data.image_size: resnet50 needs images of at least 32 px, got 31"),
+        (["model.name=resnet18", "data.image_size=4"], "data.image_size: resnet18 needs images of at least 8 px, got 4"),
+        (["model.name=resnet20", "data.image_size=2"], "data.image_size: resnet20 needs images of at least 4 px, got 2"),
+        (["run.seed=-1"], "run.seed: must be in 0..2147483647, got -1"),
+        (["run.seed=2147483648"], "run.seed: must be in 0..2147483647, got 2147483648"),
+    ],
+)  # fmt: skip
+def test_sizes_and_seeds_out_of_range(sets, message):
+    with pytest.raises(UsageError) as err:
+        config.build([], sets)
+    assert str(err.value).startswith(message)
+
+
+def test_smallest_image_sizes_are_accepted():
+    for model, size in config.MIN_IMAGE_SIZE.items():
+        assert config.build([], [f"model.name={model}", f"data.image_size={size}"]).data.image_size == size
+    assert config.build([], ["run.seed=2147483647"]).run.seed == 2**31 - 1
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["train", "--seed", "-1"], "Error: run.seed: must be in 0..2147483647, got -1"),
+        (["train", "--np", "0"], "Error: Invalid value for '--np': 0 is not in the range x>=1."),
+        (["train", "--np", "-2"], "Error: Invalid value for '--np': -2 is not in the range x>=1."),
+        (["benchmark", "--np", "0"], "Error: Invalid value for '--np': 0 is not in the range x>=1."),
+        (["train", "--threads", "-5"], "Error: Invalid value for '--threads': -5 is not in the range x>=0."),
+        (["evaluate", "/nonexistent-run", "--epoch", "0"], "Error: Invalid value for '--epoch': 0 is not in the range x>=1."),
+        (["train", "--set", "train.base_lr=.inf"], "Error: --set: train.base_lr must be a finite number, got inf"),
+        (["train", "--set", "model.name=resnet50", "--set", "data.image_size=1"],
+         "Error: data.image_size: resnet50 needs images of at least 32 px, got 1; use >= 32, or 0 for the dataset's own size"),
+    ],
+)  # fmt: skip
+def test_cli_values_out_of_range(args, line):
+    code, out = one_line(args)
+    assert code == 2
+    assert out.splitlines()[-1] == line
+    assert sum(ln.startswith("Error:") for ln in out.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "env, line",
+    [
+        ({"APP_TRAIN_BATCH_SIZE": "abc"},
+         "Error: environment variable APP_TRAIN_BATCH_SIZE (sets --batch-size): 'abc' is not a valid integer; fix or unset it"),
+        ({"APP_TRAIN_BATCH_SIZE": "-3"},
+         "Error: train.batch_size: must be > 0, got -3 (from environment variable APP_TRAIN_BATCH_SIZE)"),
+        ({"APP_TRAIN_SEED": "-1"}, "Error: run.seed: must be in 0..2147483647, got -1 (from environment variable APP_TRAIN_SEED)"),
+        ({"APP_TRAIN_THREADS": "-5"},
+         "Error: environment variable APP_TRAIN_THREADS (sets --threads): -5 is not in the range x>=0; fix or unset it"),
+        ({"APP_TRAIN_PRECISION": "fp8"},
+         "Error: environment variable APP_TRAIN_PRECISION (sets --precision): 'fp8' is not one of 'auto', 'float32', 'mixed_float16', 'mixed_bfloat16'; fix or unset it"),
+    ],
+)  # fmt: skip
+def test_environment_variables_are_named_as_such(env, line):
+    code, out = one_line(["train"], env=env)
+    assert (code, out) == (2, line)
+
+
+def test_option_typed_on_the_command_line_is_not_blamed_on_the_environment():
+    code, out = one_line(["train", "--batch-size", "abc"], env={"APP_TRAIN_EPOCHS": "3"})
+    assert code == 2 and "Invalid value for '--batch-size': 'abc' is not a valid integer." in out
+    assert "environment" not in out
+
+
+# ----------------------------------------------------------------------------- a run's saved config.yaml
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", "the run's saved config is empty; restore it, or start a new --run-dir"),
+        (b"# nothing but a comment\n", "the run's saved config is empty; restore it, or start a new --run-dir"),
+        (b"train: [1, 2\n", "line 2 is not valid YAML"),
+        (b"\x00\xff\xfe garbage", "(the run's saved config): not a UTF-8 text file (undecodable byte at offset 1)"),
+        (b"- a\n- b\n", "not a saved run config (a mapping of sections), got list; restore it, or start a new --run-dir"),
+        (b"name: x\ntrain:\n  epochs: 3\n", "the run's saved config lacks section(s) data, model, run; restore it"),
+        (b"data: {}\nmodel: {}\ntrain: {batch_size: 0}\nrun: {}\n",
+         "train.batch_size: must be > 0, got 0; restore it, or start a new --run-dir"),
+        (b"data: {}\nmodel: {}\ntrain: {batchsize: 3}\nrun: {}\n", "unknown key 'train.batchsize'; did you mean 'train.batch_size'?"),
+    ],
+)  # fmt: skip
+def test_damaged_saved_config_is_one_line_never_defaults(tmp_path, content, message):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_bytes(content)
+    for args in (["train", "--run-dir", str(run)], ["evaluate", str(run)]):
+        code, out = one_line(args)
+        assert code == 2 and out.startswith(f"Error: {run / 'config.yaml'}") and message in out, out
+        assert len(out.splitlines()) == 1
+    assert (run / "config.yaml").read_bytes() == content  # nothing rewritten
+
+
+def test_unreadable_saved_config(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(config.dump(config.build()))
+    (run / "config.yaml").chmod(0)
+    real = Path.read_bytes
+
+    def denied(self):
+        if self.name == "config.yaml":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    with pytest.raises(UsageError) as err:
+        config.for_run([], [], {}, str(run))
+    assert str(err.value) == (
+        f"{run / 'config.yaml'} (the run's saved config): cannot be read (Permission denied); check its permissions"
+    )
+    monkeypatch.undo()
+    (run / "config.yaml").unlink()
+    (run / "config.yaml").mkdir()
+    with pytest.raises(UsageError, match="config.yaml \\(the run's saved config\\): is a directory"):
+        config.for_run([], [], {}, str(run))
+
+
+def test_run_dir_that_is_a_file(tmp_path):
+    path = tmp_path / "run"
+    path.write_text("not a directory")
+    code, out = one_line(["train", "--run-dir", str(path)])
+    assert (code, out) == (2, f"Error: --run-dir {path}: exists and is not a directory; pass a run directory")
+    assert path.read_text() == "not a directory"
+
+
+def test_old_saved_config_with_a_null_run_dir_resumes(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    text = config.dump(config.build([], ["train.epochs=4", "train.warmup_epochs=1"]))
+    (run / "config.yaml").write_text(text.replace("run:\n", "run:\n  run_dir: null\n"))
+    cfg, _ = config.for_run([], [], {}, str(run))
+    assert cfg.train.epochs == 4
+
+
+def test_unreadable_config_for_real_without_capabilities(tmp_path):
+    # As root a chmod 0 file stays readable; without CAP_DAC_OVERRIDE it does not (as for any user).
+    import shutil
+    import subprocess
+    import sys
+
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv is not on PATH")
+    locked = Path(write(tmp_path, "locked.yaml", "train:\n  epochs: 3\n"))
+    locked.chmod(0)
+    proc = subprocess.run(
+        [setpriv, "--inh-caps=-all", "--bounding-set=-all", sys.executable, "-m", "app", "train", "-c", str(locked)],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert (
+        proc.stderr.strip()
+        == f"Error: --config {locked}: cannot be read (Permission denied); check its permissions"
+    )
