@@ -7,8 +7,12 @@ ramp is flat. So the multipliers here are computed from k = global_batch / refer
 per-batch ``LearningRateScheduleCallback`` applies them at every step of every epoch: the LR at any step is a
 function of the step alone, so a resumed run continues exactly where it stopped.
 
-Progress is measured in epochs *after* the step (``(step + 1) / steps_per_epoch``), as Horovod's warmup
-does, so the last warmup step trains at exactly the target LR.
+``multiplier(epoch)`` is the curve over continuous training time. What a step trains at is decided in
+integers, by ``step_multiplier(step, steps_per_epoch)``, so that no float rounding moves a boundary:
+warmup takes the curve at the step's *end* (progress ``(step + 1) / steps_per_epoch``, as Horovod's warmup
+does), so the last warmup step trains at exactly the target LR; step decay and cosine take it at the step's
+*start*, so a decay at epoch ``d`` begins with the first step of epoch ``d + 1`` (step ``d x
+steps_per_epoch``, counting from 0), and cosine's last step trains at a small LR above 0, not at 0.
 """
 
 from __future__ import annotations
@@ -43,6 +47,22 @@ class Schedule:
     def lr(self, epoch: float) -> float:
         return self.target_lr * self.multiplier(epoch)
 
+    def step_multiplier(self, step: int, steps_per_epoch: int) -> float:
+        """LR / target_lr of global step ``step`` (0-based) with ``steps_per_epoch`` steps per epoch."""
+        warm = round(self.warmup_epochs * steps_per_epoch)
+        if step < warm:
+            start = self.start_lr / self.target_lr
+            return start + (1.0 - start) * (step + 1) / warm
+        if self.kind == "step":
+            return self.decay_factor ** sum(1 for d in self.decay_epochs if step >= d * steps_per_epoch)
+        if self.kind == "cosine":
+            span = self.epochs * steps_per_epoch - warm  # steps warm .. warm + span - 1 follow the cosine
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warm) / max(span, 1))))
+        return 1.0
+
+    def step_lr(self, step: int, steps_per_epoch: int) -> float:
+        return self.target_lr * self.step_multiplier(step, steps_per_epoch)
+
 
 def make_schedule(cfg, workers: int) -> Schedule:
     """The schedule of ``cfg`` (an app.config.Config) on ``workers`` workers."""
@@ -64,7 +84,8 @@ def lr_callback(schedule: Schedule, steps_per_epoch: int):
     from app.distributed import schedule_callback
 
     def multiplier(epoch: float) -> float:
-        # Horovod passes the progress *before* the batch; the schedule is defined after it.
-        return schedule.multiplier(epoch + 1.0 / steps_per_epoch)
+        # Horovod passes epoch + batch / steps_per_epoch (the progress before the batch): back to the integer
+        # global step, exactly (the float error is far below half a step).
+        return schedule.step_multiplier(round(epoch * steps_per_epoch), steps_per_epoch)
 
     return schedule_callback(schedule.target_lr, multiplier, 0, None, steps_per_epoch)

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from app import config
-from app.schedule import make_schedule
+from app import config, distributed
+from app.schedule import lr_callback, make_schedule
 
 
 def cfg(**train):
@@ -63,3 +63,58 @@ def test_small_global_batch_needs_no_warmup():
     # Global batch 128 < 256: the target (0.05) is below the reference LR; warmup holds it flat.
     s = make_schedule(cfg(batch_size=64, warmup_epochs=1, epochs=3, schedule="constant"), 2)
     assert s.lr(0.0) == s.lr(0.5) == s.lr(2.0) == pytest.approx(0.05)
+
+
+def horovod_lrs(schedule, steps_per_epoch: int, epochs: int, monkeypatch) -> list[float]:
+    """The LR of every step as Horovod's per-batch callback sets it: initial_lr x multiplier(epoch + batch /
+    steps_per_epoch), with the float arithmetic Horovod does."""
+    captured = {}
+
+    def fake(initial_lr, multiplier, start_epoch, end_epoch, spe):
+        captured.update(lr=initial_lr, multiplier=multiplier)
+
+    monkeypatch.setattr(distributed, "schedule_callback", fake)
+    lr_callback(schedule, steps_per_epoch)
+    return [
+        captured["lr"] * captured["multiplier"](epoch + float(batch) / steps_per_epoch)
+        for epoch in range(epochs)
+        for batch in range(steps_per_epoch)
+    ]
+
+
+@pytest.mark.parametrize("spe", [1, 3, 7, 10, 49, 97, 100, 313, 1000, 1251, 5004])
+def test_step_decay_starts_with_the_first_step_of_the_next_epoch(spe, monkeypatch):
+    # Decay at epochs 2 and 4: steps 0 .. 2 x spe - 1 at the target LR, then x0.1 from step 2 x spe, exactly,
+    # whatever float rounding of batch / spe does.
+    s = make_schedule(cfg(batch_size=256, warmup_epochs=0, epochs=5, decay_epochs="[2, 4]"), 1)
+    lrs = horovod_lrs(s, spe, 5, monkeypatch)
+    assert lrs == [s.target_lr * 0.1 ** ((i >= 2 * spe) + (i >= 4 * spe)) for i in range(5 * spe)]
+
+
+@pytest.mark.parametrize("spe", [1, 3, 7, 100, 313])
+def test_warmup_ends_on_the_target_exactly_at_its_last_step(spe, monkeypatch):
+    s = make_schedule(cfg(batch_size=256, warmup_epochs=2, epochs=4, decay_epochs="[3]"), 4)  # 0.1 -> 0.4
+    lrs = horovod_lrs(s, spe, 4, monkeypatch)
+    warm = 2 * spe
+    assert lrs[0] == pytest.approx(0.1 + 0.3 / warm)
+    assert all(a < b for a, b in zip(lrs[: warm - 1], lrs[1:warm], strict=True))  # rising, linear in the step
+    assert lrs[warm - 1] == pytest.approx(0.4) and lrs[3 * spe - 1] == pytest.approx(0.4)
+    assert lrs[3 * spe] == pytest.approx(0.04)
+
+
+@pytest.mark.parametrize("spe", [1, 5, 100])
+def test_cosine_last_step_trains_above_zero(spe, monkeypatch):
+    s = make_schedule(cfg(batch_size=256, warmup_epochs=1, epochs=4, schedule="cosine"), 2)  # target 0.2
+    lrs = horovod_lrs(s, spe, 4, monkeypatch)
+    span = 3 * spe  # the cosine steps after one epoch of warmup
+    assert lrs[spe - 1] == pytest.approx(0.2) and lrs[spe] == pytest.approx(0.2)  # warmup ends, cosine starts
+    expected = [0.2 * 0.5 * (1 + math.cos(math.pi * i / span)) for i in range(span)]
+    assert lrs[spe:] == pytest.approx(expected)
+    assert lrs[-1] > 0 and all(a > b for a, b in zip(lrs[spe:-1], lrs[spe + 1 :], strict=True))
+
+
+def test_step_lr_agrees_with_the_curve_inside_epochs():
+    s = make_schedule(cfg(batch_size=256, warmup_epochs=1, epochs=90), 8)
+    assert s.step_lr(10 * 100 + 50, 100) == pytest.approx(s.lr(10.5))
+    assert s.step_lr(30 * 100, 100) == pytest.approx(s.lr(30.0))  # the first step of epoch 31: decayed
+    assert s.step_lr(30 * 100 - 1, 100) == pytest.approx(s.lr(29.99))  # the last step of epoch 30: not yet
