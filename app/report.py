@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import statistics
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,27 +25,76 @@ INPUT_BOUND = 0.10  # a run whose steps wait this long for data is input-bound
 # ------------------------------------------------------------------------------------------ loading
 
 
-def load_results(path: Path) -> list[dict]:
-    """Benchmark results from one JSON-lines file, each line checked."""
-    rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+def _stderr_note(message: str) -> None:
+    print(f"note: {message}", file=sys.stderr)
+
+
+def read_text(path: Path) -> str:
+    """A text file's contents, or one line naming it when it cannot be read or is not text."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not a text file (undecodable byte at offset {exc.start})") from None
+
+
+def _json_lines(path: Path, what: str, note) -> list[tuple[int, object]]:
+    """(line number, value) of every non-empty line. A last line cut short (no newline after it, not JSON)
+    is what an interrupted write leaves: it is skipped with a note. Any other bad line is an error."""
+    text = read_text(path)
+    lines = text.splitlines()
+    last = max((n for n, line in enumerate(lines, 1) if line.strip()), default=0)
+    out = []
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            out.append((n, json.loads(line)))
         except json.JSONDecodeError as exc:
-            raise UsageError(
-                f"{path} line {n}: not JSON ({exc.msg}); each line must be one `app benchmark` result"
-            ) from None
+            if n == last and not text.endswith("\n"):
+                (note or _stderr_note)(f"{path} line {n}: ignoring a torn last line (an interrupted write)")
+                continue
+            raise UsageError(f"{path} line {n}: not JSON ({exc.msg}); each line must be {what}") from None
+    return out
+
+
+def _number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def load_results(path: Path, note=None) -> list[dict]:
+    """Benchmark results from one JSON-lines file, each line checked."""
+    rows = []
+    for n, row in _json_lines(path, "one `app benchmark` result", note):
+        where = f"{path} line {n}"
         if not isinstance(row, dict):
-            raise UsageError(
-                f"{path} line {n}: not a JSON object; each line must be one `app benchmark` result"
-            )
+            raise UsageError(f"{where}: not a JSON object; each line must be one `app benchmark` result")
         missing = [k for k in REQUIRED if k not in row]
         if missing or not isinstance(row.get("images_per_s"), dict) or "mean" not in row["images_per_s"]:
             raise UsageError(
-                f"{path} line {n}: missing {', '.join(missing) or 'images_per_s.mean'}; is this an `app benchmark` results file?"
+                f"{where}: missing {', '.join(missing) or 'images_per_s.mean'}; is this an `app benchmark` results file?"
             )
+        for key in ("batch_size", "workers"):
+            if not _positive_int(row[key]):
+                raise UsageError(f"{where}: {key} must be a positive integer, got {row[key]!r}")
+        ips = row["images_per_s"]
+        if not _number(ips["mean"]) or ips["mean"] <= 0:
+            raise UsageError(f"{where}: images_per_s.mean must be a positive number, got {ips['mean']!r}")
+        for key, value in (
+            ("images_per_s.ci95", ips.get("ci95")),
+            ("input_wait_fraction", row.get("input_wait_fraction")),
+        ):
+            if value is not None and not _number(value):
+                raise UsageError(f"{where}: {key} must be a number or null, got {value!r}")
+        if row.get("nodes") is not None and not _positive_int(row["nodes"]):
+            raise UsageError(f"{where}: nodes must be a positive integer or null, got {row['nodes']!r}")
         rows.append(row)
     if not rows:
         raise UsageError(f"{path}: no results in it; run `app benchmark --results {path}` first")
@@ -55,46 +106,103 @@ class Run:
     name: str
     metrics: list[dict]
     summary: dict
+    model: str | None = None
+    dataset: str | None = None
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
-    """The per-epoch rows of a run's metrics.jsonl ([] before the first epoch ends)."""
+METRIC_NUMBERS = ("val_accuracy", "val_loss", "epoch_time_s")
+
+
+def read_metrics(run_dir: Path, note=None) -> list[dict]:
+    """The per-epoch rows of a run's metrics.jsonl ([] before the first epoch ends).
+
+    A torn last line (an interrupted write) is skipped with a ``note`` (default: one line on stderr); any
+    other damage is an error naming the file and line. Null values (a metric that was not a finite number)
+    are dropped from their row, as if the metric was absent.
+    """
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         return []
     rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            raise UsageError(f"{path} line {n}: not JSON; the file is damaged") from None
+    for n, row in _json_lines(path, "one epoch's metrics", note):
+        if not isinstance(row, dict) or not _positive_int(row.get("epoch")):
+            raise UsageError(
+                f"{path} line {n}: not an epoch's metrics (no epoch number); the file is damaged"
+            )
+        row = {k: v for k, v in row.items() if v is not None}
+        bad = [k for k in METRIC_NUMBERS if k in row and not _number(row[k])]
+        if bad:
+            raise UsageError(
+                f"{path} line {n}: {bad[0]} is not a number ({row[bad[0]]!r}); the file is damaged"
+            )
+        rows.append(row)
     return rows
 
 
-def load_run(path: Path) -> Run:
+def _run_identity(path: Path, summary: dict) -> tuple[str | None, str | None]:
+    """(model, dataset) of a run: from summary.json, else (a run still going) from its config.yaml."""
+    model, dataset = summary.get("model"), summary.get("dataset")
+    if model is None or dataset is None:
+        try:
+            import yaml
+
+            tree = yaml.safe_load((path / "config.yaml").read_text())
+            data, m = tree.get("data") or {}, tree.get("model") or {}
+            model = model or m.get("name")
+            dataset = dataset or (
+                data.get("name") if data.get("source", "tfds") == "tfds" else data.get("source")
+            )
+        except Exception:  # only for a warning: a run without a readable config.yaml is simply not compared
+            pass
+    return (str(model) if model is not None else None, str(dataset) if dataset is not None else None)
+
+
+def load_run(path: Path, note=None) -> Run:
     if not (path / "metrics.jsonl").is_file():
         raise UsageError(
             f"{path}: not a training run (no metrics.jsonl); pass a run directory of `app train`"
         )
     summary_path = path / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    return Run(path.name, read_metrics(path), summary)
+    summary = {}
+    if summary_path.exists():
+        try:
+            summary = json.loads(read_text(summary_path))
+        except json.JSONDecodeError as exc:
+            raise UsageError(
+                f"{summary_path}: not JSON ({exc.msg}, line {exc.lineno}); the file is damaged: remove it "
+                "(`app train --run-dir` on the finished run writes it again)"
+            ) from None
+        if not isinstance(summary, dict):
+            raise UsageError(f"{summary_path}: not a JSON object; the file is damaged: remove it")
+    return Run(path.name, read_metrics(path, note), summary, *_run_identity(path, summary))
 
 
-def load(inputs: list[Path]) -> tuple[list[dict], list[Run]]:
+def load(inputs: list[Path], note=None) -> tuple[list[dict], list[Run]]:
     results, runs = [], []
     for path in inputs:
         if path.is_dir():
-            runs.append(load_run(path))
-        elif path.is_file():
-            results += load_results(path)
+            runs.append(load_run(path, note))
+        elif path.exists():
+            results += load_results(path, note)
         else:
             raise UsageError(
                 f"{path}: no such file or directory; pass results files of `app benchmark` or run directories"
             )
     return results, runs
+
+
+def mixed_runs(runs: list[Run]) -> list[str]:
+    """Warnings when training runs of different datasets or models are compared in one table."""
+    lines = []
+    for key, label in (("dataset", "datasets"), ("model", "models")):
+        values = sorted({v for r in runs if (v := getattr(r, key)) is not None})
+        if len(values) > 1:
+            lines.append(
+                f"warning: these runs mix {label} {' and '.join(values)}: "
+                + ("their accuracies and times to a target are not comparable" if key == "dataset"
+                   else "accuracies compare models, times to a target compare unequal work")
+            )  # fmt: skip
+    return lines
 
 
 # ---------------------------------------------------------------------------------------- scaling
@@ -330,8 +438,12 @@ def plot_training(runs: list[Run], out: Path) -> Path:
     return path
 
 
+def best_accuracy(run: Run) -> float | None:
+    return max((m["val_accuracy"] for m in run.metrics if "val_accuracy" in m), default=None)
+
+
 def training_verdicts(runs: list[Run], target: float) -> list[str]:
-    scored = [(max(m.get("val_accuracy", -1) for m in r.metrics), r) for r in runs if r.metrics]
+    scored = [(acc, r) for r in runs if (acc := best_accuracy(r)) is not None]
     if not scored:
         return []
     best_acc, best = max(scored, key=lambda s: s[0])
@@ -384,8 +496,13 @@ def print_table(console, title: str, columns, rows) -> None:
 
 def make_report(inputs: list[Path], out: Path, target: float | None, console) -> list[Path]:
     """Everything `app report` writes; returns the files."""
-    results, runs = load(inputs)
-    out.mkdir(parents=True, exist_ok=True)
+    results, runs = load(inputs, lambda message: console.print(f"note: {message}"))
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a folder; name a folder (it is created if missing)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot create the folder ({exc.strerror or exc})") from None
     written: list[Path] = []
     if results:
         table = scaling(results)
@@ -402,15 +519,20 @@ def make_report(inputs: list[Path], out: Path, target: float | None, console) ->
         for line in lines:
             console.print(line)
     if runs:
-        accs = [max(m.get("val_accuracy", -1) for m in r.metrics) for r in runs if r.metrics]
+        accs = [acc for r in runs if (acc := best_accuracy(r)) is not None]
         target = target if target is not None else (min(accs) if accs else 1.0)
         rows = training_rows(runs, target)
+        warnings = mixed_runs(runs)
         print_table(
             console, f"Training runs (time to {target:.2%} validation accuracy)", TRAINING_COLUMNS, rows
         )
         written += write_table(out, "training", TRAINING_COLUMNS, rows)
         written.append(plot_training(runs, out))
-        for line in training_verdicts(runs, target):
+        lines = [*warnings, *training_verdicts(runs, target)]
+        if lines:
+            md = out / "training.md"
+            md.write_text(md.read_text() + "\n" + "\n".join(f"- {ln}" for ln in lines) + "\n")
+        for line in lines:
             console.print(line)
     console.print(f"wrote {', '.join(str(p) for p in written)}")
     return written

@@ -158,3 +158,153 @@ def test_missing_input_and_not_a_run(tmp_path):
     )
     result_ = CliRunner().invoke(cli, ["report", str(tmp_path)])
     assert result_.exit_code == 2 and "not a training run (no metrics.jsonl)" in result_.output
+
+
+def report_cli(*args):
+    result_ = CliRunner().invoke(cli, ["report", *map(str, args)])
+    assert "Traceback" not in result_.output
+    assert result_.exception is None or isinstance(result_.exception, SystemExit), result_.exception
+    return result_.exit_code, result_.output.strip()
+
+
+def test_out_naming_an_existing_file_is_refused_and_kept(tmp_path):
+    results = write(tmp_path / "bench.jsonl", STUDY)
+    out = tmp_path / "report.md"
+    out.write_text("my notes\n")
+    code, text = report_cli(results, "--out", out)
+    assert (code, text) == (
+        2,
+        f"Error: --out {out}: exists and is not a folder; name a folder (it is created if missing)",
+    )
+    assert out.read_text() == "my notes\n"
+    code, text = report_cli(results, "--out", out / "sub")
+    assert code == 2 and text.startswith(f"Error: --out {out / 'sub'}: cannot create the folder (")
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"workers": 8, "global_batch"', "summary.json: not JSON (Expecting ':' delimiter, line 1); the file is damaged"),
+        ("", "summary.json: not JSON (Expecting value, line 1); the file is damaged"),
+        ("[1, 2]", "summary.json: not a JSON object; the file is damaged: remove it"),
+    ],
+)  # fmt: skip
+def test_damaged_summary_is_one_line(tmp_path, content, message):
+    run = make_run(tmp_path, "run", [0.5, 0.6], 10.0, 2)
+    (run / "summary.json").write_text(content)
+    code, text = report_cli(run, "--out", tmp_path / "out")
+    assert code == 2 and text.startswith(f"Error: {run}/{message}") and len(text.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"epoch": 1, "val_accuracy": 0.5}\n{"epoch": 2, "val_acc\n{"epoch": 3}\n', "line 2: not JSON"),
+        ('{"epoch": 1}\n[1]\n', "line 2: not an epoch's metrics (no epoch number); the file is damaged"),
+        ('{"epoch": 1, "val_accuracy": "high"}\n', "line 1: val_accuracy is not a number ('high'); the file is damaged"),
+    ],
+)  # fmt: skip
+def test_damaged_metrics_are_one_line(tmp_path, content, message):
+    run = make_run(tmp_path, "run", [0.5], 10.0, 2)
+    (run / "metrics.jsonl").write_text(content)
+    code, text = report_cli(run, "--out", tmp_path / "out")
+    assert code == 2 and text.startswith(f"Error: {run / 'metrics.jsonl'} {message}")
+    assert len(text.splitlines()) == 1
+
+
+def test_a_torn_last_line_is_skipped_with_a_note(tmp_path):
+    run = make_run(tmp_path, "run", [0.5, 0.6], 10.0, 2)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"epoch": 3, "val_accu')  # a write cut short: no newline after it
+    notes = []
+    assert [r["epoch"] for r in report.read_metrics(run, notes.append)] == [1, 2]
+    assert notes == [f"{run / 'metrics.jsonl'} line 3: ignoring a torn last line (an interrupted write)"]
+    results = write(tmp_path / "bench.jsonl", STUDY)
+    with open(results, "a") as f:
+        f.write('{"kind": "train", "batch')
+    code, text = report_cli(results, run, "--out", tmp_path / "out")
+    assert code == 0
+    words = " ".join(text.split())  # rich wraps long lines
+    assert f"note: {results} line 7: ignoring a torn last line (an interrupted write)" in words
+    assert f"note: {run / 'metrics.jsonl'} line 3: ignoring a torn last line" in words
+
+
+def test_null_metrics_are_absent_values(tmp_path):
+    run = make_run(tmp_path, "run", [0.5], 10.0, 2)
+    (run / "metrics.jsonl").write_text(
+        '{"epoch": 1, "loss": null, "val_accuracy": 0.5}\n{"epoch": 2, "val_accuracy": null}\n'
+    )
+    rows = report.read_metrics(run)
+    assert rows == [{"epoch": 1, "val_accuracy": 0.5}, {"epoch": 2}]
+    code, text = report_cli(run, "--out", tmp_path / "out")
+    assert code == 0 and "best: run reached 50.00% validation accuracy" in text
+
+
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        (result("x", 1, 10.0), "line 1: batch_size must be a positive integer, got 'x'"),
+        (result(32, 0, 10.0), "line 1: workers must be a positive integer, got 0"),
+        (result(32, 1, 0.0), "line 1: images_per_s.mean must be a positive number, got 0.0"),
+        (
+            {**result(32, 1, 1.0), "images_per_s": {"mean": "fast"}},
+            "line 1: images_per_s.mean must be a positive number, got 'fast'",
+        ),
+        (
+            result(32, 1, 10.0, wait="high"),
+            "line 1: input_wait_fraction must be a number or null, got 'high'",
+        ),
+    ],
+)
+def test_bad_values_in_results_are_one_line(tmp_path, row, message):
+    path = write(tmp_path / "r.jsonl", [row])
+    code, text = report_cli(path, "--out", tmp_path / "out")
+    assert (code, text) == (2, f"Error: {path} {message}")
+
+
+def test_binary_results_file(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    code, text = report_cli(path, "--out", tmp_path / "out")
+    assert (code, text) == (2, f"Error: {path}: not a text file (undecodable byte at offset 0)")
+
+
+def test_a_null_confidence_interval_is_read(tmp_path):
+    rows = [result(64, 1, 100.0), result(64, 2, 190.0)]
+    rows[0]["images_per_s"]["ci95"] = None
+    code, text = report_cli(write(tmp_path / "r.jsonl", rows), "--out", tmp_path / "out")
+    assert code == 0 and "batch 64/worker scales at 95% to 2 workers" in text
+
+
+def test_runs_of_different_datasets_or_models_warn(tmp_path):
+    a = make_run(tmp_path, "mnist", [0.8, 0.9], 10.0, 2)
+    b = make_run(tmp_path, "imagenet", [0.3, 0.5], 100.0, 8)
+    (a / "summary.json").write_text(
+        json.dumps({"workers": 2, "model": "resnet20", "dataset": "fashion_mnist"})
+    )
+    # A run still going has no summary.json yet: its config.yaml says what it trains.
+    (b / "summary.json").unlink()
+    (b / "config.yaml").write_text("data:\n  source: imagenet\nmodel:\n  name: resnet50\n")
+    out = tmp_path / "out"
+    code, text = report_cli(a, b, "--out", out)
+    assert code == 0
+    lines = " ".join(text.split())  # rich wraps long lines
+    assert (
+        "warning: these runs mix datasets fashion_mnist and imagenet: their accuracies and times to a target are not comparable"
+        in lines
+    )
+    assert "warning: these runs mix models resnet20 and resnet50" in lines
+    assert "warning: these runs mix datasets" in (out / "training.md").read_text()
+    same = make_run(tmp_path, "mnist2", [0.85], 10.0, 4)
+    (same / "summary.json").write_text(json.dumps({"model": "resnet20", "dataset": "fashion_mnist"}))
+    code, text = report_cli(a, same, "--out", out)
+    assert code == 0 and "warning" not in text
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "75", "-0.5"])
+def test_target_accuracy_must_be_a_fraction(tmp_path, value):
+    run = make_run(tmp_path, "run", [0.5], 10.0, 2)
+    code, text = report_cli(run, "--target-accuracy", value, "--out", tmp_path / "out")
+    assert code == 2
+    assert text.splitlines()[-1].startswith("Error: Invalid value for '--target-accuracy': ")
+    assert "an accuracy is a fraction in (0, 1], e.g. 0.75" in text
