@@ -64,6 +64,7 @@ def summarize_steps(
     skip = warmup_steps(step_times)
     measured, measured_waits = step_times[skip:], waits[skip:]
     mean, ci = mean_ci95(windows(measured, images_per_step, n_windows))
+    ci = ci if math.isfinite(ci) else None  # one window has no spread: null in the JSON, never NaN
     total = sum(measured)
     return {
         "warmup_steps": skip,
@@ -74,6 +75,18 @@ def summarize_steps(
         "input_wait_s": sum(measured_waits) / len(measured),
         "input_wait_fraction": sum(measured_waits) / total if total else 0.0,
     }
+
+
+def finite(value):
+    """``value`` with every NaN or infinite float (nested in dicts and lists) replaced by None: JSON has no
+    NaN, and ``json.dumps(..., allow_nan=False)`` then guarantees every line stays valid JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
 
 
 def environment(world) -> dict:
@@ -214,10 +227,11 @@ def run(
         if world.is_chief:
             results.parent.mkdir(parents=True, exist_ok=True)
             with open(results, "a") as f:
-                f.write(json.dumps(result) + "\n")
+                f.write(json.dumps(finite(result), allow_nan=False) + "\n")
             ips = result["images_per_s"]
+            ci = f" ± {ips['ci95']:,.1f}" if ips["ci95"] is not None else ""
             reporter.note(
-                f"{result['kind']} batch {batch}/worker x {world.size}: {ips['mean']:,.1f} ± {ips['ci95']:,.1f} images/s "
+                f"{result['kind']} batch {batch}/worker x {world.size}: {ips['mean']:,.1f}{ci} images/s "
                 f"({ips['per_worker']:,.1f} per worker), step {result['step_time_s'] * 1000:.0f} ms, "
                 f"input wait {result['input_wait_fraction']:.0%}, warmup {result['warmup_steps']} steps excluded"
             )

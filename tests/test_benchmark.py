@@ -125,3 +125,28 @@ def test_bad_benchmark_input(args, message):
     result = CliRunner().invoke(cli, ["benchmark", "-c", str(ROOT / "configs" / "synthetic.yaml"), *args])
     assert result.exit_code == 2
     assert message in result.output
+
+
+def test_results_never_hold_nan():
+    s = benchmark.summarize_steps([0.2] * 10, [0.0] * 10, images_per_step=8, n_windows=1)
+    assert s["images_per_s"]["ci95"] is None  # one window has no spread: null, not NaN
+    line = json.dumps(
+        benchmark.finite({"a": float("nan"), "b": [float("inf"), 1.5], "c": {"d": -float("inf")}}),
+        allow_nan=False,
+    )
+    assert json.loads(line) == {"a": None, "b": [None, 1.5], "c": {"d": None}}
+
+
+@pytest.mark.parametrize(
+    "args, env, line",
+    [
+        (["--windows", "1"], None, "Error: Invalid value for '--windows': 1 is not in the range x>=2."),
+        ([], {"APP_BENCHMARK_WINDOWS": "1"},
+         "Error: environment variable APP_BENCHMARK_WINDOWS (sets --windows): 1 is not in the range x>=2; fix or unset it"),
+    ],
+)  # fmt: skip
+def test_one_window_is_refused(args, env, line):
+    result = CliRunner().invoke(
+        cli, ["benchmark", "-c", str(ROOT / "configs" / "synthetic.yaml"), *args], env=env
+    )
+    assert result.exit_code == 2 and result.output.strip().splitlines()[-1] == line
