@@ -485,9 +485,32 @@ def for_run(
                 f"--run-dir {run_dir}: resuming with a different config ({'; '.join(clash)}); "
                 "drop those changes or start a new --run-dir"
             )
+        check_writable(Path(run_dir), "--run-dir")
         return cfg, Path(run_dir)
     cfg = build(config_files, sets, options, origins=origins)
-    return cfg, Path(run_dir) if run_dir else default_run_dir(cfg.name)
+    path = Path(run_dir) if run_dir else default_run_dir(cfg.name)
+    check_writable(path, "--run-dir" if run_dir else "run directory")
+    return cfg, path
+
+
+def check_writable(run_dir: Path, label: str) -> None:
+    """Fail in one line, before TensorFlow starts, when ``run_dir`` cannot be created or written: a file in
+    its way, a read-only mount, /proc. Probed with a temporary file in the deepest folder that exists."""
+    import tempfile
+
+    probe = Path(run_dir)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UsageError(f"{label} {run_dir}: {probe} is not a directory; pass another --run-dir")
+    try:
+        fd, name = tempfile.mkstemp(prefix=".write-test-", dir=probe)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        raise UsageError(
+            f"{label} {run_dir}: cannot write in {probe} ({exc.strerror or exc}); pass a writable --run-dir"
+        ) from None
 
 
 def load_run_config(path: str | Path) -> Config:

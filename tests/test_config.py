@@ -448,3 +448,28 @@ def test_unreadable_config_for_real_without_capabilities(tmp_path):
         proc.stderr.strip()
         == f"Error: --config {locked}: cannot be read (Permission denied); check its permissions"
     )
+
+
+def test_run_dir_that_cannot_be_written_fails_before_tensorflow(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    code, out = one_line(["train", "--run-dir", str(blocker / "run")])
+    assert (code, out) == (
+        2,
+        f"Error: --run-dir {blocker / 'run'}: {blocker} is not a directory; pass another --run-dir",
+    )
+    code, out = one_line(["train", "--run-dir", "/proc/scaleout/run"])
+    assert code == 2 and out.startswith("Error: --run-dir /proc/scaleout/run: cannot write in /proc (")
+    import errno
+    import tempfile
+
+    def read_only(**kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    code, out = one_line(["train", "--run-dir", str(tmp_path / "a" / "b")])
+    assert (code, out) == (
+        2,
+        f"Error: --run-dir {tmp_path / 'a' / 'b'}: cannot write in {tmp_path} (Read-only file system); pass a writable --run-dir",
+    )
+    assert not (tmp_path / "a").exists()
