@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -241,18 +242,22 @@ def _config_named(tmp_path: Path, stem: str) -> str:
     return str(path)
 
 
+def _cfg(folder: Path, stem: str) -> str:
+    return str(folder / "configs" / f"{stem}.yaml")
+
+
 # input -> (args for `app submit`, the argv pair `app train` must receive if rendered, a word the error names)
 INPUTS = {
     "--name": lambda s, tmp: (LOCAL + ["--name", s], None, "--name"),
     "--set name=": lambda s, tmp: (LOCAL + ["--set", f"name={s}"], ["--set", f"name={s}"], "name"),
     "config stem": lambda s, tmp: (
-        ["--cluster", "local", "--gpus", "1", "-c", _config_named(tmp, s)],
+        ["--cluster", "local", "--gpus", "1", "-c", _cfg(tmp, s)],
         None,
         "pass --name",
     ),
     "config path": lambda s, tmp: (
-        ["--cluster", "local", "--gpus", "1", "-c", _config_named(tmp, s), "--name", "job1"],
-        ["-c", str(tmp / "configs" / f"{s}.yaml")],
+        ["--cluster", "local", "--gpus", "1", "-c", _cfg(tmp, s), "--name", "job1"],
+        ["-c", _cfg(tmp, s)],
         "--config",
     ),
     "--set value": lambda s, tmp: (
@@ -276,29 +281,46 @@ printf '%s\\0' "${0##*/}" "$@" > "$SHIM_CALLS/${#calls[@]}"
 """
 
 
-def run_sandboxed(script: str, tmp_path: Path) -> list[list[str]]:
-    """Run a rendered job script in an empty folder with srun/scontrol shimmed; the argv of each call."""
-    box, shims, calls = tmp_path / "box", tmp_path / "shims", tmp_path / "calls"
-    for folder in (box, shims, calls):
-        folder.mkdir()
+@pytest.fixture(scope="module")
+def shims(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("shims")
     for tool in ("srun", "scontrol"):
-        (shims / tool).write_text(SHIM)
-        (shims / tool).chmod(0o755)
-    path = tmp_path / "job.sbatch"
-    path.write_text(script, encoding="utf-8")
-    syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
-    assert syntax.returncode == 0, syntax.stderr
-    env = {
-        "PATH": f"{shims}:/usr/bin:/bin", "HOME": str(box), "SHIM_CALLS": str(calls), "SLURM_JOB_ID": "77",
-        "SLURM_NNODES": "1", "SLURM_JOB_NUM_NODES": "1", "SLURM_CPUS_PER_TASK": "1",
-        "LOCAL_SCRATCH": "/nonexistent-scratch", "LC_ALL": "C.UTF-8",
-    }  # fmt: skip
-    proc = subprocess.run(["bash", str(path)], cwd=box, env=env, capture_output=True, timeout=20)
-    assert proc.returncode == 0, proc.stderr
-    assert sorted(os.listdir(box)) == [], "the script created files"
-    assert proc.stdout.decode().startswith("scaleout: 1 node(s) x ")
-    assert len(proc.stdout.decode().splitlines()) == 1, proc.stdout  # no injected output
-    return [(calls / str(i)).read_bytes().decode().split("\0")[:-1] for i in range(len(os.listdir(calls)))]
+        (folder / tool).write_text(SHIM)
+        (folder / tool).chmod(0o755)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def hostile_configs(tmp_path_factory) -> Path:
+    """A copy of configs/synthetic.yaml under each hostile name, made once."""
+    folder = tmp_path_factory.mktemp("hostile")
+    for stem in HOSTILE:
+        if stem not in (".", ".."):
+            _config_named(folder, stem)
+    return folder
+
+
+def run_sandboxed(script: str, shims: Path) -> list[list[str]]:
+    """Run a rendered job script in an empty folder with srun/scontrol shimmed; the argv of each call."""
+    with tempfile.TemporaryDirectory() as tmp:
+        box, calls, path = Path(tmp) / "box", Path(tmp) / "calls", Path(tmp) / "job.sbatch"
+        box.mkdir()
+        calls.mkdir()
+        path.write_text(script, encoding="utf-8")
+        syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+        assert syntax.returncode == 0, syntax.stderr
+        env = {
+            "PATH": f"{shims}:/usr/bin:/bin", "HOME": str(box), "SHIM_CALLS": str(calls), "SLURM_JOB_ID": "77",
+            "SLURM_NNODES": "1", "SLURM_JOB_NUM_NODES": "1", "SLURM_CPUS_PER_TASK": "1",
+            "LOCAL_SCRATCH": "/nonexistent-scratch", "LC_ALL": "C.UTF-8",
+        }  # fmt: skip
+        proc = subprocess.run(["bash", str(path)], cwd=box, env=env, capture_output=True, timeout=20)
+        assert proc.returncode == 0, proc.stderr
+        assert sorted(os.listdir(box)) == [], "the script created files"
+        assert proc.stdout.decode().startswith("scaleout: 1 node(s) x ")
+        assert len(proc.stdout.decode().splitlines()) == 1, proc.stdout  # no injected output
+        n = len(os.listdir(calls))
+        return [(calls / str(i)).read_bytes().decode().split("\0")[:-1] for i in range(n)]
 
 
 def _adjacent(argv: list[str], pair: list[str]) -> bool:
@@ -307,10 +329,10 @@ def _adjacent(argv: list[str], pair: list[str]) -> bool:
 
 @pytest.mark.parametrize("hostile", HOSTILE, ids=[repr(h)[1:-1][:24] for h in HOSTILE])
 @pytest.mark.parametrize("where", list(INPUTS))
-def test_hostile_strings_never_reach_a_shell(where, hostile, tmp_path):
+def test_hostile_strings_never_reach_a_shell(where, hostile, hostile_configs, shims):
     if where.startswith("config") and hostile in (".", ".."):
         pytest.skip("not a file name")
-    args, pair, named = INPUTS[where](hostile, tmp_path)
+    args, pair, named = INPUTS[where](hostile, hostile_configs)
     result = CliRunner().invoke(cli, ["submit", *args, "--dry-run"], color=True)  # keep escape sequences
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     if result.exit_code != 0:
@@ -319,7 +341,7 @@ def test_hostile_strings_never_reach_a_shell(where, hostile, tmp_path):
         assert len(line.splitlines()) == 1 and named in line, line
         return
     script = result.stdout_bytes.decode()  # .output would turn \r\n into \n
-    calls = run_sandboxed(script, tmp_path)
+    calls = run_sandboxed(script, shims)
     train = calls[-1]
     assert train[0] == "srun" and "train" in train, train
     job_name = script.split("#SBATCH --job-name=")[1].split("\n")[0]
@@ -332,3 +354,276 @@ def test_hostile_strings_never_reach_a_shell(where, hostile, tmp_path):
     if where == "--image":
         assert hostile in train
     assert len(calls) == (2 if where == "--data-dir staged" else 1)
+
+
+# --- Slurm time formats --------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "value, secs",
+    [
+        ("90", 90 * 60), ("04:00", 4 * 60), ("90:30", 90 * 60 + 30), ("04:00:00", 4 * 3600),
+        ("36:00:00", 36 * 3600), ("1-12", 36 * 3600), ("1-12:30", 36 * 3600 + 1800), ("1-0:0:1", 86401),
+        ("0-00:02", 120), ("2", 120), ("007", 420),
+    ],
+)  # fmt: skip
+def test_slurm_time_formats(value, secs):
+    assert submit.parse_time(value) == secs
+
+
+def _time_error(value: str, problem: str) -> str:
+    shown = value if value and value.isascii() and value.isprintable() and " " not in value else repr(value)
+    accepted = (
+        f"; accepted: {submit.TIME_FORMATS}" if problem.endswith("be 0-59") or "0-23" in problem else ""
+    )
+    return f"--time {shown}: {problem}{accepted}"
+
+
+@pytest.mark.parametrize(
+    "value, problem",
+    [
+        ("0", f"0 means no time limit to Slurm; give a limit: {submit.TIME_FORMATS}"),
+        ("00:00:00", f"0 means no time limit to Slurm; give a limit: {submit.TIME_FORMATS}"),
+        ("0-0", f"0 means no time limit to Slurm; give a limit: {submit.TIME_FORMATS}"),
+        ("UNLIMITED", f"give a finite time limit: {submit.TIME_FORMATS}"),
+        ("infinite", f"give a finite time limit: {submit.TIME_FORMATS}"),
+        ("-1", f"give a finite time limit: {submit.TIME_FORMATS}"),
+        ("", f"expected {submit.TIME_FORMATS}"),
+        ("-5", f"expected {submit.TIME_FORMATS}"),
+        ("\u0664\u0660", f"expected {submit.TIME_FORMATS}"),  # Arabic-Indic digits: int() would take them
+        ("\uff14:00:00", f"expected {submit.TIME_FORMATS}"),  # fullwidth 4
+        ("4 hours", f"expected {submit.TIME_FORMATS}"),
+        (" 90", f"expected {submit.TIME_FORMATS}"),
+        ("90\n", f"expected {submit.TIME_FORMATS}"),
+        ("1:2:3:4", f"expected {submit.TIME_FORMATS}"),
+        ("1-2-3", f"expected {submit.TIME_FORMATS}"),
+        ("1.5", f"expected {submit.TIME_FORMATS}"),
+        ("9" * 5000, f"expected {submit.TIME_FORMATS}"),
+        ("1-24", "hours after the day must be 0-23"),
+        ("1-12:60", "minutes after hours must be 0-59"),
+        ("1:60:00", "minutes after hours must be 0-59"),
+        ("10:60", "seconds must be 0-59"),
+        ("1:00:75", "seconds must be 0-59"),
+    ],
+)
+def test_bad_times_are_refused_in_one_line(value, problem):
+    with pytest.raises(UsageError) as err:
+        submit.parse_time(value)
+    assert str(err.value) == _time_error(value, problem)
+    result = CliRunner().invoke(cli, ["submit", *LOCAL, "--time", value, "--dry-run"])
+    assert result.exit_code == 2 and result.output == f"Error: {_time_error(value, problem)}\n"
+
+
+@pytest.mark.parametrize(
+    "value, signal", [("2", 60), ("02:30", 60), ("10", 60), ("20", 120), ("01:00:00", 360), ("04:00:00", 600)]
+)
+def test_usr1_lead_is_shorter_than_the_job(value, signal):
+    script = render("puhti", 4, time_limit=value).script
+    assert f"#SBATCH --time={value}\n" in script and f"#SBATCH --signal=USR1@{signal}\n" in script
+    assert all(submit.signal_lead(t) < t for t in range(submit.MIN_TIME_SECONDS, 3 * 86400, 97))
+
+
+@pytest.mark.parametrize(
+    "value, shown", [("1", "1 min"), ("01:59", "1 min 59 s"), ("0-0:1:30", "1 min 30 s")]
+)
+def test_a_job_shorter_than_two_minutes_is_refused(value, shown):
+    result = CliRunner().invoke(cli, ["submit", *LOCAL, "--time", value, "--dry-run"])
+    assert result.exit_code == 2 and result.output == (
+        f"Error: --time {value} is {shown}: too short for a job that trains and checkpoints before its "
+        "limit; ask for at least 2 minutes (e.g. --time 10 for ten)\n"
+    )
+
+
+def test_four_minutes_is_not_four_hours():
+    with pytest.raises(UsageError, match="--time is above partition gputest's limit of 00:15:00"):
+        render("mahti", 4, partition="gputest", time_limit="1-0")
+    assert render("mahti", 4, partition="gputest", time_limit="04:00").partition == "gputest"
+
+
+# --- Every other bad input: one line, exit 2, nothing written --------------------------------------------------
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (LOCAL[:3] + ["0", *LOCAL[4:]], "--gpus 0: must be >= 1"),
+        (LOCAL[:3] + ["-1", *LOCAL[4:]], "--gpus -1: must be >= 1"),
+        (LOCAL + ["--stage", "-5", "--data-dir", "/d"],
+         "--stage -5: GB of node-local disk to request, >= 1 (leave --stage out to read --data-dir in place)"),
+        (MAHTI + ["--stage", str(10**30), "--data-dir", "/d"],
+         f"--stage {10**30}: more node-local disk than any node has (100000 GB); ask for less"),
+        (MAHTI + ["--stage", "10", "--data-dir", ""], "--data-dir '': empty; give a value or leave the option out"),
+        (MAHTI[:-1] + [""], "--account '': empty; give your project, e.g. --account project_2001234"),
+        (LOCAL + ["--name", ""], "--name '': empty; give a job name or leave --name out to use the config's name"),
+        (LOCAL + ["--partition", ""],
+         "--partition '': empty; name one or leave --partition out to take the first that fits"),
+        (MAHTI + ["--image", ""], "--image '': empty; leave --image out to use the profile's image"),
+        (MAHTI + ["--image", "-x.sif"], f"--image -x.sif: {submit.PLAIN_HINT}"),
+        (LOCAL + ["--image", "/x.sif"], "--image: local runs without a container (runtime native); drop --image"),
+        (LOCAL + ["--set", ""], "--set '': empty; give a value or leave the option out"),
+        (["--cluster", "local", "--gpus", "1", "-c", ""], "--config '': empty; give a value or leave the option out"),
+        (LOCAL + ["--name", "a" * 129], f"--name {'a' * 129}: {submit.SAFE_HINT}"),
+        (LOCAL + ["--name", "-x"], f"--name -x: {submit.SAFE_HINT}"),
+        (LOCAL + ["--set", "name=.hidden"],
+         "the job name defaults to the config's name .hidden (from --set name), which is not usable as a job "
+         f"name ({submit.SAFE_HINT}); pass --name NAME"),
+        (["--cluster", "../jobs/clusters/mahti", "--gpus", "1"],
+         "--cluster ../jobs/clusters/mahti: unknown cluster; choose from local, lumi, mahti, puhti, roihu"),
+        (["--cluster", "..", "--gpus", "1"],
+         "--cluster ..: unknown cluster; choose from local, lumi, mahti, puhti, roihu"),
+        (["--cluster", "", "--gpus", "1"], "--cluster '': unknown cluster; choose from local, lumi, mahti, puhti, roihu"),
+        (["--cluster", "mahti\n", "--gpus", "1"],
+         "--cluster 'mahti\\n': unknown cluster; choose from local, lumi, mahti, puhti, roihu"),
+    ],
+)  # fmt: skip
+def test_bad_inputs_one_line(args, line, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["submit", *args, "--dry-run"])
+    assert (result.exit_code, result.output) == (2, f"Error: {line}\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_default_name_from_a_hostile_config_stem_asks_for_name(tmp_path):
+    config = _config_named(tmp_path, "x;touch F;#")
+    result = CliRunner().invoke(
+        cli, ["submit", "--cluster", "local", "--gpus", "1", "-c", config, "--dry-run"]
+    )
+    assert (result.exit_code, result.output) == (
+        2,
+        f"Error: the job name defaults to the config's name 'x;touch F;#' (from config {config!r}), which is "
+        f"not usable as a job name ({submit.SAFE_HINT}); pass --name NAME\n",
+    )
+    ok = CliRunner().invoke(
+        cli, ["submit", "--cluster", "local", "--gpus", "1", "-c", config, "--name", "x", "--dry-run"]
+    )
+    assert ok.exit_code == 0 and f"-c '{config}'" in ok.output and "#SBATCH --job-name=x\n" in ok.output
+
+
+# --- Cluster profiles: garbage, wrong types, unsafe values --------------------------------------------------
+GOOD_PROFILE = (GOLDEN.parents[1] / "jobs" / "clusters" / "mahti.yaml").read_text()
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        (b"\x00\xff\xfe binary", "cannot read it: 'utf-8' codec can't decode byte 0xff in position 1: invalid start byte"),
+        ("name: [unclosed", "not valid YAML, line 1: expected ',' or ']', but got '<stream end>'"),
+        ("- a\n- b\n", "must be a mapping with keys such as name, gpus_per_node, partitions; got list"),
+        ("just text", "must be a mapping with keys such as name, gpus_per_node, partitions; got str"),
+        ("", "must be a mapping with keys such as name, gpus_per_node, partitions; got NoneType"),
+        (GOOD_PROFILE.replace("gpus_per_node: 4", "gpus_per_node: four"), "gpus_per_node must be a whole number >= 1, got four"),
+        (GOOD_PROFILE.replace("gpus_per_node: 4", "gpus_per_node: 0"), "gpus_per_node must be a whole number >= 1, got 0"),
+        (GOOD_PROFILE.replace("gpus_per_node: 4", "gpus_per_node: true"), "gpus_per_node must be a whole number >= 1, got True"),
+        (GOOD_PROFILE.replace("account_required: true", "account_required: 'yes'"), "account_required must be true or false, got yes"),
+        (GOOD_PROFILE.replace('max_time: "36:00:00"}', "max_time: 36:00:00}", 1),
+         'partitions[0].max_time must be a quoted Slurm time such as "04:00:00", got 129600 (YAML reads unquoted 04:00:00 as a number)'),
+        (GOOD_PROFILE.replace('max_time: "36:00:00"}', 'max_time: "1-25"}', 1),
+         f"partitions[0].max_time 1-25: hours after the day must be 0-23; accepted: {submit.TIME_FORMATS}"),
+        (GOOD_PROFILE.replace('default_time: "04:00:00"', 'default_time: "1"'), "default_time 1 is shorter than 2 minutes"),
+        (GOOD_PROFILE.replace('default_time: "04:00:00"', 'default_time: "UNLIMITED"'),
+         f"default_time UNLIMITED: give a finite time limit: {submit.TIME_FORMATS}"),
+        (GOOD_PROFILE.replace("name: gpusmall, ", "name: 'gpu;small', ", 1), f"partitions[0].name 'gpu;small': {submit.SAFE_HINT}"),
+        (GOOD_PROFILE.replace("{name: gpusmall, max_nodes: 1,", "{name: gpusmall,", 1), "partitions[0].max_nodes is missing"),
+        (GOOD_PROFILE.replace("partitions:   ", "partitions: {}\nold:"), "unknown key old; known: " + ", ".join(submit.KEYS)),
+        ("name: m\ngpus_per_node: 4\ngpu_request: '--gres=gpu:{gpus}'\ncpus_per_gpu: 1\npartitions: {}\n", "partitions must be a list, got '{}'"),
+        ("name: m\ngpus_per_node: 4\ngpu_request: '--gres=gpu:{gpus}'\ncpus_per_gpu: 1\npartitions: []\n", "partitions is empty; list at least one GPU partition"),
+        ("name: m\ngpus_per_node: 4\ngpu_request: '--gres=gpu:{gpus}'\ncpus_per_gpu: 1\npartitions: [gpu]\n",
+         "partitions[0] must be a mapping such as {name: gpu, max_nodes: 4, max_time: '1-00:00:00'}"),
+        (GOOD_PROFILE.replace('"--gres=gpu:a100:{gpus}"', '"--gres=gpu:a100:{gpus}\\n#SBATCH --wrap=x"'),
+         "gpu_request '--gres=gpu:a100:4\\n#SBATCH --wrap=x': letters, digits and . _ : , / = - only"),
+        (GOOD_PROFILE.replace('"--gres=gpu:a100:{gpus}"', '"--gres=gpu:a100:{n}"'),
+         "gpu_request '--gres=gpu:a100:{n}': bad placeholder (KeyError('n')); use {gpus}"),
+        (GOOD_PROFILE.replace('"--gres=gpu:a100:{gpus}"', '"--gres=gpu:a100:4"'),
+         "gpu_request --gres=gpu:a100:4 must contain {gpus}, e.g. --gres=gpu:a100:{gpus}"),
+        (GOOD_PROFILE.replace('launcher: "srun --mpi=pmix"', 'launcher: "srun --mpi=pmix; rm -rf ~"'),
+         "launcher 'srun --mpi=pmix; rm -rf ~': srun followed by options such as --mpi=pmix"),
+        (GOOD_PROFILE.replace("runtime: apptainer", "runtime: apptainer $(id)"),
+         "container.runtime 'apptainer $(id)': a command name such as apptainer, singularity or native"),
+        (GOOD_PROFILE.replace('gpu_flag: "--nv"', 'gpu_flag: "--nv --bind /"'),
+         "container.gpu_flag '--nv --bind /': one option such as --nv or --rocm, or empty"),
+        (GOOD_PROFILE.replace('image: "/projappl/{account}/scaleout.sif"', 'image: "/p/{account} x.sif"'),
+         "container.image '/p/project_0 x.sif': letters, digits and . _ : , / = - only"),
+        (GOOD_PROFILE.replace('binds: ["/scratch", "/projappl"]', 'binds: ["/scratch", "/a b"]'),
+         "container binds must be plain absolute paths (letters, digits and . _ / -), got '/a b'"),
+        (GOOD_PROFILE.replace("env: LOCAL_SCRATCH", "env: 'LOCAL_SCRATCH}; x'"),
+         "scratch.env 'LOCAL_SCRATCH}; x': an environment variable name such as LOCAL_SCRATCH"),
+        (GOOD_PROFILE.replace("scratch:   ", "scratch: [1]\nx:"), "unknown key x; known: " + ", ".join(submit.KEYS)),
+        (GOOD_PROFILE.replace('gres: "nvme:{gb}"', 'gres: "nvme:{gb};x"'), "scratch.gres 'nvme:1;x': letters, digits and . _ : , / = - only"),
+        (GOOD_PROFILE.replace("name: mahti", 'name: "mahti\\n"'), f"name 'mahti\\n': {submit.SAFE_HINT}"),
+    ],
+)  # fmt: skip
+def test_invalid_cluster_profiles_one_line(text, problem, monkeypatch, tmp_path):
+    (tmp_path / "bad.yaml").write_bytes(text if isinstance(text, bytes) else text.encode())
+    monkeypatch.setattr(submit, "CLUSTERS", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(
+        cli, ["submit", "--cluster", "bad", "--gpus", "1", "-c", SYNTHETIC, "--dry-run"]
+    )
+    expected = f"Error: {tmp_path / 'bad.yaml'}: invalid cluster profile ({problem})\n"
+    assert (result.exit_code, result.output) == (2, expected)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
+
+
+def test_shipped_profiles_are_valid():
+    for name in submit.available():
+        assert submit.load_cluster(name).name == name
+
+
+# --- sbatch: the script goes to logs/ ---------------------------------------------------------------------------
+@pytest.fixture
+def fake_sbatch(tmp_path, monkeypatch):
+    """An sbatch on PATH that answers like `sbatch --parsable`, or fails with $FAKE_SBATCH_FAIL's exit code."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(
+        '#!/bin/sh\n[ -n "$FAKE_SBATCH_FAIL" ] && exit "$FAKE_SBATCH_FAIL"\necho 4242\n'
+    )
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return work
+
+
+def test_submit_writes_the_script_to_logs(fake_sbatch):
+    result = CliRunner().invoke(cli, ["submit", *LOCAL])
+    assert result.exit_code == 0 and result.output.startswith("submitted job 4242: 1 node(s), 1 GPUs")
+    [script] = (fake_sbatch / "logs").iterdir()
+    assert script.name.startswith("synthetic-") and "#SBATCH --job-name=synthetic" in script.read_text()
+
+
+def test_log_dir_that_cannot_be_created(fake_sbatch):
+    (fake_sbatch / "logs").write_text("a file, not a folder")
+    result = CliRunner().invoke(cli, ["submit", *LOCAL])
+    assert (result.exit_code, result.output) == (
+        1,
+        "Error: cannot write the job script to logs/ (a file of that name is in the way); the job log goes "
+        "there too: run app submit from a writable directory\n",
+    )
+
+
+def test_log_dir_that_cannot_be_written(fake_sbatch, monkeypatch):
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "write_text", refuse)  # root ignores file modes: simulate a read-only logs/
+    result = CliRunner().invoke(cli, ["submit", *LOCAL])
+    assert (result.exit_code, result.output) == (
+        1,
+        "Error: cannot write the job script to logs/ (Permission denied); the job log goes there too: run app "
+        "submit from a writable directory\n",
+    )
+
+
+def test_sbatch_failing_without_a_word(fake_sbatch, monkeypatch):
+    monkeypatch.setenv("FAKE_SBATCH_FAIL", "1")
+    result = CliRunner().invoke(cli, ["submit", *LOCAL])
+    assert result.exit_code == 1
+    assert result.output.startswith("Error: sbatch rejected the job: exit status 1 (script: logs/synthetic-")
+
+
+def test_staged_golden_script():
+    script = render("mahti", 8, data_dir="/scratch/project_2001234/imagenet", stage_gb=300).script
+    path = GOLDEN / "mahti-8gpu-staged.sbatch"
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(script)
+    assert script == path.read_text(), (
+        f"regenerate with UPDATE_GOLDEN=1 pytest {__file__} and review the diff"
+    )
