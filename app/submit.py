@@ -60,6 +60,11 @@ def show(value: object) -> str:
     return text if SHOWN_RAW.fullmatch(text) else repr(text)
 
 
+def one_line(message: str) -> str:
+    """``message`` with line breaks and other control characters escaped, so that it stays one line."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in message)
+
+
 def check_name(what: str, value: str) -> str:
     """A job/account/partition name: one clear line if it is not in the safe set."""
     if not value:
@@ -422,6 +427,8 @@ def render(
     # Shell-quoted values: any text but empty, NUL or undecodable.
     for c in configs:
         check_text("--config", c)
+        if not Path(c).is_file():
+            raise UsageError(f"--config {show(c)}: no such file; the shipped configs are in configs/")
     for s in sets:
         check_text("--set", s)
     if data_dir is not None:
@@ -467,7 +474,10 @@ def render(
         )
     from app import config as config_module
 
-    cfg = config_module.build(configs, sets, {"data.data_dir": data_dir} if data_dir else {})  # fails early
+    try:  # fails now rather than on the compute nodes
+        cfg = config_module.build(configs, sets, {"data.data_dir": data_dir} if data_dir else {})
+    except UsageError as exc:  # it may quote a hostile --set key or value: keep it one line
+        raise UsageError(one_line(str(exc))) from None
     name = name if name is not None else _default_name(cfg.name, configs, sets)
     tasks = min(gpus, gpn)
     runtime = cluster.container.get("runtime", "native")

@@ -265,6 +265,8 @@ INPUTS = {
         ["--set", f"data.name={s}"],
         "data.name",
     ),
+    "--set key": lambda s, tmp: (LOCAL + ["--set", f"{s}=1"], None, "--set"),
+    "missing config": lambda s, tmp: (LOCAL[:-1] + [_cfg(tmp, f"missing{s}")], None, "--config"),
     "--account": lambda s, tmp: (MAHTI[:-1] + [s], None, "--account"),
     "--partition": lambda s, tmp: (LOCAL + ["--partition", s], None, "--partition"),
     "--image": lambda s, tmp: (MAHTI + ["--image", s], None, "--image"),
