@@ -175,7 +175,7 @@ class _Profile:
         self.where = _where(path)
 
     def fail(self, problem: str) -> UsageError:
-        return UsageError(" ".join(f"{self.where}: invalid cluster profile ({problem})".split()))
+        return UsageError(one_line(" ".join(f"{self.where}: invalid cluster profile ({problem})".split())))
 
     def get(self, raw: dict, key: str, kind: str, default: object = ..., prefix: str = "") -> object:
         if key not in raw:
