@@ -1,18 +1,25 @@
 """Checkpoints in a run directory: written atomically by rank 0, the latest valid one found for resuming.
 
 Layout: ``<run_dir>/checkpoints/epoch-0005/{ckpt.index, ckpt.data-*, state.json}``. A checkpoint is written
-into a hidden temporary directory and renamed into place only when complete (``state.json`` last), so a crash
-at any moment leaves the previous checkpoints loadable and never a half-written one under a valid name.
-It holds the model weights, the optimizer state (momentum, iterations) and the epoch reached.
+into a hidden temporary directory, every file is fsynced, and the directory is renamed into place only when
+complete (``state.json`` last), so a crash at any moment leaves the previous checkpoints loadable and never a
+half-written one under a valid name. ``state.json`` records the size and SHA-256 of every file beside it, so
+a data file truncated or damaged later (a full disk, a copy that stopped) is detected before TensorFlow reads
+it, and the previous checkpoint is used instead. It holds the model weights, the optimizer state (momentum,
+iterations) and the epoch reached.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import shutil
 import time
 from pathlib import Path
+
+from app.errors import AppError
 
 PREFIX = "ckpt"
 STATE = "state.json"
@@ -32,20 +39,42 @@ def _epoch_of(path: Path) -> int | None:
         return None
 
 
-def is_valid(path: Path) -> bool:
-    """Complete and readable: its state file parses and TensorFlow can read its index."""
+def _digest(path: Path) -> str:
+    sha = hashlib.sha256()  # hashlib.file_digest is 3.11+; scaleout also runs on 3.10 containers
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+def problem(path: Path) -> str | None:
+    """Why the checkpoint at ``path`` cannot be used, or None when it is complete and intact: its state file
+    parses, every file it lists has the recorded size and checksum, and TensorFlow can read its index."""
     try:
         state = json.loads((path / STATE).read_text())
         int(state["epoch"])
     except (OSError, ValueError, KeyError, TypeError):
-        return False
+        return f"{STATE} missing or unreadable"
+    for name, (size, digest) in state.get("files", {}).items():
+        file = path / name
+        try:
+            if file.stat().st_size != size:
+                return f"{name} is {file.stat().st_size} bytes, {size} were written (truncated)"
+            if _digest(file) != digest:
+                return f"{name} does not match its checksum (damaged)"
+        except OSError as exc:
+            return f"{name}: {exc.strerror or exc}"
     import tensorflow as tf
 
     try:
         tf.train.load_checkpoint(str(path / PREFIX))
-    except (tf.errors.OpError, ValueError):
-        return False
-    return True
+    except (tf.errors.OpError, ValueError) as exc:
+        return f"TensorFlow cannot read it ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+    return None
+
+
+def is_valid(path: Path) -> bool:
+    return problem(path) is None
 
 
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
@@ -57,11 +86,15 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def latest(run_dir: Path) -> tuple[int, Path] | None:
-    """The newest valid checkpoint as (epoch, path), skipping incomplete or corrupt ones."""
+def latest(run_dir: Path, skipped: list[str] | None = None) -> tuple[int, Path] | None:
+    """The newest valid checkpoint as (epoch, path), skipping incomplete or corrupt ones; why each newer one
+    was skipped is appended to ``skipped`` (for a note: nothing is skipped silently)."""
     for epoch, path in reversed(list_checkpoints(run_dir)):
-        if is_valid(path):
+        why = problem(path)
+        if why is None:
             return epoch, path
+        if skipped is not None:
+            skipped.append(f"{path}: {why}")
     return None
 
 
@@ -73,25 +106,72 @@ def find(run_dir: Path, epoch: int | None = None) -> tuple[int, Path] | None:
     return (epoch, path) if is_valid(path) else None
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def save(run_dir: Path, checkpoint, epoch: int, state: dict, keep: int) -> Path:
-    """Write ``checkpoint`` (a tf.train.Checkpoint) for ``epoch`` atomically; keep the newest ``keep``."""
+    """Write ``checkpoint`` (a tf.train.Checkpoint) for ``epoch`` atomically; keep the newest ``keep``.
+
+    A failure to write (full disk, read-only or vanished folder) raises :class:`AppError` naming the path,
+    after removing the temporary folder; the earlier checkpoints are untouched."""
     root = checkpoint_dir(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"epoch-{epoch:04d}"
     tmp = root / f".tmp-epoch-{epoch:04d}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    checkpoint.write(str(tmp / PREFIX))
-    state = {**state, "epoch": epoch, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    with open(tmp / STATE, "w") as f:  # last: its presence marks the directory complete
-        json.dump(state, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        _before_write_hook()
+        checkpoint.write(str(tmp / PREFIX))
+        files = {}
+        for file in sorted(tmp.iterdir()):
+            _fsync(file)  # the data on disk before the rename makes it count
+            files[file.name] = [file.stat().st_size, _digest(file)]
+        state = {**state, "epoch": epoch, "files": files, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        with open(tmp / STATE, "w") as f:  # last: its presence marks the directory complete
+            json.dump(state, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync(tmp)
+    except Exception as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _write_error(root, exc) from None
+    final = root / f"epoch-{epoch:04d}"
     if final.exists():  # only an invalid leftover can be here (we resume from the latest valid one)
         final.rename(root / f".replaced-epoch-{epoch:04d}-{os.getpid()}")
     os.rename(tmp, final)
+    _fsync(root)
     _prune(root, keep)
     return final
+
+
+def _write_error(root: Path, exc: Exception) -> AppError:
+    code = getattr(exc, "errno", None)
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    reason = {errno.ENOSPC: "the disk is full", errno.EROFS: "the file system is read-only",
+              errno.EACCES: "permission denied", errno.EDQUOT: "the disk quota is exceeded"}.get(code)  # fmt: skip
+    if reason is None:  # TensorFlow reports OS failures as its own errors, with the reason in the text
+        low = text.lower()
+        reason = next(
+            (r for key, r in (("no space", "the disk is full"), ("read-only", "the file system is read-only"),
+                              ("permission denied", "permission denied"), ("quota", "the disk quota is exceeded"))
+             if key in low),
+            text,
+        )  # fmt: skip
+    return AppError(f"{root}: cannot write a checkpoint ({reason}); the earlier checkpoints there are intact")
+
+
+def _before_write_hook() -> None:
+    """Tests only: SCALEOUT_TEST_PAUSE_IN_CHECKPOINT=<file> makes the writer touch <file> and sleep, so a test
+    can kill it in the middle of a checkpoint write."""
+    marker = os.environ.get("SCALEOUT_TEST_PAUSE_IN_CHECKPOINT")
+    if marker:
+        Path(marker).touch()
+        time.sleep(60)
 
 
 def _prune(root: Path, keep: int) -> None:

@@ -70,3 +70,94 @@ def test_incomplete_newest_is_skipped(tmp_path, damage):
 def test_no_checkpoints(tmp_path):
     assert checkpoint.latest(tmp_path) is None
     assert checkpoint.list_checkpoints(tmp_path / "missing") == []
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_damaged_data_file_is_detected_and_the_previous_one_used(tmp_path, damage):
+    v, ckpt = make(1.0)
+    checkpoint.save(tmp_path, ckpt, 1, {}, keep=3)
+    v.assign(tf.fill([3], 2.0))
+    newest = checkpoint.save(tmp_path, ckpt, 2, {}, keep=3)
+    (data,) = newest.glob("ckpt.data-*")
+    raw = data.read_bytes()
+    data.write_bytes(raw[:-4] if damage == "truncate" else raw[:-1] + bytes([raw[-1] ^ 1]))
+    assert tf.train.load_checkpoint(str(newest / "ckpt"))  # the index alone still looks fine
+    skipped: list[str] = []
+    epoch, path = checkpoint.latest(tmp_path, skipped)
+    assert epoch == 1
+    expected = "truncated" if damage == "truncate" else "does not match its checksum"
+    assert len(skipped) == 1 and skipped[0].startswith(f"{newest}: {data.name}") and expected in skipped[0]
+    w, fresh = make(-1.0)
+    checkpoint.restore(fresh, path)
+    np.testing.assert_array_equal(w.numpy(), [1.0, 1.0, 1.0])
+
+
+def test_state_records_every_file(tmp_path):
+    _, ckpt = make(1.0)
+    path = checkpoint.save(tmp_path, ckpt, 1, {}, keep=3)
+    files = checkpoint.read_state(path)["files"]
+    assert sorted(files) == sorted(p.name for p in path.iterdir() if p.name != "state.json")
+    assert all(size > 0 and len(digest) == 64 for size, digest in files.values())
+
+
+def _mount(*args) -> None:
+    import subprocess
+
+    from conftest import IN_CI
+
+    proc = subprocess.run(["mount", *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        if IN_CI:
+            pytest.fail(f"mount {' '.join(args)} failed in CI (runs as root): {proc.stderr.strip()}")
+        pytest.skip(f"cannot mount here (needs root): {proc.stderr.strip()}")
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 256 KiB tmpfs: room for a small checkpoint, not for a larger one."""
+    import subprocess
+
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    _mount("-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt))
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_full_disk_gives_one_line_and_keeps_the_earlier_checkpoint(small_tmpfs):
+    from app.errors import AppError
+
+    v, ckpt = make(1.0)
+    checkpoint.save(small_tmpfs, ckpt, 1, {}, keep=3)
+    big = tf.Variable(tf.zeros([200_000]))  # 800 KB: more than the disk has left
+    with pytest.raises(AppError) as err:
+        checkpoint.save(small_tmpfs, tf.train.Checkpoint(v=v, big=big), 2, {}, keep=3)
+    root = checkpoint.checkpoint_dir(small_tmpfs)
+    assert (
+        str(err.value)
+        == f"{root}: cannot write a checkpoint (the disk is full); the earlier checkpoints there are intact"
+    )
+    assert sorted(os.listdir(root)) == ["epoch-0001"]  # the temporary folder is gone
+    assert checkpoint.latest(small_tmpfs)[0] == 1
+
+
+def test_read_only_run_dir_gives_one_line(tmp_path):
+    import subprocess
+
+    from app.errors import AppError
+
+    run = tmp_path / "run"
+    _, ckpt = make(1.0)
+    checkpoint.save(run, ckpt, 1, {}, keep=3)
+    _mount("--bind", "-o", "ro", str(run), str(run))  # a read-only view of the run directory
+    try:
+        with pytest.raises(AppError) as err:
+            checkpoint.save(run, ckpt, 2, {}, keep=3)
+        root = checkpoint.checkpoint_dir(run)
+        assert (
+            str(err.value)
+            == f"{root}: cannot write a checkpoint (the file system is read-only); the earlier checkpoints there are intact"
+        )
+        assert checkpoint.latest(run)[0] == 1
+    finally:
+        subprocess.run(["umount", str(run)], check=False)
