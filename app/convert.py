@@ -23,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
-from app.errors import UsageError
+from app.errors import AppError, UsageError
 
 IMAGE_EXTENSIONS = {".jpeg", ".jpg", ".png"}
 
@@ -98,30 +98,49 @@ def _write_shard(
         return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
 
     tmp = os.path.join(dest, f".{name}.tmp")
-    with tf.io.TFRecordWriter(tmp) as writer:
-        for path, wnid in items:
-            data = Path(path).read_bytes()
-            image = tf.io.decode_image(data, channels=3, expand_animations=False)
-            is_rgb_jpeg = data[:3] == b"\xff\xd8\xff" and int(tf.image.extract_jpeg_shape(data)[2]) == 3
-            if not is_rgb_jpeg:  # a PNG or a CMYK/grayscale JPEG: store an RGB JPEG like all the others
-                data = tf.io.encode_jpeg(image, quality=95).numpy()
-            example = tf.train.Example(
-                features=tf.train.Features(
-                    feature={
-                        "image/encoded": feature(data),
-                        "image/format": feature(b"JPEG"),
-                        "image/class/label": feature(index[wnid]),
-                        "image/class/synset": feature(wnid.encode()),
-                        "image/height": feature(int(image.shape[0])),
-                        "image/width": feature(int(image.shape[1])),
-                        "image/filename": feature(os.path.basename(path).encode()),
-                        **{f"image/object/bbox/{k}": feature([]) for k in ("xmin", "ymin", "xmax", "ymax")},
-                    }
-                )
-            )
-            writer.write(example.SerializeToString())
+    try:
+        with tf.io.TFRecordWriter(tmp) as writer:
+            for path, wnid in items:
+                writer.write(_example(tf, feature, path, wnid, index))
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)  # no half-written shard is left behind, under any name
+        raise
     os.replace(tmp, os.path.join(dest, name))
     return name, len(items)
+
+
+def _example(tf, feature, path: str, wnid: str, index: dict[str, int]) -> bytes:
+    """One image as a serialized tf.train.Example; a file that cannot be read or decoded is a BadImage."""
+    try:
+        data = Path(path).read_bytes()
+        image = tf.io.decode_image(data, channels=3, expand_animations=False)
+        is_rgb_jpeg = data[:3] == b"\xff\xd8\xff" and int(tf.image.extract_jpeg_shape(data)[2]) == 3
+    except OSError as exc:
+        raise BadImage(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    except tf.errors.OpError as exc:
+        raise BadImage(f"{path}: not a decodable JPEG or PNG ({exc.message.splitlines()[0][:120]})") from None
+    if not is_rgb_jpeg:  # a PNG or a CMYK/grayscale JPEG: store an RGB JPEG like all the others
+        data = tf.io.encode_jpeg(image, quality=95).numpy()
+    example = tf.train.Example(
+        features=tf.train.Features(
+            feature={
+                "image/encoded": feature(data),
+                "image/format": feature(b"JPEG"),
+                "image/class/label": feature(index[wnid]),
+                "image/class/synset": feature(wnid.encode()),
+                "image/height": feature(int(image.shape[0])),
+                "image/width": feature(int(image.shape[1])),
+                "image/filename": feature(os.path.basename(path).encode()),
+                **{f"image/object/bbox/{k}": feature([]) for k in ("xmin", "ymin", "xmax", "ymax")},
+            }
+        )
+    )
+    return example.SerializeToString()
+
+
+class BadImage(Exception):
+    """An input image that cannot be read or decoded (picklable: it crosses from the worker processes)."""
 
 
 def convert(
@@ -156,10 +175,21 @@ def convert(
     # Spawned (not forked) workers: each imports TensorFlow itself, which is not fork-safe once loaded.
     with ProcessPoolExecutor(max_workers=workers or os.cpu_count(), mp_context=get_context("spawn")) as pool:
         futures = [pool.submit(_write_shard, str(dest), name, items, index) for name, items in jobs]
-        for future in as_completed(futures):
-            name, n = future.result()
-            counts[name] = n
-            if progress:
-                progress(len(counts), len(jobs))
+        try:
+            for future in as_completed(futures):
+                name, n = future.result()
+                counts[name] = n
+                if progress:
+                    progress(len(counts), len(jobs))
+        except BadImage as exc:  # fail fast: no new shard starts; running ones remove their temporary files
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise AppError(
+                f"{exc}; remove or replace it, then convert again with --force "
+                f"({len(counts)} of {len(jobs)} shards were written to {dest})"
+            ) from None
+    # --force: the old layout's shards that this conversion did not overwrite would mix into the new one.
+    for old in existing:
+        if old not in counts:
+            (dest / old).unlink(missing_ok=True)
     (dest / "counts.json").write_text(json.dumps(dict(sorted(counts.items())), indent=1) + "\n")
     return counts
