@@ -181,14 +181,13 @@ def train(
       mpirun -np 8 app train -c configs/synthetic.yaml --set train.steps_per_epoch=100
       app train --run-dir runs/fashion_mnist-20261202-140000     # resume
     """
-    from app import checkpoint, config
+    from app import config
 
     options, origins = option_values(
         data_dir=data_dir, seed=seed, epochs=epochs, batch_size=batch_size,
         accumulation_steps=accumulation_steps, precision=precision,
     )  # fmt: skip
     cfg, resolved = config.for_run(configs, sets, options, run_dir, origins)
-    checkpoint.check_writable(resolved)  # before TensorFlow and the workers start
     relaunch(np_, [] if run_dir else ["--run-dir", str(resolved)])  # every worker gets the same run directory
     import_tensorflow()  # first, through compat: Keras 2 checked, start-up noise filtered
     from app.train import train_and_evaluate

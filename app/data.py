@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,6 +140,7 @@ class Source:
 
     spec: Spec
     files: list[str] = []  # this rank's training files (to name a corrupt one)
+    augment: bool = True  # data.augment: random crops and flips in training (false: evaluation preprocessing)
 
     def train_elements(self, epoch: int) -> tf.data.Dataset:
         """This rank's training examples for ``epoch``, in a deterministic (file-shuffled) order."""
@@ -166,16 +168,20 @@ class ArraySource(Source):
     """
 
     def __init__(self, name, train, test, num_classes, size, rank, workers, cache):
-        def shard(ds, n):
-            ds = ds.take(n // workers * workers).shard(workers, rank)
+        def shard(ds):
+            ds = ds.shard(workers, rank)
             return ds.cache() if cache else ds
 
-        self._train, n_train = shard(*train), train[1]
-        self._eval, n_eval = shard(*test), test[1]
+        # Training: every rank the same number of examples (the rest are dropped each epoch, as ever with
+        # drop_remainder). Evaluation: every example exactly once, so ranks may differ by one example.
+        (ds, n_train), (eval_ds, n_eval) = train, test
+        self._train = shard(ds.take(n_train // workers * workers))
+        self._eval = shard(eval_ds)
         channels = int(self._train.element_spec[0].shape[-1])
         self.size = size
+        n_eval_here = n_eval // workers + (rank < n_eval % workers)
         self.spec = Spec(
-            name, num_classes, (size, size, channels), n_train // workers, n_eval // workers, "example"
+            name, num_classes, (size, size, channels), n_train // workers, n_eval_here, "example"
         )
 
     def train_elements(self, epoch):
@@ -186,6 +192,8 @@ class ArraySource(Source):
 
     def preprocess_train(self, element, seed):
         image, label = element
+        if not self.augment:
+            return small_image_eval(image, self.size), label
         return small_image_train(image, self.size, seed), label
 
     def preprocess_eval(self, element):
@@ -313,10 +321,11 @@ class ImagenetSource(Source):
             if self.file_level
             else sum(counts[f] for f in train) // workers
         )
+        total_eval = sum(counts[f] for f in val)  # example-level: every example once, ranks differ by <= 1
         n_eval = (
             sum(counts[f] for f in self.eval_files)
             if self.eval_file_level
-            else sum(counts[f] for f in val) // workers
+            else total_eval // workers + (rank < total_eval % workers)
         )
         self.spec = Spec("imagenet", cfg.num_classes or 1000, (self.size, self.size, 3), n_train, n_eval,
                          "file" if self.file_level else "example")  # fmt: skip
@@ -343,6 +352,8 @@ class ImagenetSource(Source):
 
     def preprocess_train(self, record, seed):
         encoded, label, bbox = parse_imagenet(record)
+        if not self.augment:
+            return imagenet_eval(encoded, self.size), label
         return imagenet_train(encoded, bbox, self.size, seed), label
 
     def preprocess_eval(self, record):
@@ -407,10 +418,13 @@ class SyntheticSource(Source):
 def open_source(cfg, rank: int = 0, workers: int = 1, seed: int = 0) -> Source:
     """The dataset named by ``cfg`` (an app.config.DataConfig) for ``rank`` of ``workers``."""
     if cfg.source == "tfds":
-        return _tfds_source(cfg, rank, workers)
-    if cfg.source == "imagenet":
-        return ImagenetSource(cfg, rank, workers, seed)
-    return SyntheticSource(cfg, workers, seed)
+        source = _tfds_source(cfg, rank, workers)
+    elif cfg.source == "imagenet":
+        source = ImagenetSource(cfg, rank, workers, seed)
+    else:
+        source = SyntheticSource(cfg, workers, seed)
+    source.augment = cfg.augment
+    return source
 
 
 # ---------------------------------------------------------------------------------------- pipelines
@@ -462,6 +476,69 @@ def eval_dataset(source: Source, batch_size: int, steps: int = 0) -> tf.data.Dat
     elif source.spec.name == "synthetic":
         ds = ds.take(max(1, source.spec.eval_examples // batch_size))
     return ds.prefetch(AUTOTUNE)
+
+
+def tf_message(exc: Exception, limit: int = 200) -> str:
+    """The first line of a TensorFlow error, without the ``{{function_node ...}}`` prefix ops add to it."""
+    text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", getattr(exc, "message", None) or str(exc)).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:limit]
+
+
+def input_error(source: Source, exc: Exception, evaluation: bool = False, budget_s: float = 120.0):
+    """The one-line error for a failure that came out of the input pipeline (a truncated TFRecord, a record of
+    another schema, a JPEG that does not decode), naming the file and the record where it can find them within
+    ``budget_s`` seconds of reading; ``exc`` itself when the failure did not come from the data."""
+    first = tf_message(exc, 300)
+    files = getattr(source, "eval_files", []) if evaluation else source.files
+    kept = "" if evaluation else " (checkpoints up to the last finished epoch are intact)"
+    if isinstance(exc, tf.errors.DataLossError):
+        bad = find_corrupt_file(files)
+        return AppError(
+            f"{bad or 'a data file'}: corrupt or truncated TFRecord ({first}); re-create it{kept}"
+        )
+    looks_like_data = any(k in first for k in ("Feature", "JPEG", "jpeg", "Input to reshape", "decode"))
+    if not isinstance(source, ImagenetSource):
+        return (
+            AppError(f"the input data failed ({first}); check data.data_dir{kept}")
+            if looks_like_data
+            else exc
+        )
+    found = find_bad_record(files, budget_s)
+    if found is not None:
+        path, index, why = found
+        return AppError(
+            f"{path} record {index}: {why}; re-create the file with `app data imagenet-to-tfrecord`{kept}"
+        )
+    if looks_like_data:
+        return AppError(f"one of this rank's {len(files)} data files failed ({first}); re-create them{kept}")
+    return exc
+
+
+def find_bad_record(files: list[str], budget_s: float = 120.0) -> tuple[str, int, str] | None:
+    """The first record of ``files`` that is not an ImageNet example with a decodable JPEG, as (file, index,
+    why); None when all are good or the time budget ran out first."""
+    import time
+
+    deadline = time.monotonic() + budget_s
+    for path in files:
+        index = 0
+        try:
+            for record in tf.data.TFRecordDataset(path):
+                if time.monotonic() > deadline:
+                    return None
+                try:
+                    f = tf.io.parse_single_example(record, IMAGENET_FEATURES)
+                except tf.errors.InvalidArgumentError as exc:
+                    why = tf_message(exc)
+                    return path, index, f"not an ImageNet example of the standard layout ({why})"
+                try:
+                    tf.io.decode_jpeg(f["image/encoded"], channels=3)
+                except tf.errors.InvalidArgumentError:
+                    return path, index, "its image is not a decodable JPEG"
+                index += 1
+        except tf.errors.DataLossError:
+            return path, index, "corrupt or truncated TFRecord (the records before it are readable)"
+    return None
 
 
 def find_corrupt_file(files: list[str]) -> str | None:

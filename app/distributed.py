@@ -7,11 +7,13 @@ what running on N workers changes. Horovod is imported lazily (after app.compat 
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 
 from app.errors import AppError, UsageError
@@ -59,6 +61,41 @@ def rank_from_env() -> int:
         if var in os.environ:
             return int(os.environ[var])
     return 0
+
+
+ERROR_DIR_VAR = "SCALEOUT_ERROR_DIR"  # set by launch_local: where its workers leave their error lines
+
+
+def report_to_launcher(rank: int, code: int, message: str) -> bool:
+    """Under `app --np`, leave this worker's error for the launching process, which prints each different
+    message once (rank 0's first) and exits with its status; True when it was left there."""
+    folder = os.environ.get(ERROR_DIR_VAR)
+    if not folder:
+        return False
+    try:
+        with open(os.path.join(folder, f"rank-{rank}.json"), "w") as f:
+            json.dump({"rank": rank, "code": code, "message": message}, f)
+    except OSError:
+        return False  # then the worker prints it itself
+    return True
+
+
+def collected_errors(folder: str) -> list[dict]:
+    """The errors left by :func:`report_to_launcher`, rank 0's first, each different message once."""
+    errors = []
+    for name in os.listdir(folder):
+        try:
+            with open(os.path.join(folder, name)) as f:
+                errors.append(json.load(f))
+        except (OSError, ValueError):
+            continue
+    errors.sort(key=lambda e: e.get("rank", 0))
+    unique, seen = [], set()
+    for error in errors:
+        if error.get("message") not in seen:
+            seen.add(error.get("message"))
+            unique.append(error)
+    return unique
 
 
 def hvd():
@@ -153,6 +190,35 @@ def schedule_callback(
     )
 
 
+def average_model_state(model) -> None:
+    """[horovod] Average the non-trainable variables (batch-norm moving means and variances) over all ranks.
+
+    Horovod averages gradients, so trainable weights stay identical, but each rank's batch-norm statistics
+    follow its own batches. Called at every epoch end before evaluation and checkpointing: every rank then
+    evaluates the very model rank 0 saves, and the statistics reflect all workers' data (as on one GPU with
+    the global batch), not rank 0's share alone. One grouped allreduce per epoch.
+    """
+    h = _hvd_tf()
+    variables = [v for v in model.non_trainable_variables if v.dtype.is_floating]
+    if _single(h) or not variables:
+        return
+    averaged = h.grouped_allreduce([v.value() for v in variables], op=h.Average, name="model_state")
+    for v, value in zip(variables, averaged, strict=True):
+        v.assign(value)
+
+
+def average_state_callback():
+    """[horovod] A Keras callback running :func:`average_model_state` at each epoch end; it must come before
+    evaluation and checkpointing."""
+    import tensorflow as tf
+
+    class AverageModelState(tf.keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            average_model_state(self.model)
+
+    return AverageModelState()
+
+
 def broadcast_object(obj, root: int = 0):
     """[horovod] Rank ``root``'s Python object on every rank (run directory, resume epoch)."""
     h = _hvd_tf()
@@ -201,7 +267,19 @@ def launch_local(np: int, argv: list[str]) -> int:
     if horovodrun is None:
         raise AppError("--np needs horovodrun, which comes with Horovod; run `make install`")
     cmd = [horovodrun, "--gloo", "-np", str(np), "-H", f"localhost:{np}", sys.executable, "-m", "app", *argv]
-    env = dict(os.environ, SCALEOUT_LAUNCHED_BY="app --np")
+    with tempfile.TemporaryDirectory(prefix="scaleout-errors-") as errors:
+        env = dict(os.environ, SCALEOUT_LAUNCHED_BY="app --np", **{ERROR_DIR_VAR: errors})
+        code = _run_horovodrun(cmd, env, np)
+        reported = collected_errors(errors)
+    for error in reported:
+        prefix = f"[rank {error['rank']}] " if error.get("rank") else ""
+        print(f"Error: {prefix}{error['message']}", file=sys.stderr)
+    if code != 0 and reported:
+        return int(reported[0]["code"])  # horovodrun says 1 for any failure; the workers know better
+    return code
+
+
+def _run_horovodrun(cmd: list[str], env: dict, np: int) -> int:
     print("+ " + shlex.join(cmd), file=sys.stderr, flush=True)
     # horovodrun prefixes every worker line with "[rank]<stream>:". Rank 0 speaks for the run, so its prefix
     # goes; other ranks keep theirs (they only speak when something is wrong). horovodrun's own traceback on
@@ -226,11 +304,11 @@ def launch_local(np: int, argv: list[str]) -> int:
             else:
                 own.append(line)
     code = proc.wait()
-    if code != 0:
+    if code == 0:
+        sys.stderr.write("".join(own))
+    elif not os.listdir(env[ERROR_DIR_VAR]):  # else the workers' own error lines follow
         failed = next((ln.split(":", 1)[1].strip() for ln in own if ln.startswith("Process name:")), "?")
         print(f"Error: worker {failed} of {np} failed; its output is above", file=sys.stderr)
-    elif own:
-        sys.stderr.write("".join(own))
     return code
 
 

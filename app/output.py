@@ -9,6 +9,8 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -16,6 +18,8 @@ from pathlib import Path
 import tensorflow as tf
 from rich.console import Console
 from rich.table import Table
+
+from app.benchmark import finite
 
 
 class _DropOneOffWarnings(logging.Filter):
@@ -109,27 +113,33 @@ class MetricsWriter(tf.keras.callbacks.Callback):
     """
 
     def __init__(
-        self, reporter: Reporter, run_dir: Path, tensorboard: bool, images_per_step: int, steps: int
-    ):
+        self, reporter: Reporter, run_dir: Path, tensorboard: bool, images_per_step: int, steps: int,
+        before_write=None,
+    ):  # fmt: skip
         super().__init__()
         self.reporter, self.run_dir = reporter, Path(run_dir)
         self.images_per_step, self.steps = images_per_step, steps
+        self.before_write = before_write  # called with (epoch, row) first: the checkpoint, then the metrics
         self.writer = (
             tf.summary.create_file_writer(str(self.run_dir / "tensorboard")) if tensorboard else None
         )
 
     def on_epoch_begin(self, epoch, logs=None):
-        self.t0 = time.perf_counter()
+        self.t0 = self.t_train = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.t_train = time.perf_counter()  # the epoch's training ends here; evaluation is not counted
 
     def on_epoch_end(self, epoch, logs=None):
-        elapsed = time.perf_counter() - self.t0
+        elapsed = self.t_train - self.t0
         row = {"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items()}}
         row["lr"] = float(tf.keras.backend.get_value(self.model.optimizer.learning_rate))
-        row["epoch_time_s"] = elapsed
-        row["images_per_s"] = self.steps * self.images_per_step / elapsed
+        row["epoch_time_s"] = elapsed  # training steps only; evaluation_time_s is beside it
+        row["evaluation_time_s"] = time.perf_counter() - self.t_train
+        row["images_per_s"] = self.steps * self.images_per_step / max(elapsed, 1e-9)
         row["time"] = time.time()
-        if logs is not None:  # later callbacks (the checkpoint's state) see the same numbers
-            logs.update({k: row[k] for k in ("lr", "epoch_time_s", "images_per_s")})
+        if self.before_write is not None:  # a crash between the two then never duplicates an epoch's row
+            self.before_write(epoch + 1, row)
         append_metrics(self.run_dir, row)
         if self.writer is not None:
             with self.writer.as_default(step=epoch + 1):
@@ -149,11 +159,44 @@ class MetricsWriter(tf.keras.callbacks.Callback):
         )
 
 
+def reconcile_metrics(run_dir: Path, epoch: int, saved_row: dict | None, note) -> None:
+    """Before resuming after ``epoch``: metrics.jsonl and metrics.csv hold each epoch 1..epoch once.
+
+    Rows after ``epoch`` (written before a crash whose checkpoint turned out damaged) are dropped, and a row
+    for ``epoch`` itself that a crash kept from being written (it is written after the checkpoint) is
+    restored from the checkpoint's own copy. TensorBoard keeps what it has: it shows a re-run epoch twice.
+    """
+    from app.report import read_metrics
+
+    run_dir = Path(run_dir)
+    rows = read_metrics(run_dir, note)
+    kept = [r for r in rows if int(r.get("epoch", 0)) <= epoch]
+    if saved_row and not any(int(r.get("epoch", 0)) == epoch for r in kept):
+        kept.append(saved_row)
+    if kept == rows:
+        return
+    dropped = [int(r.get("epoch", 0)) for r in rows if int(r.get("epoch", 0)) > epoch]
+    if dropped:
+        note(f"metrics of epochs {dropped} were written after the checkpoint now resumed; dropped")
+    tmp = run_dir / ".metrics-rewrite"  # written aside, then renamed over: a crash keeps the old files
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for row in kept:
+        append_metrics(tmp, row)
+    for name in ("metrics.jsonl", "metrics.csv"):
+        if (tmp / name).exists():
+            (tmp / name).replace(run_dir / name)
+        else:
+            (run_dir / name).unlink(missing_ok=True)
+    tmp.rmdir()
+
+
 def append_metrics(run_dir: Path, row: dict) -> None:
     """One epoch's metrics appended to metrics.jsonl and metrics.csv (the CSV header is the first row's keys)."""
     run_dir = Path(run_dir)
+    row = finite(row)  # a diverged loss is NaN: null keeps every line valid JSON
     with open(run_dir / "metrics.jsonl", "a") as f:
-        f.write(json.dumps(row) + "\n")
+        f.write(json.dumps(row, allow_nan=False) + "\n")
     path = run_dir / "metrics.csv"
     new = not path.exists()
     fields = list(row) if new else path.read_text().splitlines()[0].split(",")
@@ -164,8 +207,17 @@ def append_metrics(run_dir: Path, row: dict) -> None:
         writer.writerow(row)
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically: a temporary file beside it, fsynced, then renamed over it."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
 def write_json(path: Path, data: dict) -> None:
     """Write JSON atomically (temporary file, then rename)."""
-    tmp = Path(path).with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
+    write_text_atomic(path, json.dumps(finite(data), indent=2, allow_nan=False) + "\n")

@@ -16,9 +16,9 @@ import numpy as np
 import tensorflow as tf
 
 from app import checkpoint, data, distributed, models
-from app.config import Config, dump
+from app.config import MIN_IMAGE_SIZE, Config, dump
 from app.errors import AppError, UsageError
-from app.output import MetricsWriter, Progress, Reporter, write_json
+from app.output import MetricsWriter, Progress, Reporter, reconcile_metrics, write_json, write_text_atomic
 from app.report import read_metrics
 from app.schedule import lr_callback, make_schedule
 
@@ -125,16 +125,14 @@ class EvaluateEachEpoch(tf.keras.callbacks.Callback):
             logs.update(evaluate(self.model, self.dataset, self.num_classes))
 
 
-class SaveCheckpoint(tf.keras.callbacks.Callback):
-    """Rank 0: an atomic checkpoint at every epoch end, keeping the newest ``keep``."""
+def checkpoint_writer(run_dir: Path, model, keep: int, extra_state: dict):
+    """Rank 0's epoch-end checkpoint, as :class:`MetricsWriter`'s ``before_write``: written (atomically)
+    before the epoch's metrics row, and holding that row, so a resume restores exactly what was recorded."""
 
-    def __init__(self, run_dir: Path, keep: int, extra_state: dict):
-        super().__init__()
-        self.run_dir, self.keep, self.extra_state = run_dir, keep, extra_state
+    def write(epoch: int, row: dict) -> None:
+        checkpoint.save(run_dir, tracked(model), epoch, {**extra_state, "metrics": row}, keep)
 
-    def on_epoch_end(self, epoch, logs=None):
-        state = {**self.extra_state, "metrics": {k: float(v) for k, v in (logs or {}).items()}}
-        checkpoint.save(self.run_dir, tracked(self.model), epoch + 1, state, self.keep)
+    return write
 
 
 @dataclass(frozen=True)
@@ -164,10 +162,15 @@ def plan(cfg: Config, spec: data.Spec, world: distributed.World) -> Plan:
 def header(reporter: Reporter, cfg: Config, spec: data.Spec, world: distributed.World, p: Plan, policy: str, run_dir, start_epoch: int) -> None:  # fmt: skip
     s = make_schedule(cfg, world.size)
     t = cfg.train
-    warmup = f"{t.warmup_epochs:g} epochs from {s.start_lr:.5g}" if t.warmup_epochs else "none"
+    if not t.warmup_epochs:
+        warmup = "none"
+    elif s.start_lr < s.target_lr:
+        warmup = f"{t.warmup_epochs:g} epochs from {s.start_lr:.5g} to {s.target_lr:.5g}"
+    else:  # the LR was not scaled up (global batch <= the reference batch, or scale_lr false)
+        warmup = f"none needed ({t.warmup_epochs:g} epochs configured, but the LR is not scaled up)"
     decay = {
         "step": f"step x{t.decay_factor:g} at epochs {t.decay_epochs}",
-        "cosine": "cosine to 0",
+        "cosine": "cosine towards 0 (the last step still trains)",
         "constant": "constant",
     }
     reporter.table(
@@ -197,9 +200,25 @@ def setup(cfg: Config, threads: int = 0) -> tuple[distributed.World, Reporter, s
         os.environ.setdefault("HOROVOD_ENABLE_XLA_OPS", "1")  # allreduce inside XLA-compiled steps
     world = distributed.init(threads)
     tf.keras.utils.set_random_seed(cfg.run.seed)  # the same initial weights on every rank
+    reporter = Reporter(world.rank)
     policy = resolve_precision(cfg.model.precision)
+    if policy == "mixed_float16" and cfg.train.accumulation_steps > 1 and world.size > 1:
+        # The loss-scale optimizer would update its scale at every micro-batch from each rank's own
+        # gradients: ranks could hold different scales when the accumulated gradients are allreduced, and the
+        # replicas would drift apart silently. bf16 needs no loss scaling; float32 none either.
+        if cfg.model.precision == "mixed_float16":
+            raise UsageError(
+                f"model.precision mixed_float16 with train.accumulation_steps {cfg.train.accumulation_steps} "
+                f"on {world.size} workers would let the workers' loss scales diverge; use mixed_bfloat16 "
+                "(Ampere or newer GPUs, CPUs) or float32, or accumulation_steps 1"
+            )
+        policy = "float32"
+        reporter.note(
+            "precision auto: float32, not mixed_float16 (loss scaling cannot be kept in step across workers "
+            "with gradient accumulation); set model.precision=mixed_bfloat16 if the GPUs support it"
+        )
     tf.keras.mixed_precision.set_global_policy(policy)
-    return world, Reporter(world.rank), policy
+    return world, reporter, policy
 
 
 def train_and_evaluate(cfg: Config, run_dir: Path, threads: int = 0) -> dict:
@@ -208,20 +227,41 @@ def train_and_evaluate(cfg: Config, run_dir: Path, threads: int = 0) -> dict:
     run_dir = Path(run_dir)
     source = data.open_source(cfg.data, world.rank, world.size, cfg.run.seed)
     spec = source.spec
+    smallest = MIN_IMAGE_SIZE[cfg.model.name]
+    if spec.image_shape[0] < smallest:  # data.image_size 0: the dataset's own size, known only now
+        raise UsageError(
+            f"data.image_size: {spec.name}'s {spec.image_shape[0]} px images are smaller than {cfg.model.name} "
+            f"accepts ({smallest} px); set data.image_size={max(smallest, 32)} or pick a smaller model"
+        )
     p = plan(cfg, spec, world)
 
-    found = checkpoint.latest(run_dir) if world.is_chief else None
+    skipped: list[str] = []
+    found = checkpoint.latest(run_dir, skipped) if world.is_chief else None
     found = distributed.broadcast_object(found)  # [horovod] rank 0 decides where every rank resumes from
     start_epoch = found[0] if found else 0
-    if world.is_chief:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(dump(cfg))
     header(reporter, cfg, spec, world, p, policy, run_dir, start_epoch)
+    for why in skipped:
+        reporter.note(f"skipping checkpoint {why}")
 
     model = build_model(cfg, spec, world)
     if found:
-        checkpoint.restore(tracked(model), found[1])  # every rank restores; the broadcast below re-syncs
+        try:  # every rank restores; the broadcast below re-syncs
+            checkpoint.restore(tracked(model), found[1])
+        except (AssertionError, ValueError, tf.errors.OpError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise UsageError(
+                f"--run-dir {run_dir}: checkpoint {found[1]} does not fit the model built from this config "
+                f"({first[:200]}); resume with the run's own data and model, or start a new --run-dir"
+            ) from None
         reporter.note(f"resumed from {found[1]} (epoch {start_epoch})")
+    if world.is_chief:  # only now, when the resume is known to work, does the saved config change
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(run_dir / "config.yaml", dump(cfg))
+        if found:
+            saved_row = checkpoint.read_state(found[1]).get("metrics") or {}
+            reconcile_metrics(
+                run_dir, start_epoch, saved_row if "epoch" in saved_row else None, reporter.note
+            )
     if start_epoch >= cfg.train.epochs:
         reporter.note(f"nothing to do: {run_dir} already trained {start_epoch}/{cfg.train.epochs} epochs")
         return summarize(cfg, run_dir, world, p, policy) if world.is_chief else {}
@@ -233,16 +273,17 @@ def train_and_evaluate(cfg: Config, run_dir: Path, threads: int = 0) -> dict:
     callbacks = [
         *distributed.first_callbacks(),  # [horovod] broadcast initial state, then average metrics
         lr_callback(make_schedule(cfg, world.size), p.steps_per_epoch),
+        distributed.average_state_callback(),  # [horovod] one set of batch-norm statistics, then evaluate
     ]
     if cfg.run.evaluate:
         eval_ds = data.eval_dataset(source, cfg.train.batch_size, cfg.train.eval_steps)
         callbacks.append(EvaluateEachEpoch(eval_ds, spec.num_classes))
     if world.is_chief:  # [horovod] only rank 0 writes checkpoints, metrics and progress
+        save = checkpoint_writer(
+            run_dir, model, cfg.run.keep_checkpoints, {"workers": world.size, "global_batch": p.global_batch}
+        )
         callbacks += [
-            MetricsWriter(reporter, run_dir, cfg.run.tensorboard, p.images_per_step, p.steps_per_epoch),
-            SaveCheckpoint(
-                run_dir, cfg.run.keep_checkpoints, {"workers": world.size, "global_batch": p.global_batch}
-            ),
+            MetricsWriter(reporter, run_dir, cfg.run.tensorboard, p.images_per_step, p.steps_per_epoch, save),
             Progress(reporter, cfg.train.epochs, p.steps_per_epoch, p.images_per_step, cfg.run.log_every),
         ]
     try:
@@ -250,15 +291,11 @@ def train_and_evaluate(cfg: Config, run_dir: Path, threads: int = 0) -> dict:
             train_ds, epochs=cfg.train.epochs, initial_epoch=start_epoch, steps_per_epoch=p.steps_per_epoch,
             callbacks=callbacks, verbose=0,
         )  # fmt: skip
-    except tf.errors.DataLossError as exc:
-        bad = data.find_corrupt_file(source.files)
-        raise AppError(
-            f"{bad or 'a training file'}: corrupt or truncated TFRecord ({exc.message.splitlines()[0]}); "
-            "re-create it (checkpoints up to the last finished epoch are intact)"
-        ) from None
-    # [horovod] Are all replicas still identical? Trainable weights only: batch-norm moving statistics are
-    # each worker's own (Horovod does not synchronise them; rank 0's are the ones checkpointed).
-    spread = distributed.replica_spread([v.numpy() for v in model.trainable_variables])
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as exc:
+        raise data.input_error(source, exc) from None
+    # [horovod] Are all replicas still identical? Every variable: the batch-norm statistics were averaged at
+    # the epoch end, so they must agree too.
+    spread = distributed.replica_spread([v.numpy() for v in model.weights])
     return summarize(cfg, run_dir, world, p, policy, spread) if world.is_chief else {}
 
 
@@ -312,12 +349,11 @@ def evaluate_run(cfg: Config, run_dir: Path, epoch: int | None = None, threads: 
     model = build_model(cfg, source.spec, world)
     checkpoint.restore(tracked(model), found[1])
     dataset = data.eval_dataset(source, cfg.train.batch_size, cfg.train.eval_steps)  # as during training
-    result = {
-        "epoch": found[0],
-        "checkpoint": str(found[1]),
-        "workers": world.size,
-        **evaluate(model, dataset, source.spec.num_classes),
-    }
+    try:
+        scores = evaluate(model, dataset, source.spec.num_classes)
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as exc:
+        raise data.input_error(source, exc, evaluation=True) from None
+    result = {"epoch": found[0], "checkpoint": str(found[1]), "workers": world.size, **scores}
     if world.is_chief:
         write_json(Path(run_dir) / f"eval-epoch-{found[0]:04d}.json", result)
         top5 = f" top-5 {result['val_top5']:.4f}" if "val_top5" in result else ""

@@ -223,8 +223,8 @@ def test_corrupt_tfrecord_is_named(imagenet_dir, tmp_path):
 # ------------------------------------------------------------------------------- Fashion-MNIST
 
 
-def test_tfds_fashion_mnist_from_shared_dir(shared_tfds):
-    cfg = config.build([], [f"data.data_dir={shared_tfds}"]).data
+def test_tfds_fashion_mnist_from_shared_dir(tfds_dir):
+    cfg = config.build([], [f"data.data_dir={tfds_dir}"]).data
     source = data.open_source(cfg, 1, 2)
     assert source.spec.num_classes == 10 and source.spec.image_shape == (28, 28, 1)
     assert source.spec.train_examples == 30000 and source.spec.eval_examples == 5000
@@ -286,3 +286,81 @@ def test_converter_bad_source(tmp_path, damage, args, message):
         convert(raw, tmp_path / "out", **{"train_shards": 2, "validation_shards": 1, **args})
     assert message in str(err.value)
     assert not (tmp_path / "out").exists()  # nothing written
+
+
+@pytest.mark.parametrize("n, workers", [(103, 2), (103, 4), (5, 2)])
+def test_evaluation_counts_every_example_once(n, workers):
+    sources = [id_source(n, r, workers) for r in range(workers)]
+    shards = [ids(s.eval_elements()) for s in sources]
+    flat = sorted(i for s in shards for i in s)
+    assert flat == list(range(n))  # all of them, none twice, also when n does not divide by the workers
+    assert [s.spec.eval_examples for s in sources] == [len(s) for s in shards]
+
+
+def test_augment_off_trains_on_evaluation_preprocessing():
+    images = np.random.default_rng(0).integers(0, 255, (4, 8, 8, 1), dtype=np.uint8)
+    ds = tf.data.Dataset.from_tensor_slices((images, np.arange(4)))
+    source = data.ArraySource("random", (ds, 4), (ds, 4), 10, 8, 0, 1, cache=False)
+    image, label = next(iter(source.train_elements(0)))
+    augmented = source.preprocess_train((image, label), SEED)[0].numpy()
+    source.augment = False
+    plain = source.preprocess_train((image, label), SEED)[0].numpy()
+    np.testing.assert_array_equal(plain, source.preprocess_eval((image, label))[0].numpy())
+    assert not np.array_equal(plain, augmented)  # the switch changes something
+    synthetic = ["data.source=synthetic", "data.num_classes=2", "data.image_size=8", "data.augment=false"]
+    assert data.open_source(config.build([], synthetic).data).augment is False
+
+
+def _write_records(path, examples):
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for example in examples:
+            writer.write(example.SerializeToString())
+
+
+def _example(features: dict):
+    def feature(v):
+        if isinstance(v, int):
+            return tf.train.Feature(int64_list=tf.train.Int64List(value=[v]))
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[v]))
+
+    return tf.train.Example(features=tf.train.Features(feature={k: feature(v) for k, v in features.items()}))
+
+
+@pytest.mark.parametrize("damage", ["jpeg", "schema"])
+def test_bad_record_is_named_with_its_index(imagenet_dir, tmp_path, damage):
+    good = sorted(imagenet_dir.glob("train-*"))[0]
+    records = [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(str(good))]
+    if damage == "jpeg":
+        bad = _example({"image/encoded": b"\xff\xd8\xff" + b"not a jpeg" * 10, "image/class/label": 1})
+        why = "its image is not a decodable JPEG"
+    else:
+        bad = _example({"image": b"png bytes", "label": 3})  # a TFDS-style record, not the ImageNet layout
+        why = "not an ImageNet example of the standard layout (Feature: image/class/label"
+    path = tmp_path / "train-00000-of-00001"
+    _write_records(path, [*records[:2], bad, *records[2:]])
+    found = data.find_bad_record([str(good), str(path)])
+    assert found[:2] == (str(path), 2) and found[2].startswith(why)
+    assert data.find_bad_record([str(good)]) is None
+
+
+def test_converter_stops_at_a_bad_image_and_leaves_no_temporary_shard(tmp_path):
+    raw = make_tree(tmp_path / "raw", classes=2, per_class=3, val=2, png_as_jpeg=False)
+    broken = raw / "train" / "n00001001" / "n00001001_1.JPEG"
+    broken.write_bytes(broken.read_bytes()[:50])  # a truncated JPEG
+    out = tmp_path / "out"
+    with pytest.raises(AppError) as err:
+        convert(raw, out, train_shards=2, validation_shards=1, workers=1, labels_file=raw / "val_labels.txt")
+    assert str(err.value).startswith(f"{broken}: not a decodable JPEG or PNG (")
+    assert "remove or replace it, then convert again with --force" in str(err.value)
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_converter_force_replaces_the_old_layout(tmp_path):
+    raw = make_tree(tmp_path / "raw", classes=2, per_class=2, val=2, png_as_jpeg=False)
+    out = tmp_path / "out"
+    labels = raw / "val_labels.txt"
+    convert(raw, out, train_shards=3, validation_shards=2, workers=1, labels_file=labels)
+    convert(raw, out, train_shards=1, validation_shards=1, workers=1, labels_file=labels, force=True)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "counts.json", "train-00000-of-00001", "validation-00000-of-00001"
+    ]  # fmt: skip

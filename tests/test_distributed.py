@@ -54,17 +54,17 @@ def test_accumulation_matches_more_workers(tmp_path):
 
 
 @pytest.mark.parametrize("launcher", ["horovodrun", "mpirun"])
-def test_app_train_on_two_workers(launcher, tmp_path, shared_tfds):
+def test_app_train_on_two_workers(launcher, tmp_path, tfds_dir):
     run = tmp_path / "run"
     args = [
-        "-m", "app", "train", "-c", str(ROOT / "configs" / "fashion_mnist.yaml"), "--data-dir", str(shared_tfds),
+        "-m", "app", "train", "-c", str(ROOT / "configs" / "fashion_mnist.yaml"), "--data-dir", str(tfds_dir),
         "--run-dir", str(run), "--epochs", "2", "--set", "train.steps_per_epoch=3", "--set", "train.eval_steps=2",
         "--set", "train.warmup_epochs=0.5", "--set", "run.log_every=1",
     ]  # fmt: skip
     proc = run_workers(launcher, 2, args)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["workers"] == 2 and summary["global_batch"] == 128 and summary["epochs"] == 2
-    assert summary["replica_weight_spread"] < 1e-6  # both replicas hold the same weights
+    assert summary["replica_weight_spread"] == 0.0  # the same weights and batch-norm statistics
     out = proc.stdout + proc.stderr
     assert out.count("scaleout: fashion_mnist") == 1  # rank 0 alone prints the header ...
     assert "[1]<stdout>" not in out  # ... and rank 1 prints nothing at all
@@ -87,7 +87,65 @@ def test_usage_error_under_two_workers_is_printed_once(tmp_path):
     from conftest import run_app
 
     proc = run_app(
-        ["train", "--set", "data.source=imagenet", "--data-dir", str(tmp_path), "--np", "2"], expect=1
+        ["train", "--set", "data.source=imagenet", "--data-dir", str(tmp_path), "--np", "2"], expect=2
     )
-    errors = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "no files matching train-*-of-*" in ln]
-    assert len(errors) == 1, proc.stdout + proc.stderr
+    errors = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "Error:" in ln]
+    assert errors == [
+        f"Error: data.data_dir {tmp_path}: no files matching train-*-of-*; convert ImageNet with `app data imagenet-to-tfrecord`"
+    ], proc.stdout + proc.stderr
+
+
+def test_fp16_with_accumulation_on_two_workers_is_refused_once(tmp_path):
+    from conftest import TINY_SYNTHETIC, run_app
+
+    proc = run_app(["train", *TINY_SYNTHETIC, "--precision", "mixed_float16", "--accumulation-steps", "2",
+                    "--run-dir", str(tmp_path / "run"), "--np", "2"], expect=2)  # fmt: skip
+    errors = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "Error:" in ln]
+    assert errors == [
+        "Error: model.precision mixed_float16 with train.accumulation_steps 2 on 2 workers would let the "
+        "workers' loss scales diverge; use mixed_bfloat16 (Ampere or newer GPUs, CPUs) or float32, or "
+        "accumulation_steps 1"
+    ], proc.stdout + proc.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_an_error_of_one_rank_alone_is_printed_with_its_rank(tmp_path, monkeypatch):
+    from app import distributed
+
+    errors = tmp_path / "errors"
+    errors.mkdir()
+    monkeypatch.setenv(distributed.ERROR_DIR_VAR, str(errors))
+    assert distributed.report_to_launcher(1, 1, "disk of node 2 is full")
+    assert distributed.report_to_launcher(0, 2, "bad input")
+    assert distributed.report_to_launcher(3, 2, "bad input")  # the same as rank 0's: said once
+    assert distributed.collected_errors(str(errors)) == [
+        {"rank": 0, "code": 2, "message": "bad input"},
+        {"rank": 1, "code": 1, "message": "disk of node 2 is full"},
+    ]
+
+
+def test_evaluation_of_two_workers_is_the_saved_model_on_every_example(tmp_path):
+    # Batch-norm statistics are averaged across the workers before evaluation and checkpointing, and the
+    # evaluation split (5 images, 1 file: sharded by example) is counted once although 5 is odd: so what
+    # training reports is exactly what `app evaluate` measures on the saved checkpoint, on one worker.
+    from app.convert import convert
+    from conftest import run_app
+    from imagenet_fixture import make_tree
+
+    raw = make_tree(tmp_path / "raw", classes=2, per_class=4, val=5, png_as_jpeg=False)
+    records = tmp_path / "records"
+    convert(raw, records, train_shards=2, validation_shards=1, workers=1, labels_file=raw / "val_labels.txt")
+    run = tmp_path / "run"
+    run_app([
+        "train", "--run-dir", str(run), "--set", "data.source=imagenet", "--data-dir", str(records),
+        "--set", "data.image_size=32", "--set", "data.num_classes=2", "--set", "model.name=resnet20",
+        "--batch-size", "2", "--set", "train.warmup_epochs=0", "--epochs", "1", "--np", "2",
+    ])  # fmt: skip
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["workers"] == 2 and summary["final"]["val_examples"] == 5
+    assert summary["replica_weight_spread"] == 0.0  # batch-norm statistics included
+    run_app(["evaluate", str(run)])
+    result = json.loads((run / "eval-epoch-0001.json").read_text())
+    assert result["val_examples"] == 5
+    assert result["val_accuracy"] == summary["final"]["val_accuracy"]
+    assert result["val_loss"] == pytest.approx(summary["final"]["val_loss"], rel=1e-5)

@@ -30,10 +30,10 @@ def test_one_step_synthetic(tmp_path):
     assert len(rows(run)) == 1 and rows(run)[0]["images_per_s"] > 0
 
 
-def test_one_step_fashion_mnist_with_outputs(tmp_path, shared_tfds):
+def test_one_step_fashion_mnist_with_outputs(tmp_path, tfds_dir):
     run = tmp_path / "run"
     run_app([
-        "train", "-c", "configs/fashion_mnist.yaml", "--data-dir", str(shared_tfds), "--run-dir", str(run),
+        "train", "-c", "configs/fashion_mnist.yaml", "--data-dir", str(tfds_dir), "--run-dir", str(run),
         "--epochs", "2", "--set", "train.steps_per_epoch=1", "--set", "train.eval_steps=2", "--set", "train.warmup_epochs=0",
     ])  # fmt: skip
     metrics = rows(run)
@@ -144,3 +144,92 @@ def test_batch_larger_than_the_data(tmp_path):
         "lower the batch size or use fewer workers"
     )
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_damaged_newest_checkpoint_falls_back_with_a_note_and_each_epoch_once(tmp_path):
+    run = tmp_path / "run"
+    run_app(["train", *TINY_SYNTHETIC, "--epochs", "2", "--run-dir", str(run)])
+    (data,) = (run / "checkpoints" / "epoch-0002").glob("ckpt.data-*")
+    data.write_bytes(data.read_bytes()[:-8])  # its index still reads fine; its checksum does not
+    proc = run_app(["train", "--run-dir", str(run), "--epochs", "3"])
+    assert f"skipping checkpoint {run / 'checkpoints' / 'epoch-0002'}: {data.name} is" in proc.stdout
+    assert "resuming after epoch 1" in proc.stdout
+    assert "metrics of epochs [2] were written after the checkpoint now resumed; dropped" in proc.stdout
+    assert [r["epoch"] for r in rows(run)] == [1, 2, 3]
+    assert [ln.split(",")[0] for ln in (run / "metrics.csv").read_text().splitlines()[1:]] == ["1", "2", "3"]
+    assert "Traceback" not in proc.stderr
+
+
+def test_row_lost_between_checkpoint_and_metrics_comes_back_from_the_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    run_app(["train", *TINY_SYNTHETIC, "--epochs", "2", "--run-dir", str(run)])
+    first, second = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text(first + "\n")  # as if killed after checkpoint 2, before its row
+    run_app(["train", "--run-dir", str(run), "--epochs", "3"])
+    assert [r["epoch"] for r in rows(run)] == [1, 2, 3]
+    assert rows(run)[1] == json.loads(second)  # the checkpoint kept the very row
+
+
+def test_resume_whose_checkpoint_does_not_fit_keeps_the_saved_config(tmp_path):
+    run, other = tmp_path / "run", tmp_path / "other"
+    run_app(["train", *TINY_SYNTHETIC, "--epochs", "1", "--run-dir", str(run)])
+    run_app(
+        ["train", *TINY_SYNTHETIC, "--set", "data.num_classes=5", "--epochs", "1", "--run-dir", str(other)]
+    )
+    import shutil
+
+    shutil.rmtree(run / "checkpoints")
+    shutil.copytree(other / "checkpoints", run / "checkpoints")  # a checkpoint of another model
+    saved = (run / "config.yaml").read_bytes()
+    proc = run_app(["train", "--run-dir", str(run), "--epochs", "2"], expect=2)
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(
+        f"Error: --run-dir {run}: checkpoint {run / 'checkpoints' / 'epoch-0001'} does not fit"
+    )
+    assert (run / "config.yaml").read_bytes() == saved
+
+
+@pytest.mark.parametrize("damage", ["jpeg", "schema"])
+def test_bad_record_mid_training_is_named(tmp_path, damage):
+    from app.compat import import_tensorflow
+    from app.convert import convert
+
+    tf = import_tensorflow()
+    raw = make_tree(tmp_path / "raw", classes=2, per_class=4, val=2, png_as_jpeg=False)
+    records = tmp_path / "records"
+    convert(raw, records, train_shards=1, validation_shards=1, workers=1, labels_file=raw / "val_labels.txt")
+    shard = records / "train-00000-of-00001"
+    examples = [r.numpy() for r in tf.data.TFRecordDataset(str(shard))]
+    bad = tf.train.Example()
+    if damage == "jpeg":
+        bad.CopyFrom(tf.train.Example.FromString(examples[3]))
+        bad.features.feature["image/encoded"].bytes_list.value[0] = b"\xff\xd8\xff" + b"garbage" * 20
+    else:
+        bad.features.feature["image"].bytes_list.value.append(b"png")
+    with tf.io.TFRecordWriter(str(shard)) as writer:
+        for i, example in enumerate(examples):
+            writer.write(bad.SerializeToString() if i == 3 else example)
+    proc = run_app([
+        "train", "--run-dir", str(tmp_path / "run"), "--set", "data.source=imagenet", "--data-dir", str(records),
+        "--set", "data.image_size=32", "--set", "data.num_classes=2", "--set", "model.name=resnet20",
+        "--batch-size", "2", "--set", "train.warmup_epochs=0", "--epochs", "1",
+    ], expect=1)  # fmt: skip
+    # libjpeg may say what it found ("Unsupported marker type") before our one Error line; no traceback.
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("Error:")]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    line = lines[0]
+    why = (
+        "its image is not a decodable JPEG"
+        if damage == "jpeg"
+        else "not an ImageNet example of the standard layout"
+    )
+    assert line.startswith(f"Error: {shard} record 3: {why}")
+
+
+def test_images_smaller_than_the_model_accepts(tmp_path, tfds_dir):
+    proc = run_app(["train", "-c", "configs/fashion_mnist.yaml", "--data-dir", str(tfds_dir), "--set",
+                    "model.name=resnet50", "--run-dir", str(tmp_path / "run")], expect=2)  # fmt: skip
+    assert proc.stderr.strip() == (
+        "Error: data.image_size: fashion_mnist's 28 px images are smaller than resnet50 accepts (32 px); "
+        "set data.image_size=32 or pick a smaller model"
+    )
