@@ -16,7 +16,7 @@ NP         ?= 2
 TRAIN_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: help install system-deps data train test lint format clean image sif submit bench
+.PHONY: help install system-deps data test-data train test lint format clean image sif submit bench
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -47,8 +47,15 @@ data: ## make sure the quickstart's Fashion-MNIST is here (apt-get install datas
 train: install data ## quickstart: Fashion-MNIST, ResNet-20, 2 local CPU workers (NP=2), a few minutes
 	$(APP) train -c configs/fashion_mnist.yaml --np $(NP) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) $(TRAIN_ARGS)
 
-test: install ## run the test suite (includes 2-process Horovod runs under horovodrun and mpirun)
+test: install test-data ## run the test suite (includes 2-process Horovod runs under horovodrun and mpirun)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# The tests prepare their own TFDS folder from Debian's Fashion-MNIST files: nothing beside the clone needed.
+test-data:
+	@if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null; \
+	else echo "test-data: tests that need Fashion-MNIST will skip (apt-get install dataset-fashion-mnist as root)"; fi
 
 lint: install ## ruff check + ruff format --check + hadolint on the Dockerfile
 	$(VENV)/bin/ruff check app tests $(wildcard bench)

@@ -58,13 +58,21 @@ def run_workers(
 
 
 @pytest.fixture(scope="session")
-def shared_tfds() -> Path:
-    """The read-only TFDS folder with Fashion-MNIST that this workplace provides beside the repository."""
-    if not (SHARED_TFDS / "fashion_mnist").is_dir():
-        if IN_CI:
-            pytest.fail(f"{SHARED_TFDS} is missing; CI runs with shared/ beside the clone")
-        pytest.skip(f"{SHARED_TFDS} is not here")
-    return SHARED_TFDS
+def tfds_dir(tmp_path_factory) -> Path:
+    """A TFDS data dir with Fashion-MNIST, prepared by TFDS's own builder from Debian's dataset-fashion-mnist
+    files (which .ci/run and `make test` install), so the tests need nothing beside the repository. Without
+    those files: this workplace's shared folder when it is there, else a skip (a failure in CI)."""
+    from tfds_fixture import DEBIAN_FILES, prepare
+
+    if (DEBIAN_FILES / "train-images-idx3-ubyte.gz").is_file():
+        return prepare(tmp_path_factory.mktemp("tfds"))
+    if (SHARED_TFDS / "fashion_mnist").is_dir() and not IN_CI:
+        return SHARED_TFDS
+    if IN_CI:
+        pytest.fail(
+            f"{DEBIAN_FILES} is missing, but CI must run this test (.ci/run installs dataset-fashion-mnist)"
+        )
+    pytest.skip(f"no Fashion-MNIST: apt-get install dataset-fashion-mnist (files in {DEBIAN_FILES})")
 
 
 def run_app(

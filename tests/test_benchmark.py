@@ -98,9 +98,9 @@ def test_tiny_benchmark_on_two_workers_writes_one_line_per_batch_size(tmp_path):
 
 
 @pytest.mark.slow
-def test_pipeline_only_on_fashion_mnist(tmp_path, shared_tfds):
+def test_pipeline_only_on_fashion_mnist(tmp_path, tfds_dir):
     results = tmp_path / "pipeline.jsonl"
-    run_app(["benchmark", "-c", "configs/fashion_mnist.yaml", "--data-dir", str(shared_tfds), "--pipeline-only",
+    run_app(["benchmark", "-c", "configs/fashion_mnist.yaml", "--data-dir", str(tfds_dir), "--pipeline-only",
              "--steps", "10", "--windows", "2", "--results", str(results)])  # fmt: skip
     (line,) = [json.loads(x) for x in results.read_text().splitlines()]
     assert line["kind"] == "pipeline" and line["model"] is None and line["images_per_s"]["mean"] > 0
