@@ -1,6 +1,8 @@
 """Checkpoints in a run directory: written atomically by rank 0, the latest valid one found for resuming.
 
-Layout: ``<run_dir>/checkpoints/epoch-0005/{ckpt.index, ckpt.data-*, state.json}``. A checkpoint is written
+Layout: ``<run_dir>/checkpoints/epoch-0005/{ckpt.index, ckpt.data-*, state.json}`` after 5 whole epochs, and
+``epoch-0005-step-0000120/`` for a checkpoint 120 steps into the 6th (on a stop signal or
+``run.checkpoint_every``); ``state.json`` holds ``epoch`` and ``step``. A checkpoint is written
 into a hidden temporary directory, every file is fsynced, and the directory is renamed into place only when
 complete (``state.json`` last), so a crash at any moment leaves the previous checkpoints loadable and never a
 half-written one under a valid name. ``state.json`` records the size and SHA-256 of every file beside it, so
@@ -15,6 +17,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -29,14 +32,17 @@ def checkpoint_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
-def _epoch_of(path: Path) -> int | None:
-    name = path.name
-    if not name.startswith("epoch-") or not path.is_dir():
+def name_for(epoch: int, step: int = 0) -> str:
+    """``epoch-0005`` after 5 whole epochs; ``epoch-0005-step-0000120`` 120 steps into the 6th."""
+    return f"epoch-{epoch:04d}" + (f"-step-{step:07d}" if step else "")
+
+
+def _progress_of(path: Path) -> tuple[int, int] | None:
+    """(whole epochs, steps into the next) from a checkpoint folder's name, or None for anything else."""
+    m = re.fullmatch(r"epoch-(\d{4,})(?:-step-(\d{7,}))?", path.name)
+    if not m or not path.is_dir():
         return None
-    try:
-        return int(name[len("epoch-") :])
-    except ValueError:
-        return None
+    return int(m.group(1)), int(m.group(2) or 0)
 
 
 def _digest(path: Path) -> str:
@@ -78,17 +84,18 @@ def is_valid(path: Path) -> bool:
 
 
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    """(epoch, path) of every checkpoint directory, oldest first (not checked for validity)."""
+    """(whole epochs, path) of every checkpoint folder, oldest first by (epoch, step); not checked."""
     root = checkpoint_dir(run_dir)
     if not root.is_dir():
         return []
-    found = [(e, p) for p in root.iterdir() if (e := _epoch_of(p)) is not None]
-    return sorted(found)
+    found = sorted((pr, p) for p in root.iterdir() if (pr := _progress_of(p)) is not None)
+    return [(pr[0], p) for pr, p in found]
 
 
 def latest(run_dir: Path, skipped: list[str] | None = None) -> tuple[int, Path] | None:
     """The newest valid checkpoint as (epoch, path), skipping incomplete or corrupt ones; why each newer one
-    was skipped is appended to ``skipped`` (for a note: nothing is skipped silently)."""
+    was skipped is appended to ``skipped`` (for a note: nothing is skipped silently). A mid-epoch
+    checkpoint's ``step`` is in its state (:func:`read_state`)."""
     for epoch, path in reversed(list_checkpoints(run_dir)):
         why = problem(path)
         if why is None:
@@ -99,10 +106,10 @@ def latest(run_dir: Path, skipped: list[str] | None = None) -> tuple[int, Path] 
 
 
 def find(run_dir: Path, epoch: int | None = None) -> tuple[int, Path] | None:
-    """The checkpoint of ``epoch`` (if valid), or the latest valid one."""
+    """The checkpoint at the end of ``epoch`` (if valid), or the latest valid one."""
     if epoch is None:
         return latest(run_dir)
-    path = checkpoint_dir(run_dir) / f"epoch-{epoch:04d}"
+    path = checkpoint_dir(run_dir) / name_for(epoch)
     return (epoch, path) if is_valid(path) else None
 
 
@@ -114,13 +121,15 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def save(run_dir: Path, checkpoint, epoch: int, state: dict, keep: int) -> Path:
-    """Write ``checkpoint`` (a tf.train.Checkpoint) for ``epoch`` atomically; keep the newest ``keep``.
+def save(run_dir: Path, checkpoint, epoch: int, state: dict, keep: int, step: int = 0) -> Path:
+    """Write ``checkpoint`` (a tf.train.Checkpoint) after ``epoch`` whole epochs and ``step`` steps into the
+    next one, atomically; keep the newest ``keep``.
 
     A failure to write (full disk, read-only or vanished folder) raises :class:`AppError` naming the path,
     after removing the temporary folder; the earlier checkpoints are untouched."""
     root = checkpoint_dir(run_dir)
-    tmp = root / f".tmp-epoch-{epoch:04d}-{os.getpid()}"
+    name = name_for(epoch, step)
+    tmp = root / f".tmp-{name}-{os.getpid()}"
     try:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -131,7 +140,13 @@ def save(run_dir: Path, checkpoint, epoch: int, state: dict, keep: int) -> Path:
         for file in sorted(tmp.iterdir()):
             _fsync(file)  # the data on disk before the rename makes it count
             files[file.name] = [file.stat().st_size, _digest(file)]
-        state = {**state, "epoch": epoch, "files": files, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        state = {
+            **state,
+            "epoch": epoch,
+            "step": step,
+            "files": files,
+            "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
         with open(tmp / STATE, "w") as f:  # last: its presence marks the directory complete
             json.dump(state, f, indent=2)
             f.flush()
@@ -140,9 +155,9 @@ def save(run_dir: Path, checkpoint, epoch: int, state: dict, keep: int) -> Path:
     except Exception as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise _write_error(root, exc) from None
-    final = root / f"epoch-{epoch:04d}"
+    final = root / name
     if final.exists():  # only an invalid leftover can be here (we resume from the latest valid one)
-        final.rename(root / f".replaced-epoch-{epoch:04d}-{os.getpid()}")
+        final.rename(root / f".replaced-{name}-{os.getpid()}")
     os.rename(tmp, final)
     _fsync(root)
     _prune(root, keep)

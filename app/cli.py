@@ -16,7 +16,7 @@ from click.core import ParameterSource
 
 from app import __version__
 from app.compat import KerasError, import_tensorflow
-from app.distributed import detected_launcher, rank_from_env, report_to_launcher
+from app.distributed import REQUEUE_EXIT_CODE, detected_launcher, rank_from_env, report_to_launcher
 from app.errors import AppError, UsageError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "APP", "max_content_width": 100}
@@ -46,6 +46,12 @@ class AppGroup(click.Group):
             rank = rank_from_env()
             if report_to_launcher(rank, code, str(exc)):
                 ctx.exit(code)  # `app --np` prints each different error once, after the workers ended
+            if (
+                code == REQUEUE_EXIT_CODE
+            ):  # a clean stop on a signal, checkpoint written: no error, rank 0 says so
+                if rank == 0:
+                    click.echo(f"scaleout: {exc}", err=True)
+                ctx.exit(code)
             prefix = f"[rank {rank}] " if rank else ""
             error = click.ClickException(prefix + str(exc))
             error.exit_code = code
@@ -354,7 +360,7 @@ def report(inputs, out, target_accuracy):
 @click.option(
     "--set", "sets", multiple=True, metavar="KEY=VALUE", help="Config override passed to app train."
 )
-@click.option("--time", "time_limit", help="Time limit, [D-]HH:MM:SS (default: the profile's).")
+@click.option("--time", "time_limit", help="Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (default: the profile's).")  # fmt: skip
 @click.option("--account", help="Slurm account / project (required on CSC and LUMI systems).")
 @click.option("--partition", help="Partition (default: the first in the profile that fits).")
 @click.option("--image", help="Container image (default: the profile's).")
@@ -366,6 +372,8 @@ def report(inputs, out, target_accuracy):
     default=0,
     help="Copy --data-dir to node-local disk first (GB to request).",
 )
+@click.option("--resume", "resume", metavar="RUN_DIR",
+              help="Continue this run directory (its saved config and latest checkpoint) in a new job.")  # fmt: skip
 @click.option("--name", help="Job name (default: the config's name).")
 @click.option("--dry-run", is_flag=True, help="Print the rendered script; submit nothing.")
 @click.option("--test-only", is_flag=True, help="Ask sbatch --test-only whether and when it would run.")
@@ -380,26 +388,31 @@ def submit(
     image,
     data_dir,
     stage_gb,
+    resume,
     name,
     dry_run,
     test_only,
 ):
     """Submit a training job for N GPUs to a Slurm cluster (one task per GPU).
 
+    Near its time limit the job checkpoints and requeues itself; a run that stopped for good (cancelled,
+    failed, out of requeues) continues in a new job with --resume RUN_DIR.
+
     \b
     Example:
-      app submit --cluster mahti --gpus 32 -c configs/resnet50_imagenet.yaml --account project_2001234 \\
+      app submit --cluster roihu --gpus 32 -c configs/resnet50_imagenet.yaml --account project_2001234 \\
                  --data-dir /scratch/project_2001234/imagenet --time 12:00:00
-      app submit --cluster puhti --gpus 8 -c configs/synthetic.yaml --account project_2001234 --dry-run
+      app submit --cluster lumi --gpus 8 -c configs/synthetic.yaml --account project_465000001 --dry-run
+      app submit --cluster roihu --gpus 32 --account project_2001234 --resume runs/resnet50_imagenet-4242
     """
     from app import submit as submit_stage
 
     job = submit_stage.render(
         submit_stage.load_cluster(cluster), gpus, list(configs), list(sets), time_limit, account, partition,
-        image, data_dir, stage_gb, name,
+        image, data_dir, stage_gb, name, resume=resume,
     )  # fmt: skip
-    if dry_run:
-        click.echo(job.script, nl=False)
+    if dry_run:  # exactly the script sbatch would get (click.echo would strip escape sequences off a pipe)
+        sys.stdout.write(job.script)
         return
     answer = submit_stage.sbatch(job, test_only)
     if test_only:
@@ -407,7 +420,7 @@ def submit(
         return
     click.echo(f"submitted job {answer}: {job.nodes} node(s), {gpus} GPUs, partition {job.partition}")
     click.echo(f"  log:     {job.log_dir}/{job.job_name}-{answer}.out")
-    click.echo(f"  run dir: {job.runs_dir}/{job.job_name}-{answer}")
+    click.echo(f"  run dir: {job.run_dir or f'{job.runs_dir}/{job.job_name}-{answer}'}")
 
 
 @cli.group()
@@ -462,7 +475,21 @@ def imagenet_to_tfrecord(src, dest, train_shards, validation_shards, labels_file
 
 
 def main() -> None:
-    cli.main(prog_name="app")
+    """The `app` command. Click's own usage errors (a bad option value, a missing argument) become one line
+    too, like every other bad input, with where to find help instead of the usage block."""
+    try:
+        code = cli.main(prog_name="app", standalone_mode=False)
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx else "app"
+        click.echo(f"Error: {exc.format_message()} (see `{where} -h`)", err=True)
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("Aborted!", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -88,6 +89,16 @@ class RunConfig:
     log_every: int = 50  # steps between plain progress lines when stdout is not a terminal
     tensorboard: bool = True
     evaluate: bool = True  # evaluate on the eval split after every epoch
+    # Extra checkpoints inside epochs that take hours: "30m", "2h", "90s" (wall-clock) or "2000" (steps).
+    # "" (default): at epoch ends, and whenever SIGUSR1/SIGTERM asks the run to stop.
+    checkpoint_every: str = ""
+    # Optimizer updates between the workers' agreement on a stop signal (one tiny allreduce each).
+    stop_check_every: int = 10
+    # TensorFlow's op determinism: a resumed run ends bitwise equal to an uninterrupted one (slower on GPUs).
+    deterministic_ops: bool = False
+    # A resume on another number of workers keeps the global batch through train.accumulation_steps; where
+    # no whole number of steps can, it stops, unless this accepts the new global batch (and its LR).
+    allow_new_global_batch: bool = False
 
 
 @dataclass
@@ -426,6 +437,31 @@ def validate(cfg: Config, origins: dict[str, str] | None = None) -> None:
     need(0 <= r.seed <= SEED_MAX, "run.seed", f"must be in 0..{SEED_MAX}, got {r.seed}")
     need(r.keep_checkpoints >= 1, "run.keep_checkpoints", f"must be >= 1, got {r.keep_checkpoints}")
     need(r.log_every >= 1, "run.log_every", f"must be >= 1, got {r.log_every}")
+    need(r.stop_check_every >= 1, "run.stop_check_every", f"must be >= 1, got {r.stop_check_every}")
+    checkpoint_interval(r.checkpoint_every)  # raises with the accepted forms
+
+
+def checkpoint_interval(value: str) -> tuple[str, float] | None:
+    """``run.checkpoint_every`` as ("seconds", s) or ("steps", n), or None when empty. Converted once, here."""
+    text = str(value).strip()
+    if not text:
+        return None
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)\s*(s|m|h|steps?)?", text)
+    number = float(m.group(1)) if m else 0.0
+    if (
+        not m
+        or number <= 0
+        or not math.isfinite(number)
+        or (m.group(2) in (None, "step", "steps") and number != int(number))
+    ):
+        raise UsageError(
+            f"run.checkpoint_every: {text!r} is not an interval; use a duration like 30m, 2h or 90s, "
+            "a number of steps like 2000, or '' for epoch ends only"
+        )
+    unit = m.group(2)
+    if unit in (None, "step", "steps"):
+        return "steps", int(number)
+    return "seconds", number * {"s": 1, "m": 60, "h": 3600}[unit]
 
 
 def flat(cfg: Config) -> dict[str, object]:

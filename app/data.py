@@ -433,11 +433,15 @@ def open_source(cfg, rank: int = 0, workers: int = 1, seed: int = 0) -> Source:
 def train_dataset(
     source: Source, batch_size: int, steps_per_epoch: int, epochs: int, initial_epoch: int = 0,
     seed: int = 0, rank: int = 0, shuffle_buffer: int = 10000, synthetic: bool = False, deterministic: bool = True,
+    skip_steps: int = 0,
 ) -> tf.data.Dataset:  # fmt: skip
-    """Batches for epochs ``initial_epoch..epochs-1``, ``steps_per_epoch`` per epoch, one epoch after another."""
+    """Batches for epochs ``initial_epoch..epochs-1``, ``steps_per_epoch`` per epoch, one epoch after another;
+    the first ``skip_steps`` batches of the first epoch left out (a mid-epoch resume: the rest are exactly
+    the batches an uninterrupted run would see)."""
+    total = (epochs - initial_epoch) * steps_per_epoch - skip_steps
     if synthetic:  # one batch, made once, repeated: nothing but compute is measured
         batch = next(iter(source.train_elements(0).batch(batch_size)))
-        return tf.data.Dataset.from_tensors(batch).repeat((epochs - initial_epoch) * steps_per_epoch)
+        return tf.data.Dataset.from_tensors(batch).repeat(total)
 
     def one_epoch(epoch: int) -> tf.data.Dataset:
         ds = source.train_elements(epoch)
@@ -452,10 +456,10 @@ def train_dataset(
 
     # One dataset per epoch, concatenated: each epoch's shuffle seed is a plain int derived from (seed, rank,
     # epoch), which Dataset.shuffle needs (it cannot take a traced seed, so flat_map over epochs won't do).
-    ds = one_epoch(initial_epoch)
+    ds = one_epoch(initial_epoch).skip(skip_steps)
     for epoch in range(initial_epoch + 1, epochs):
         ds = ds.concatenate(one_epoch(epoch))
-    ds = ds.apply(tf.data.experimental.assert_cardinality((epochs - initial_epoch) * steps_per_epoch))
+    ds = ds.apply(tf.data.experimental.assert_cardinality(total))
     return ds.prefetch(AUTOTUNE)
 
 

@@ -7,6 +7,7 @@ what running on N workers changes. Horovod is imported lazily (after app.compat 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -219,6 +220,53 @@ def average_state_callback():
     return AverageModelState()
 
 
+REQUEUE_EXIT_CODE = 3  # stopped on request with a checkpoint: a Slurm job requeues itself on it
+
+
+class Preempted(AppError):
+    """Training stopped on SIGUSR1/SIGTERM after writing a checkpoint; every rank exits with status 3."""
+
+    exit_code = REQUEUE_EXIT_CODE
+
+
+class StopRequest:
+    """Notes SIGUSR1 (Slurm's --signal ahead of the time limit) and SIGTERM (scancel, preemption, a container
+    stop) instead of dying. The handler only records the signal, so a second one while a checkpoint is being
+    written changes nothing; training acts on it at the next agreed step (:func:`agree`)."""
+
+    SIGNALS = ("SIGUSR1", "SIGTERM")
+
+    def __init__(self):
+        self.signal: str | None = None
+
+    def install(self) -> StopRequest:
+        import signal
+
+        for name in self.SIGNALS:
+            signal.signal(getattr(signal, name), self._note)
+        return self
+
+    def _note(self, signum, frame) -> None:
+        import signal
+
+        if self.signal is None:
+            self.signal = signal.Signals(signum).name
+
+
+def agree(flags: list[float]) -> list[float]:
+    """[horovod] The largest of every rank's flags, elementwise: one tiny allreduce, so all ranks take the
+    same decision (stop, checkpoint) at the same step. Also a barrier: nobody returns before every rank
+    called it."""
+    import numpy as np
+    import tensorflow as tf
+
+    h = _hvd_tf()
+    if _single(h):
+        return list(flags)
+    out = h.allreduce(tf.constant(np.asarray(flags, np.float32)), op=h.Max, name="scaleout_agree")
+    return [float(v) for v in out.numpy()]
+
+
 def broadcast_object(obj, root: int = 0):
     """[horovod] Rank ``root``'s Python object on every rank (run directory, resume epoch)."""
     h = _hvd_tf()
@@ -273,7 +321,10 @@ def launch_local(np: int, argv: list[str]) -> int:
         reported = collected_errors(errors)
     for error in reported:
         prefix = f"[rank {error['rank']}] " if error.get("rank") else ""
-        print(f"Error: {prefix}{error['message']}", file=sys.stderr)
+        kind = (
+            "scaleout: " if error.get("code") == REQUEUE_EXIT_CODE else "Error: "
+        )  # a clean stop is no error
+        print(f"{kind}{prefix}{error['message']}", file=sys.stderr)
     if code != 0 and reported:
         return int(reported[0]["code"])  # horovodrun says 1 for any failure; the workers know better
     return code
@@ -289,6 +340,7 @@ def _run_horovodrun(cmd: list[str], env: dict, np: int) -> int:
     proc = subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
     )
+    _forward_stop_signals(proc.pid)
     own: list[str] = []
     for line in proc.stdout:
         if _IMPORT_NOISE.search(line):
@@ -310,6 +362,47 @@ def _run_horovodrun(cmd: list[str], env: dict, np: int) -> int:
         failed = next((ln.split(":", 1)[1].strip() for ln in own if ln.startswith("Process name:")), "?")
         print(f"Error: worker {failed} of {np} failed; its output is above", file=sys.stderr)
     return code
+
+
+def _forward_stop_signals(launcher_pid: int) -> None:
+    """SIGUSR1/SIGTERM sent to `app --np` go to its workers, which stop cleanly at an agreed step (exit 3).
+    Not to horovodrun itself: it would kill them at once."""
+    import signal
+
+    def forward(signum, frame):
+        for pid in _worker_pids(launcher_pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    for name in StopRequest.SIGNALS:
+        signal.signal(getattr(signal, name), forward)
+
+
+def _worker_pids(root: int) -> list[int]:
+    """The `python -m app` processes below ``root`` (read from /proc: the standard library has no process
+    tree, and this is the only place that needs one)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"-m" in argv and b"app" in argv:
+            found.append(pid)
+    return found
 
 
 def allreduce_sum(values):

@@ -25,12 +25,12 @@ from pathlib import Path
 
 import yaml
 
+from app.distributed import REQUEUE_EXIT_CODE
 from app.errors import AppError, UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTERS = ROOT / "jobs" / "clusters"
 TEMPLATE = ROOT / "jobs" / "train.sbatch"
-REQUEUE_EXIT_CODE = 3  # training checkpointed on SIGUSR1 and wants to continue in a requeued job
 SIGNAL_SECONDS = 600  # USR1 lead time for long jobs; shorter jobs get a tenth of their time (at least 60 s)
 MIN_TIME_SECONDS = 120  # shorter jobs cannot train, checkpoint on USR1 and exit before the limit
 MAX_STAGE_GB = 100_000  # --stage cap for profiles that do not state their node-local disk size (max_gb)
@@ -387,6 +387,7 @@ class Job:
     partition: str
     log_dir: Path
     runs_dir: Path
+    run_dir: Path | None = None  # set when the job continues an existing run
 
 
 def _check_plain(what: str, value: str, empty: str) -> str:
@@ -415,9 +416,18 @@ def render(
     account: str | None = None, partition: str | None = None, image: str | None = None,
     data_dir: str | None = None, stage_gb: int = 0, name: str | None = None,
     log_dir: Path = Path("logs"), runs_dir: Path = Path("runs"), python: str | None = None,
+    resume: str | None = None,
 ) -> Job:  # fmt: skip
-    """The sbatch script for ``gpus`` GPUs on ``cluster``; every check that can fail, fails here."""
+    """The sbatch script for ``gpus`` GPUs on ``cluster``; every check that can fail, fails here. With
+    ``resume`` (a run directory) the job continues that run with its saved config instead of starting one."""
     configs, sets = [str(c) for c in configs], list(sets)
+    if resume is not None:
+        check_text("--resume", resume)
+        if configs:
+            raise UsageError(
+                f"--resume {show(resume)} continues with the run's saved config; drop -c/--config "
+                "(--set may still change what a resume allows, e.g. train.epochs)"
+            )
     if gpus < 1:
         raise UsageError(f"--gpus {gpus}: must be >= 1")
     if stage_gb < 0:
@@ -468,17 +478,30 @@ def render(
         raise UsageError(
             f"--account is required on {cluster.name} (your project, e.g. project_2001234); or set APP_SUBMIT_ACCOUNT"
         )
-    if not configs:
+    if not configs and resume is None:
         raise UsageError(
             "--config: name at least one experiment file, e.g. -c configs/resnet50_imagenet.yaml"
         )
     from app import config as config_module
 
+    options = {"data.data_dir": data_dir} if data_dir else {}
     try:  # fails now rather than on the compute nodes
-        cfg = config_module.build(configs, sets, {"data.data_dir": data_dir} if data_dir else {})
+        if resume is None:
+            cfg = config_module.build(configs, sets, options)
+        else:
+            if not (Path(resume) / "config.yaml").is_file():
+                raise UsageError(
+                    f"--resume {show(resume)}: not a run directory (no config.yaml); pass the folder `app train` wrote"
+                )
+            cfg, _ = config_module.for_run([], sets, options, resume)  # a resume's own checks: conflicts
     except UsageError as exc:  # it may quote a hostile --set key or value: keep it one line
-        raise UsageError(one_line(str(exc))) from None
-    name = name if name is not None else _default_name(cfg.name, configs, sets)
+        message = (
+            str(exc)
+            if resume is None
+            else str(exc).replace(f"--run-dir {resume}", f"--resume {show(resume)}")
+        )
+        raise UsageError(one_line(message)) from None
+    name = name if name is not None else _default_name(cfg.name, configs or [f"{resume}/config.yaml"], sets)
     tasks = min(gpus, gpn)
     runtime = cluster.container.get("runtime", "native")
     if runtime == "native":
@@ -541,7 +564,9 @@ def render(
         "log_dir": str(log_dir),  # checked plain: #SBATCH lines are not shell, quotes would be kept
         "signal_seconds": signal_lead(time_s),
         "requeue_code": REQUEUE_EXIT_CODE,
-        "runs_dir": shlex.quote(str(runs_dir)),
+        "run_dir": shlex.quote(resume)
+        if resume is not None
+        else f"{shlex.quote(str(runs_dir))}/{name}-$SLURM_JOB_ID",
         "data_dir": shlex.quote(data_dir) if data_dir else '""',
         "stage_block": stage,
         "launcher_args": cluster.launcher.removeprefix("srun").strip(),
@@ -549,7 +574,8 @@ def render(
         "train_args": train_args,
     }
     script = string.Template(TEMPLATE.read_text(encoding="utf-8")).substitute(values)
-    return Job(script, name, nodes, chosen.name, Path(log_dir), Path(runs_dir))
+    run_dir = Path(resume) if resume is not None else None
+    return Job(script, name, nodes, chosen.name, Path(log_dir), Path(runs_dir), run_dir)
 
 
 def sbatch(job: Job, test_only: bool = False) -> str:

@@ -7,6 +7,7 @@ checkpoint/metrics (rank 0 only). Lines that exist only because of distribution 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from app import checkpoint, data, distributed, models
-from app.config import MIN_IMAGE_SIZE, Config, dump
+from app.config import MIN_IMAGE_SIZE, Config, checkpoint_interval, dump
 from app.errors import AppError, UsageError
 from app.output import MetricsWriter, Progress, Reporter, reconcile_metrics, write_json, write_text_atomic
 from app.report import read_metrics
@@ -125,14 +126,102 @@ class EvaluateEachEpoch(tf.keras.callbacks.Callback):
             logs.update(evaluate(self.model, self.dataset, self.num_classes))
 
 
-def checkpoint_writer(run_dir: Path, model, keep: int, extra_state: dict):
-    """Rank 0's epoch-end checkpoint, as :class:`MetricsWriter`'s ``before_write``: written (atomically)
-    before the epoch's metrics row, and holding that row, so a resume restores exactly what was recorded."""
+class CheckpointWriter:
+    """Rank 0's checkpoints: at each epoch end as :class:`MetricsWriter`'s ``before_write`` (written before
+    the epoch's metrics row, and holding that row, so a resume restores exactly what was recorded), and
+    inside epochs for :class:`Interruptions`. On other ranks it writes nothing and returns None."""
 
-    def write(epoch: int, row: dict) -> None:
-        checkpoint.save(run_dir, tracked(model), epoch, {**extra_state, "metrics": row}, keep)
+    STOPPED = ".stopped"  # rank 0 leaves the stop message here for the job script (see jobs/train.sbatch)
 
-    return write
+    def __init__(self, run_dir: Path, model, keep: int, extra_state: dict, chief: bool):
+        self.run_dir, self.model, self.keep, self.extra_state, self.chief = (
+            run_dir,
+            model,
+            keep,
+            extra_state,
+            chief,
+        )
+
+    def __call__(self, epoch: int, row: dict, step: int = 0):
+        if not self.chief:
+            return None
+        state = {**self.extra_state, "metrics": row}
+        return checkpoint.save(self.run_dir, tracked(self.model), epoch, state, self.keep, step)
+
+    def path(self, epoch: int, step: int) -> Path:
+        return checkpoint.checkpoint_dir(self.run_dir) / checkpoint.name_for(epoch, step)
+
+    def stopped(self, message: str) -> None:
+        if self.chief:
+            write_text_atomic(self.run_dir / self.STOPPED, message + "\n")
+
+
+class Interruptions(tf.keras.callbacks.Callback):
+    """A clean stop on SIGUSR1/SIGTERM, and ``run.checkpoint_every``'s checkpoints inside an epoch.
+
+    Every ``check_every`` optimizer updates the ranks agree (one tiny allreduce) on whether any of them got a
+    stop signal and, for time-based checkpoints, whether rank 0's clock says one is due; step-based ones
+    need no agreement. A checkpoint is always taken on an update boundary, so accumulation stays exact: the
+    batch-norm statistics are averaged, rank 0 writes it, and a barrier lets no rank leave before it is
+    complete. On a stop every rank then raises :class:`~app.distributed.Preempted` (exit status 3). At an
+    epoch end the epoch's own checkpoint (written just before, by :class:`MetricsWriter`) serves. Must be
+    the last callback.
+    """
+
+    def __init__(
+        self, request, write, p: Plan, every_updates: int, interval, first_epoch: int, first_step: int
+    ):
+        super().__init__()
+        self.request, self.write, self.p, self.every = request, write, p, every_updates
+        self.kind, self.amount = interval or (None, 0)
+        self.first_epoch, self.first_step = first_epoch, first_step
+        self.last_checkpoint = time.monotonic()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+        self.offset = self.first_step if epoch == self.first_epoch else 0  # steps done before a resume
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = self.offset + batch + 1  # steps done in this epoch
+        acc, steps = self.p.accumulation_steps, self.p.steps_per_epoch
+        if step % acc or step == steps:  # not an update boundary, or the epoch's own checkpoint comes next
+            return
+        due = self.kind == "steps" and (self.epoch * steps + step) % self.amount < acc
+        if (step // acc) % self.every == 0:
+            timed = self.kind == "seconds" and time.monotonic() - self.last_checkpoint >= self.amount
+            stop, timed = distributed.agree([float(self.request.signal is not None), float(timed)])
+            due = due or bool(timed)
+            if stop:
+                path = self._checkpoint(step)
+                raise self._preempted(path, step)
+        if due:
+            self._checkpoint(step)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.last_checkpoint = time.monotonic()
+        (stop,) = distributed.agree([float(self.request.signal is not None)])  # after rank 0's checkpoint
+        if stop:
+            raise self._preempted(self.write.path(epoch + 1, 0), 0, epoch + 1)
+
+    def _checkpoint(self, step: int):
+        distributed.average_model_state(self.model)
+        path = self.write(self.epoch, {}, step)  # rank 0 writes; the others get None
+        distributed.agree([0.0])  # [horovod] barrier: the checkpoint is complete before anyone moves on
+        self.last_checkpoint = time.monotonic()
+        return path
+
+    def _preempted(self, path, step: int, epoch: int | None = None) -> Exception:
+        epoch = self.epoch if epoch is None else epoch
+        where = (
+            f"epoch {epoch} step {step} of {self.p.steps_per_epoch}" if step else f"the end of epoch {epoch}"
+        )
+        signal = self.request.signal or "a stop signal on another rank"
+        message = (
+            f"stopped by {signal} at {where}: checkpoint {path} is intact; a Slurm job requeues itself "
+            f"(exit status {distributed.REQUEUE_EXIT_CODE}), else continue with `app train --run-dir {self.write.run_dir}`"
+        )
+        self.write.stopped(message)
+        return distributed.Preempted(message)
 
 
 @dataclass(frozen=True)
@@ -142,6 +231,7 @@ class Plan:
     steps_per_epoch: int  # backward passes (micro-batches) per epoch on each rank
     images_per_step: int  # images processed by all ranks in one backward pass
     global_batch: int  # images per optimizer update
+    accumulation_steps: int = 1  # backward passes per optimizer update
 
 
 def plan(cfg: Config, spec: data.Spec, world: distributed.World) -> Plan:
@@ -156,10 +246,10 @@ def plan(cfg: Config, spec: data.Spec, world: distributed.World) -> Plan:
             f"train.batch_size {t.batch_size} x accumulation {t.accumulation_steps} is more than this rank's "
             f"{spec.train_examples} training examples; lower the batch size or use fewer workers"
         )
-    return Plan(steps, t.batch_size * world.size, cfg.global_batch(world.size))
+    return Plan(steps, t.batch_size * world.size, cfg.global_batch(world.size), t.accumulation_steps)
 
 
-def header(reporter: Reporter, cfg: Config, spec: data.Spec, world: distributed.World, p: Plan, policy: str, run_dir, start_epoch: int) -> None:  # fmt: skip
+def header(reporter: Reporter, cfg: Config, spec: data.Spec, world: distributed.World, p: Plan, policy: str, run_dir, start_epoch: int, start_step: int = 0) -> None:  # fmt: skip
     s = make_schedule(cfg, world.size)
     t = cfg.train
     if not t.warmup_epochs:
@@ -184,7 +274,7 @@ def header(reporter: Reporter, cfg: Config, spec: data.Spec, world: distributed.
             ("warmup", warmup),
             ("schedule", decay[t.schedule]),
             ("steps per epoch", f"{p.steps_per_epoch} ({p.steps_per_epoch // t.accumulation_steps} updates)"),
-            ("epochs", f"{t.epochs}" + (f" (resuming after epoch {start_epoch})" if start_epoch else "")),
+            ("epochs", f"{t.epochs}" + (f" (resuming after epoch {start_epoch}" + (f", step {start_step})" if start_step else ")") if start_epoch or start_step else "")),
             ("precision", policy + (", XLA" if cfg.model.jit_compile else "")),
             ("run dir", str(run_dir)),
         ],
@@ -200,6 +290,8 @@ def setup(cfg: Config, threads: int = 0) -> tuple[distributed.World, Reporter, s
         os.environ.setdefault("HOROVOD_ENABLE_XLA_OPS", "1")  # allreduce inside XLA-compiled steps
     world = distributed.init(threads)
     tf.keras.utils.set_random_seed(cfg.run.seed)  # the same initial weights on every rank
+    if cfg.run.deterministic_ops:  # bitwise-reproducible kernels: a resumed run equals an uninterrupted one
+        tf.config.experimental.enable_op_determinism()
     reporter = Reporter(world.rank)
     policy = resolve_precision(cfg.model.precision)
     if policy == "mixed_float16" and cfg.train.accumulation_steps > 1 and world.size > 1:
@@ -233,13 +325,16 @@ def train_and_evaluate(cfg: Config, run_dir: Path, threads: int = 0) -> dict:
             f"data.image_size: {spec.name}'s {spec.image_shape[0]} px images are smaller than {cfg.model.name} "
             f"accepts ({smallest} px); set data.image_size={max(smallest, 32)} or pick a smaller model"
         )
-    p = plan(cfg, spec, world)
-
     skipped: list[str] = []
     found = checkpoint.latest(run_dir, skipped) if world.is_chief else None
-    found = distributed.broadcast_object(found)  # [horovod] rank 0 decides where every rank resumes from
+    state = checkpoint.read_state(found[1]) if found else {}
+    found, state = distributed.broadcast_object((found, state))  # [horovod] rank 0 decides for every rank
+    if found:
+        cfg = keep_global_batch(cfg, state, world, reporter)
+    p = plan(cfg, spec, world)
     start_epoch = found[0] if found else 0
-    header(reporter, cfg, spec, world, p, policy, run_dir, start_epoch)
+    start_step = resume_step(state, p, reporter) if found else 0
+    header(reporter, cfg, spec, world, p, policy, run_dir, start_epoch, start_step)
     for why in skipped:
         reporter.note(f"skipping checkpoint {why}")
 
@@ -253,12 +348,14 @@ def train_and_evaluate(cfg: Config, run_dir: Path, threads: int = 0) -> dict:
                 f"--run-dir {run_dir}: checkpoint {found[1]} does not fit the model built from this config "
                 f"({first[:200]}); resume with the run's own data and model, or start a new --run-dir"
             ) from None
-        reporter.note(f"resumed from {found[1]} (epoch {start_epoch})")
+        where = f"epoch {start_epoch}" + (f", step {start_step}" if start_step else "")
+        reporter.note(f"resumed from {found[1]} ({where})")
     if world.is_chief:  # only now, when the resume is known to work, does the saved config change
         run_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomic(run_dir / "config.yaml", dump(cfg))
+        (run_dir / CheckpointWriter.STOPPED).unlink(missing_ok=True)
         if found:
-            saved_row = checkpoint.read_state(found[1]).get("metrics") or {}
+            saved_row = state.get("metrics") or {}
             reconcile_metrics(
                 run_dir, start_epoch, saved_row if "epoch" in saved_row else None, reporter.note
             )
@@ -266,37 +363,107 @@ def train_and_evaluate(cfg: Config, run_dir: Path, threads: int = 0) -> dict:
         reporter.note(f"nothing to do: {run_dir} already trained {start_epoch}/{cfg.train.epochs} epochs")
         return summarize(cfg, run_dir, world, p, policy) if world.is_chief else {}
 
-    train_ds = data.train_dataset(
-        source, cfg.train.batch_size, p.steps_per_epoch, cfg.train.epochs, start_epoch, cfg.run.seed,
-        world.rank, cfg.data.shuffle_buffer, synthetic=cfg.data.source == "synthetic", deterministic=cfg.data.deterministic,
+    request = distributed.StopRequest().install()  # SIGUSR1/SIGTERM from here on: stop at an agreed step
+    write = CheckpointWriter(
+        run_dir, model, cfg.run.keep_checkpoints,
+        {"workers": world.size, "global_batch": p.global_batch, "steps_per_epoch": p.steps_per_epoch},
+        world.is_chief,
     )  # fmt: skip
-    callbacks = [
-        *distributed.first_callbacks(),  # [horovod] broadcast initial state, then average metrics
-        lr_callback(make_schedule(cfg, world.size), p.steps_per_epoch),
-        distributed.average_state_callback(),  # [horovod] one set of batch-norm statistics, then evaluate
-    ]
-    if cfg.run.evaluate:
-        eval_ds = data.eval_dataset(source, cfg.train.batch_size, cfg.train.eval_steps)
-        callbacks.append(EvaluateEachEpoch(eval_ds, spec.num_classes))
-    if world.is_chief:  # [horovod] only rank 0 writes checkpoints, metrics and progress
-        save = checkpoint_writer(
-            run_dir, model, cfg.run.keep_checkpoints, {"workers": world.size, "global_batch": p.global_batch}
-        )
-        callbacks += [
-            MetricsWriter(reporter, run_dir, cfg.run.tensorboard, p.images_per_step, p.steps_per_epoch, save),
-            Progress(reporter, cfg.train.epochs, p.steps_per_epoch, p.images_per_step, cfg.run.log_every),
+    eval_ds = (
+        data.eval_dataset(source, cfg.train.batch_size, cfg.train.eval_steps) if cfg.run.evaluate else None
+    )
+
+    def callbacks(first_epoch: int, first_step: int) -> list:
+        """The callbacks of one model.fit call whose first epoch starts ``first_step`` steps in."""
+        out = [
+            *distributed.first_callbacks(),  # [horovod] broadcast initial state, then average metrics
+            lr_callback(make_schedule(cfg, world.size), p.steps_per_epoch, first_step),
+            distributed.average_state_callback(),  # [horovod] one set of batch-norm statistics, then evaluate
         ]
+        if eval_ds is not None:
+            out.append(EvaluateEachEpoch(eval_ds, spec.num_classes))
+        if world.is_chief:  # [horovod] only rank 0 writes checkpoints, metrics and progress
+            steps = p.steps_per_epoch - first_step
+            out += [
+                MetricsWriter(reporter, run_dir, cfg.run.tensorboard, p.images_per_step, steps, write),
+                Progress(reporter, cfg.train.epochs, steps, p.images_per_step, cfg.run.log_every),
+            ]
+        every = checkpoint_interval(cfg.run.checkpoint_every)
+        return [
+            *out,
+            Interruptions(request, write, p, cfg.run.stop_check_every, every, first_epoch, first_step),
+        ]
+
+    # A mid-epoch resume first finishes the interrupted epoch (its remaining steps, the same batches an
+    # uninterrupted run would have seen), then trains whole epochs.
+    segments = [(start_epoch, start_step)] if start_step else []
+    first_whole = start_epoch + 1 if start_step else start_epoch
+    if first_whole < cfg.train.epochs:
+        segments.append((first_whole, 0))
     try:
-        model.fit(
-            train_ds, epochs=cfg.train.epochs, initial_epoch=start_epoch, steps_per_epoch=p.steps_per_epoch,
-            callbacks=callbacks, verbose=0,
-        )  # fmt: skip
+        for first_epoch, first_step in segments:
+            last = first_epoch + 1 if first_step else cfg.train.epochs
+            train_ds = data.train_dataset(
+                source, cfg.train.batch_size, p.steps_per_epoch, last, first_epoch, cfg.run.seed, world.rank,
+                cfg.data.shuffle_buffer, synthetic=cfg.data.source == "synthetic",
+                deterministic=cfg.data.deterministic, skip_steps=first_step,
+            )  # fmt: skip
+            model.fit(
+                train_ds, epochs=last, initial_epoch=first_epoch, steps_per_epoch=p.steps_per_epoch - first_step,
+                callbacks=callbacks(first_epoch, first_step), verbose=0,
+            )  # fmt: skip
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as exc:
         raise data.input_error(source, exc) from None
     # [horovod] Are all replicas still identical? Every variable: the batch-norm statistics were averaged at
     # the epoch end, so they must agree too.
     spread = distributed.replica_spread([v.numpy() for v in model.weights])
     return summarize(cfg, run_dir, world, p, policy, spread) if world.is_chief else {}
+
+
+def keep_global_batch(cfg: Config, state: dict, world: distributed.World, reporter: Reporter) -> Config:
+    """A resume on another number of workers keeps the checkpoint's global batch by changing the
+    accumulation steps where they can absorb it; else it stops with what would change, unless
+    ``run.allow_new_global_batch`` says to go on with the new one."""
+    saved_workers, saved_global = int(state.get("workers", world.size)), int(state.get("global_batch", 0))
+    t = cfg.train
+    if saved_workers == world.size or not saved_global or cfg.global_batch(world.size) == saved_global:
+        return cfg
+    per_update = t.batch_size * world.size
+    if saved_global % per_update == 0:
+        accumulation = saved_global // per_update
+        reporter.note(
+            f"resuming on {world.size} workers instead of {saved_workers}: train.accumulation_steps "
+            f"{t.accumulation_steps} -> {accumulation} keeps the global batch at {saved_global}"
+        )
+        return dataclasses.replace(cfg, train=dataclasses.replace(t, accumulation_steps=accumulation))
+    if cfg.run.allow_new_global_batch:
+        reporter.note(
+            f"resuming on {world.size} workers instead of {saved_workers}: the global batch changes from "
+            f"{saved_global} to {cfg.global_batch(world.size)} (run.allow_new_global_batch), the LR with it"
+        )
+        return cfg
+    raise UsageError(
+        f"resuming on {world.size} workers instead of {saved_workers} would change the global batch from "
+        f"{saved_global} to {cfg.global_batch(world.size)} (train.batch_size {t.batch_size} x {world.size} "
+        f"workers x accumulation {t.accumulation_steps}), and no whole number of accumulation steps keeps it; "
+        f"resume on {saved_workers} workers, or accept the change with --set run.allow_new_global_batch=true"
+    )
+
+
+def resume_step(state: dict, p: Plan, reporter: Reporter) -> int:
+    """The step inside the interrupted epoch to continue from. With another number of steps per epoch (the
+    workers changed) the same fraction of the epoch, on an update boundary; that epoch's data then differs."""
+    step, saved_steps = int(state.get("step", 0)), int(state.get("steps_per_epoch", p.steps_per_epoch))
+    if not step or saved_steps == p.steps_per_epoch:
+        return step
+    converted = round(step / saved_steps * p.steps_per_epoch)
+    converted -= converted % p.accumulation_steps
+    converted = min(converted, p.steps_per_epoch - p.accumulation_steps)
+    reporter.note(
+        f"the interrupted epoch had {saved_steps} steps per worker, now {p.steps_per_epoch}: continuing at "
+        f"step {converted} (the same fraction; the rest of that epoch's data order differs)"
+    )
+    return converted
 
 
 def summarize(

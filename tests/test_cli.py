@@ -120,3 +120,21 @@ def test_info_table_renders():
     result = CliRunner().invoke(cli, ["info"])
     assert result.exit_code == 0, result.output
     assert "Horovod" in result.output and "0.28.1" in result.output
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["train", "--seed", "abc"],
+            "Error: Invalid value for '--seed': 'abc' is not a valid integer. (see `app train -h`)",
+        ),
+        (["trainx"], "Error: No such command 'trainx'. Did you mean 'train'? (see `app -h`)"),
+        (["report"], "Error: Missing argument 'INPUTS...'. (see `app report -h`)"),
+    ],
+)
+def test_click_usage_errors_are_one_line_too(args, message):
+    from conftest import run_app
+
+    proc = run_app(args, expect=2)
+    assert proc.stderr.strip() == message and proc.stdout == ""

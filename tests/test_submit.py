@@ -72,7 +72,9 @@ def test_shape_of_a_multi_node_job():
                  "#SBATCH --output=logs/%x-%j.out", "#SBATCH --signal=USR1@600", "#SBATCH --requeue",
                  "srun --kill-on-bad-exit=1 --mpi=pmix", "apptainer exec --nv"):  # fmt: skip
         assert line in job.script
-    assert 'if [ "$status" -eq 3 ]; then' in job.script  # the documented requeue exit code
+    assert (
+        'if [ "$status" -eq 3 ] || [ "$stopped" -ge "$started" ]; then' in job.script
+    )  # documented exit code
 
 
 def test_partition_choice_and_staging():
@@ -628,4 +630,37 @@ def test_staged_golden_script():
         path.write_text(script)
     assert script == path.read_text(), (
         f"regenerate with UPDATE_GOLDEN=1 pytest {__file__} and review the diff"
+    )
+
+
+def _saved_run(folder: Path) -> Path:
+    from app import config
+
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(config.dump(config.build(["configs/synthetic.yaml"])))
+    return folder
+
+
+@pytest.mark.parametrize("name", ["synthetic-4242", "it's a $(touch PWNED) run"])
+def test_resume_continues_a_run_directory_in_a_new_job(tmp_path, name):
+    run = _saved_run(tmp_path / name)
+    job = submit.render(submit.load_cluster("roihu"), 4, [], ["train.epochs=120"], account="project_2001234",
+                        resume=str(run))  # fmt: skip
+    assert job.run_dir == run and job.job_name == "synthetic"
+    assert f"RUN_DIR={__import__('shlex').quote(str(run))}\n" in job.script
+    assert 'app train --set train.epochs=120 --run-dir "$RUN_DIR"' in job.script  # no -c: the saved config
+    subprocess.run(["bash", "-n"], input=job.script, text=True, check=True)
+
+
+def test_resume_errors(tmp_path):
+    run = _saved_run(tmp_path / "run")
+    roihu = submit.load_cluster("roihu")
+    with pytest.raises(UsageError, match="continues with the run's saved config; drop -c/--config"):
+        submit.render(roihu, 4, ["configs/synthetic.yaml"], account="p", resume=str(run))
+    with pytest.raises(UsageError, match="not a run directory \\(no config.yaml\\)"):
+        submit.render(roihu, 4, [], account="p", resume=str(tmp_path))
+    with pytest.raises(UsageError) as err:  # a change a resume does not allow, found before submitting
+        submit.render(roihu, 4, [], ["train.batch_size=7"], account="p", resume=str(run))
+    assert str(err.value).startswith(
+        f"--resume {run}: resuming with a different config (train.batch_size 64 (saved) vs 7"
     )

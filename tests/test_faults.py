@@ -1,0 +1,157 @@
+"""Long runs that survive: real signals into real training processes (SIGUSR1/SIGTERM, SIGKILL, SIGSTOP),
+mid-epoch checkpoints and exact resume, a crash inside a checkpoint write."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import MPI_ENV, ROOT, TINY_SYNTHETIC, require_tool, run_app
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+# 6 steps per epoch, a stop agreed at every step, bitwise-reproducible kernels.
+RECIPE = [*TINY_SYNTHETIC, "--set", "train.steps_per_epoch=6", "--set", "run.stop_check_every=1",
+          "--set", "run.deterministic_ops=true", "--set", "train.base_lr=0.4"]  # fmt: skip
+
+
+def start(args: list[str], env: dict | None = None, prefix: list[str] | None = None) -> subprocess.Popen:
+    cmd = [*(prefix or []), sys.executable, "-m", "app", *args]
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+
+
+def wait_for(proc: subprocess.Popen, text: str, timeout: float = 300) -> list[str]:
+    """Read the process's output until a line holds ``text``; the lines read so far."""
+    lines, deadline = [], time.monotonic() + timeout
+    for line in proc.stdout:
+        lines.append(line)
+        if text in line:
+            return lines
+        assert time.monotonic() < deadline, "".join(lines)
+    raise AssertionError(f"{text!r} never came:\n{''.join(lines)}")
+
+
+def workers(proc: subprocess.Popen) -> dict[int, int]:
+    """rank -> pid of the training processes started below ``proc`` (from their environment)."""
+    from app.distributed import _worker_pids
+
+    out = {}
+    for pid in _worker_pids(proc.pid):
+        try:
+            env = dict(
+                kv.split(b"=", 1)
+                for kv in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                if b"=" in kv
+            )
+        except OSError:
+            continue
+        for var in (b"HOROVOD_RANK", b"OMPI_COMM_WORLD_RANK"):
+            if var in env:
+                out[int(env[var])] = pid
+    return out
+
+
+def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str, float]:
+    t0 = time.monotonic()
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out, time.monotonic() - t0
+
+
+def weights(run: Path, epoch: int) -> dict[str, np.ndarray]:
+    from app.compat import import_tensorflow
+
+    tf = import_tensorflow()
+    reader = tf.train.load_checkpoint(str(run / "checkpoints" / f"epoch-{epoch:04d}" / "ckpt"))
+    return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if "OPTIMIZER_SLOT" in k
+            or ("moving_" not in k and "save_counter" not in k)}  # fmt: skip
+
+
+def rows(run: Path) -> list[int]:
+    return [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
+def test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path, sig):
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    run_app(["train", *RECIPE, "--epochs", "2", "--run-dir", str(whole), "--np", "2"])
+    step = random.randint(1, 4)  # any step strictly inside the first epoch
+    proc = start(["train", *RECIPE, "--epochs", "2", "--run-dir", str(split), "--np", "2"])
+    wait_for(proc, f"epoch 1/2 step {step}/6")
+    os.kill(workers(proc)[1], sig)  # one rank alone gets the signal; all must stop at the same step
+    code, out, _ = finish(proc)
+    assert code == 3, out
+    (line,) = [ln for ln in out.splitlines() if "stopped by" in ln]
+    assert line.startswith(f"scaleout: [rank 1] stopped by {sig.name} at epoch 0 step") or line.startswith(
+        "scaleout: stopped by a stop signal on another rank at epoch 0 step"
+    ), out
+    stopped = sorted((split / "checkpoints").glob("epoch-0000-step-*"))
+    assert len(stopped) == 1 and str(stopped[0]) in line
+    assert (split / ".stopped").is_file() and not (split / "metrics.jsonl").exists()
+    proc = run_app(["train", "--run-dir", str(split), "--np", "2"])
+    assert f"resumed from {stopped[0]}" in proc.stdout
+    assert rows(split) == [1, 2] and not (split / ".stopped").exists()
+    a, b = weights(whole, 2), weights(split, 2)
+    assert sorted(a) == sorted(b) and len(a) > 40
+    for name in a:  # bitwise: the same batches, the same LRs, deterministic kernels
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+@pytest.mark.parametrize("launcher", ["np", "np", "mpirun"])
+def test_a_killed_worker_ends_the_job_and_a_restart_resumes(tmp_path, launcher):
+    run = tmp_path / "run"
+    args = ["train", *RECIPE, "--epochs", "3", "--run-dir", str(run)]
+    if launcher == "np":
+        proc = start([*args, "--np", "2"])
+    else:
+        mpirun = require_tool("mpirun")
+        proc = start(args, MPI_ENV, [mpirun, "-np", "2", "--bind-to", "none"])
+    wait_for(proc, f"epoch 2/3 step {random.randint(1, 5)}/6")
+    t0 = time.monotonic()
+    os.kill(workers(proc)[1], signal.SIGKILL)
+    code, out, _ = finish(proc, timeout=90)
+    assert code != 0 and time.monotonic() - t0 < 60, out
+    if launcher == "np":
+        assert "Error: worker" in out and "of 2 failed" in out, out
+    proc = run_app(["train", "--run-dir", str(run), "--epochs", "3"])
+    assert f"resumed from {run / 'checkpoints' / 'epoch-0001'}" in proc.stdout
+    assert rows(run) == [1, 2, 3]
+
+
+def test_a_crash_inside_a_checkpoint_write_keeps_the_previous_one(tmp_path):
+    run = tmp_path / "run"
+    run_app(["train", *TINY_SYNTHETIC, "--epochs", "1", "--run-dir", str(run)])
+    marker = tmp_path / "writing"
+    proc = start(
+        ["train", "--run-dir", str(run), "--epochs", "2"], {"SCALEOUT_TEST_PAUSE_IN_CHECKPOINT": str(marker)}
+    )
+    deadline = time.monotonic() + 300
+    while not marker.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # rank 0 dies in the middle of writing epoch 2
+    proc.wait()
+    assert [p.name for p in (run / "checkpoints").iterdir() if not p.name.startswith(".")] == ["epoch-0001"]
+    proc = run_app(["train", "--run-dir", str(run), "--epochs", "2"])
+    assert f"resumed from {run / 'checkpoints' / 'epoch-0001'}" in proc.stdout
+    assert rows(run) == [1, 2]
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]  # leftovers swept
+
+
+def test_checkpoint_every_steps_writes_mid_epoch_checkpoints(tmp_path):
+    run = tmp_path / "run"
+    run_app(["train", *RECIPE, "--epochs", "1", "--set", "run.checkpoint_every=2", "--set",
+             "run.keep_checkpoints=10", "--run-dir", str(run)])  # fmt: skip
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert names == ["epoch-0000-step-0000002", "epoch-0000-step-0000004", "epoch-0001"]
