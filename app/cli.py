@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -17,13 +18,15 @@ from click.core import ParameterSource
 from app import __version__
 from app.compat import KerasError, import_tensorflow
 from app.distributed import REQUEUE_EXIT_CODE, detected_launcher, rank_from_env, report_to_launcher
-from app.errors import AppError, UsageError
+from app.errors import AppError, UsageError, brief, one_line
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "APP", "max_content_width": 100}
 
 
 class AppGroup(click.Group):
-    """Turns :class:`AppError` (and a Keras 3 mix-up) into one ``Error:`` line and its exit status."""
+    """Turns :class:`AppError` (and a Keras 3 mix-up) into one ``Error:`` line and its exit status. Every
+    message passes :func:`one_line` here, whatever quoted it: a newline or escape sequence from a key, value
+    or path is shown escaped, never printed raw."""
 
     def invoke(self, ctx: click.Context):
         try:
@@ -34,8 +37,10 @@ class AppGroup(click.Group):
                 raise
             # Nobody typed the option: name the variable that set it, in one line (no usage text).
             error = click.ClickException(
-                f"environment variable {envvar} (sets {exc.param.opts[0]}): {exc.message.rstrip('.')}; "
-                "fix or unset it"
+                one_line(
+                    f"environment variable {envvar} (sets {exc.param.opts[0]}): {exc.message.rstrip('.')}; "
+                    "fix or unset it"
+                )
             )
             error.exit_code = 2
             raise error from None
@@ -43,17 +48,18 @@ class AppGroup(click.Group):
             if ctx.params.get("debug"):
                 raise
             code = getattr(exc, "exit_code", 1)
+            message = one_line(str(exc))
             rank = rank_from_env()
-            if report_to_launcher(rank, code, str(exc)):
+            if report_to_launcher(rank, code, message):
                 ctx.exit(code)  # `app --np` prints each different error once, after the workers ended
             if (
                 code == REQUEUE_EXIT_CODE
             ):  # a clean stop on a signal, checkpoint written: no error, rank 0 says so
                 if rank == 0:
-                    click.echo(f"scaleout: {exc}", err=True)
+                    click.echo(f"scaleout: {message}", err=True)
                 ctx.exit(code)
             prefix = f"[rank {rank}] " if rank else ""
-            error = click.ClickException(prefix + str(exc))
+            error = click.ClickException(prefix + message)
             error.exit_code = code
             raise error from None
 
@@ -67,6 +73,44 @@ def from_environment(ctx: click.Context | None, param: click.Parameter | None) -
     names = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar or ())
     names.append(f"{ctx.auto_envvar_prefix}_{param.name.upper()}")
     return next((n for n in names if os.environ.get(n)), names[-1])
+
+
+class Int(click.ParamType):
+    """An integer option: ASCII digits with an optional sign, nothing else. Click's INT takes what Python's
+    int() takes, so `--gpus ٢` was 2 and `--gpus 1_0` was 10. ``min`` refuses smaller values like IntRange."""
+
+    name = "integer"
+    # More than 100 digits is no count of anything (and int() stops at 4300).
+    PATTERN = re.compile(r"[-+]?[0-9]{1,100}")
+
+    def __init__(self, min: int | None = None) -> None:  # noqa: A002 (IntRange's name)
+        self.min = min
+
+    def convert(self, value, param, ctx) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        else:
+            text = str(value).strip()
+            if not self.PATTERN.fullmatch(text):
+                digits = re.fullmatch(r"[-+]?[0-9]+", text)
+                problem = "is too large" if digits else "is not a valid integer (ASCII digits 0-9)"
+                self.fail(f"{brief(value)} {problem}", param, ctx)
+            number = int(text)
+        if self.min is not None and number < self.min:
+            self.fail(f"{number} is not in the range x>={self.min}.", param, ctx)
+        return number
+
+    def __repr__(self) -> str:
+        return "INT" if self.min is None else f"Int(min={self.min})"
+
+
+def parse_int_list(value: str) -> list[int]:
+    """``32,64,128`` with :class:`Int`'s rules for each item; ValueError names the first bad one."""
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    bad = next((v for v in items if not Int.PATTERN.fullmatch(v)), None)
+    if bad is not None:
+        raise ValueError(bad)
+    return [int(v) for v in items]
 
 
 # Options that set a config key (their values beat --set and the config files).
@@ -134,11 +178,11 @@ def config_options(func):
         click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
                      help="Override one config key, e.g. --set train.batch_size=64 (repeatable)."),
         click.option("--data-dir", help="TFDS data dir or ImageNet TFRecord folder (data.data_dir)."),
-        click.option("--seed", type=int,
+        click.option("--seed", type=Int(),
                      help="Seed for weights, data order and augmentation, 0..2147483647 (run.seed)."),
-        click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
+        click.option("--threads", type=Int(min=0), default=0, show_default=True,
                      help="CPU threads per worker (0: the node's cores shared among its workers)."),
-        click.option("--np", "np_", type=click.IntRange(min=1), metavar="N",
+        click.option("--np", "np_", type=Int(min=1), metavar="N",
                      help="Start N local workers through horovodrun --gloo (one workstation)."),
     ]  # fmt: skip
     for option in reversed(options):
@@ -168,9 +212,11 @@ def relaunch(np_: int | None, extra: list[str] = ()) -> None:
 @cli.command()
 @config_options
 @click.option("--run-dir", help="Where checkpoints and metrics go; an existing run directory is resumed.")
-@click.option("--epochs", type=int, help="train.epochs")
-@click.option("--batch-size", type=int, help="Per-worker batch size (train.batch_size).")
-@click.option("--accumulation-steps", type=int, help="Backward passes per update (train.accumulation_steps).")
+@click.option("--epochs", type=Int(), help="train.epochs")
+@click.option("--batch-size", type=Int(), help="Per-worker batch size (train.batch_size).")
+@click.option(
+    "--accumulation-steps", type=Int(), help="Backward passes per update (train.accumulation_steps)."
+)
 @click.option("--precision", type=click.Choice(["auto", "float32", "mixed_float16", "mixed_bfloat16"]))
 def train(
     configs, sets, data_dir, seed, threads, np_, run_dir, epochs, batch_size, accumulation_steps, precision
@@ -206,7 +252,7 @@ def train(
 @config_options
 @click.option(
     "--epoch",
-    type=click.IntRange(min=1),
+    type=Int(min=1),
     help="Evaluate this epoch's checkpoint instead of the latest valid one.",
 )
 def evaluate(run_dir, configs, sets, data_dir, seed, threads, np_, epoch):
@@ -236,11 +282,13 @@ def _batch_sizes(ctx, param, value: str | None) -> list[int] | None:
     if value is None:
         return None
     try:
-        sizes = [int(v) for v in value.split(",") if v.strip()]
+        sizes = parse_int_list(value)
     except ValueError:
-        raise click.BadParameter(f"{value!r}: expected comma-separated integers, e.g. 32,64,128") from None
+        raise click.BadParameter(
+            f"{brief(value)}: expected comma-separated integers (ASCII digits), e.g. 32,64,128"
+        ) from None
     if not sizes or min(sizes) <= 0:
-        raise click.BadParameter(f"{value!r}: batch sizes must be positive integers, e.g. 32,64,128")
+        raise click.BadParameter(f"{brief(value)}: batch sizes must be positive integers, e.g. 32,64,128")
     return sizes
 
 
@@ -254,14 +302,14 @@ def _batch_sizes(ctx, param, value: str | None) -> list[int] | None:
 )
 @click.option(
     "--steps",
-    type=click.IntRange(min=5),
+    type=Int(min=5),
     default=50,
     show_default=True,
     help="Steps per batch size, warmup included.",
 )
 @click.option(
     "--windows",
-    type=click.IntRange(min=2),
+    type=Int(min=2),
     default=5,
     show_default=True,
     help="Measurement windows (for the confidence interval: at least 2).",
@@ -350,7 +398,7 @@ def report(inputs, out, target_accuracy):
 
 
 @cli.command()
-@click.option("--gpus", type=int, required=True, help="Total GPUs (one worker each).")
+@click.option("--gpus", type=Int(), required=True, help="Total GPUs (one worker each).")
 @click.option(
     "--cluster", required=True, help="A profile in jobs/clusters/ (mahti, puhti, roihu, lumi, local)."
 )
@@ -368,7 +416,7 @@ def report(inputs, out, target_accuracy):
 @click.option(
     "--stage",
     "stage_gb",
-    type=int,
+    type=Int(),
     default=0,
     help="Copy --data-dir to node-local disk first (GB to request).",
 )
@@ -436,15 +484,15 @@ def data() -> None:
 @data.command("imagenet-to-tfrecord")
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("dest", type=click.Path(path_type=Path))
-@click.option("--train-shards", type=int, default=1024, show_default=True)
-@click.option("--validation-shards", type=int, default=128, show_default=True)
+@click.option("--train-shards", type=Int(), default=1024, show_default=True)
+@click.option("--validation-shards", type=Int(), default=128, show_default=True)
 @click.option(
     "--labels",
     "labels_file",
     type=click.Path(path_type=Path),
     help="Validation labels (LOC_val_solution.csv or one wnid per line).",
 )
-@click.option("--workers", type=int, default=0, help="Parallel processes (0: one per CPU).")
+@click.option("--workers", type=Int(), default=0, help="Parallel processes (0: one per CPU).")
 @click.option("--force", is_flag=True, help="Overwrite existing TFRecords in DEST.")
 def imagenet_to_tfrecord(src, dest, train_shards, validation_shards, labels_file, workers, force):
     """Convert the raw ILSVRC-2012 tree (train/<wnid>/*.JPEG, val/) to TFRecords in the standard layout.
@@ -481,10 +529,10 @@ def main() -> None:
         code = cli.main(prog_name="app", standalone_mode=False)
     except click.UsageError as exc:
         where = exc.ctx.command_path if exc.ctx else "app"
-        click.echo(f"Error: {exc.format_message()} (see `{where} -h`)", err=True)
+        click.echo(f"Error: {one_line(exc.format_message())} (see `{where} -h`)", err=True)
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        exc.show()
+        click.echo(f"Error: {one_line(exc.format_message())}", err=True)
         sys.exit(exc.exit_code)
     except click.Abort:
         click.echo("Aborted!", err=True)

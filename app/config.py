@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import itertools
 import math
 import os
 import re
@@ -20,12 +21,18 @@ from pathlib import Path
 
 import yaml
 
-from app.errors import UsageError
+from app.errors import UsageError, brief, read_regular, show
 
 MODELS = ("resnet50", "resnet18", "resnet20", "resnet32", "resnet56")
 SOURCES = ("tfds", "imagenet", "synthetic")
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 SCHEDULES = ("step", "cosine", "constant")
+# The experiment's name names its run directory (runs/<name>-<date>) and, through app submit, its Slurm job:
+# letters, digits and . _ + - only, never a path, never an option. One definition, used by submit too.
+SAFE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
+SAFE_HINT = "use letters, digits and . _ + - only (first a letter, digit or _; at most 128)"
+CONFIG_FILE_LIMIT = 2**20  # bytes: an experiment file is a few hundred; more is the wrong file (or /dev/zero)
+MAX_DEPTH = 50  # nesting levels of a config's YAML (its schema has 3)
 # Keys that may differ between a run's saved config and a resume of it: they do not change what is learned
 # so far (longer training, other logging, data moved to another disk).
 RESUMABLE_CHANGES = ("train.epochs", "train.decay_epochs", "data.data_dir", "run.")
@@ -121,6 +128,114 @@ class Config:
         return dataclasses.asdict(self)
 
 
+# ------------------------------------------------------------------------------------------------ YAML
+
+_INT, _FLOAT, _TIMESTAMP = (f"tag:yaml.org,2002:{t}" for t in ("int", "float", "timestamp"))
+# Numbers as YAML 1.2's core schema reads them, not PyYAML's YAML 1.1: 1e-3 is a float (1.1 wants a dot),
+# 1:30 and 1_000 are strings (1.1: 90 and 1000), 010 is ten (1.1: octal eight), 2024-01-01 is a string.
+# .inf and .nan stay floats, for the finite check to refuse them by name.
+INT_12 = re.compile(r"(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)\Z")
+FLOAT_12 = re.compile(
+    r"(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))\Z"
+)
+MAX_INT_DIGITS = 100  # more is no config value (and Python refuses to convert beyond 4300)
+
+
+class Refused(yaml.MarkedYAMLError):
+    """Valid YAML that a config may not hold (an alias, deep nesting, a huge integer): its own one line."""
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` with YAML 1.2 numbers (``INT_12``, ``FLOAT_12``) and no aliases: ``*a`` can make a
+    600-byte file a structure of gigabytes (and is never needed in an experiment file)."""
+
+    yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_INT, _FLOAT, _TIMESTAMP)]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    depth = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise Refused(
+                problem=f"YAML aliases (*{show(event.anchor)}) are not allowed in a config; write the value out",
+                problem_mark=event.start_mark,
+            )
+        if self.depth >= MAX_DEPTH:
+            raise Refused(
+                problem=f"nested deeper than {MAX_DEPTH} levels; a config has sections, keys and values",
+                problem_mark=self.peek_event().start_mark,
+            )
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def construct_int12(self, node) -> int:
+        text = self.construct_scalar(node)
+        if not INT_12.match(text):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{brief(text)} is not an integer", node.start_mark
+            )
+        digits = len(text.lstrip("+-"))
+        if digits > MAX_INT_DIGITS:
+            raise Refused(
+                problem=f"an integer of {digits} digits is out of range", problem_mark=node.start_mark
+            )
+        base = {"0o": 8, "0x": 16}.get(text[:2], 10)
+        return int(text[2:] if base != 10 else text, base)
+
+    def construct_float12(self, node) -> float:
+        text = self.construct_scalar(node)
+        if not FLOAT_12.match(text):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{brief(text)} is not a number", node.start_mark
+            )
+        lower = text.lower()
+        if lower.lstrip("+-") in (".inf", ".nan"):
+            return float(lower.replace(".", ""))
+        return float(text)  # 1e400 is inf: refused by the finite check with the key's name
+
+
+ConfigLoader.add_implicit_resolver(_INT, INT_12, list("-+0123456789"))
+ConfigLoader.add_implicit_resolver(_FLOAT, FLOAT_12, list("-+.0123456789"))
+ConfigLoader.add_constructor(_INT, ConfigLoader.construct_int12)
+ConfigLoader.add_constructor(_FLOAT, ConfigLoader.construct_float12)
+
+
+class ConfigDumper(yaml.SafeDumper):
+    """``yaml.SafeDumper`` that also quotes the strings YAML 1.2 reads as numbers ("1e-3"), so that a saved
+    config.yaml reads back the same with :class:`ConfigLoader` and with ``yaml.safe_load``."""
+
+
+ConfigDumper.add_implicit_resolver(_INT, INT_12, list("-+0123456789"))
+ConfigDumper.add_implicit_resolver(_FLOAT, FLOAT_12, list("-+.0123456789"))
+
+
+def parse_yaml(text: str, label: str) -> object:
+    """``text`` read by :class:`ConfigLoader`, or one line naming ``label`` (and the line) for invalid YAML
+    or YAML a config may not hold."""
+    try:
+        return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 (a SafeLoader)
+    except Refused as exc:
+        raise UsageError(f"{label}: line {exc.problem_mark.line + 1}: {exc.problem}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" line {mark.line + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UsageError(f"{label}:{at} is not valid YAML ({problem})") from None
+    except RecursionError:
+        raise UsageError(f"{label}: nested too deeply to be a config") from None
+    except (
+        ValueError,
+        TypeError,
+        AttributeError,
+    ) as exc:  # an explicit tag (!!timestamp x) PyYAML trips over
+        raise UsageError(f"{label}: not a valid config value ({brief(str(exc))})") from None
+
+
 # --------------------------------------------------------------------------------------------- loading
 
 
@@ -166,7 +281,7 @@ def _unknown(key: str, where: str, value: object = None) -> UsageError:
         elif isinstance(value, dict) or difflib.get_close_matches(key, SECTIONS, n=1, cutoff=0.6):
             near = difflib.get_close_matches(key, SECTIONS, n=1, cutoff=0.6)
             hint = f"did you mean '{near[0]}'?" if near else f"the sections are {', '.join(SECTIONS)}"
-            return UsageError(f"{where}: unknown section '{key}'; {hint}")
+            return UsageError(f"{where}: unknown section {brief(key)}; {hint}")
         else:
             near = [names[n] for n in difflib.get_close_matches(key, list(names), n=1, cutoff=0.8)]
         hint = (
@@ -174,19 +289,21 @@ def _unknown(key: str, where: str, value: object = None) -> UsageError:
             if near
             else f"top-level keys are the sections {', '.join(SECTIONS)} and 'name'"
         )
-        return UsageError(f"{where}: unknown key '{key}'; {hint}")
+        return UsageError(f"{where}: unknown key {brief(key)}; {hint}")
     if section not in SECTIONS:
         fixed = difflib.get_close_matches(section, SECTIONS, n=1, cutoff=0.6)
         if fixed and f"{fixed[0]}.{name}" in FIELDS:
-            return UsageError(f"{where}: unknown key '{key}'; did you mean '{fixed[0]}.{name}'?")
+            return UsageError(
+                f"{where}: unknown key {brief(key)}; did you mean {brief(f'{fixed[0]}.{name}')}?"
+            )
         hint = f"did you mean '{fixed[0]}'?" if fixed else f"the sections are {', '.join(SECTIONS)}"
-        return UsageError(f"{where}: unknown key '{key}': no section '{section}'; {hint}")
+        return UsageError(f"{where}: unknown key {brief(key)}: no section {brief(section)}; {hint}")
     own = [k.partition(".")[2] for k in FIELDS if k.startswith(section + ".")]
     near = [f"{section}.{n}" for n in difflib.get_close_matches(name, own, n=1, cutoff=0.7)]
     if not near and name in names:  # the right name in the wrong section: run.seed for train.seed
         near = [names[name]]
     hint = f"did you mean '{near[0]}'?" if near else f"the keys of '{section}' are {', '.join(own)}"
-    return UsageError(f"{where}: unknown key '{key}'; {hint}")
+    return UsageError(f"{where}: unknown key {brief(key)}; {hint}")
 
 
 def _coerce(key: str, value, tp, where: str):
@@ -203,7 +320,7 @@ def _coerce(key: str, value, tp, where: str):
         if isinstance(value, int | float) and not isinstance(value, bool):
             value = [value]
         if not isinstance(value, list):
-            raise UsageError(f"{where}: {key} must be a list of {item.__name__}, got {value!r}")
+            raise UsageError(f"{where}: {key} must be a list of {item.__name__}, got {brief(value)}")
         return [_coerce(key, v, item, where) for v in value]
     if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
         try:
@@ -211,12 +328,12 @@ def _coerce(key: str, value, tp, where: str):
         except OverflowError:
             number = math.inf
         if not math.isfinite(number):
-            raise UsageError(f"{where}: {key} must be a finite number, got {value!r}")
+            raise UsageError(f"{where}: {key} must be a finite number, got {brief(value)}")
         return number
     if tp is str and isinstance(value, int | float) and not isinstance(value, bool):
         return str(value)
     if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
-        raise UsageError(f"{where}: {key} must be {tp.__name__}, got {value!r} ({type(value).__name__})")
+        raise UsageError(f"{where}: {key} must be {tp.__name__}, got {brief(value)} ({type(value).__name__})")
     return value
 
 
@@ -230,7 +347,7 @@ def _flatten(tree: dict, where: str, prefix: str = "") -> dict[str, object]:
             raise UsageError(
                 f"{where}: section '{key}' must be a mapping of its keys (e.g. '{key}:' with "
                 f"'  {_example(key).partition('.')[2].replace('=', ': ')}' below it), "
-                f"got {type(v).__name__} {v!r}"
+                f"got {type(v).__name__} {brief(v)}"
             )
         if isinstance(v, dict) and any(f.startswith(key + ".") for f in FIELDS):
             flat.update(_flatten(v, where, key + "."))
@@ -260,32 +377,15 @@ def apply(cfg: Config, values: dict[str, object], where: str) -> Config:
 
 
 def read_text(path: Path, label: str) -> str:
-    """A text file's contents; one line naming ``label`` when it cannot be read or is not UTF-8 text."""
-    try:
-        data = Path(path).read_bytes()
-    except IsADirectoryError:
-        raise UsageError(f"{label}: is a directory, not a YAML file") from None
-    except FileNotFoundError:
-        raise UsageError(f"{label}: no such file") from None
-    except OSError as exc:
-        raise UsageError(f"{label}: cannot be read ({exc.strerror or exc}); check its permissions") from None
+    """A YAML file's contents; one line naming ``label`` when it cannot be read, is not a regular file (a
+    device or FIFO never ends), is larger than ``CONFIG_FILE_LIMIT`` or is not UTF-8 text."""
+    data = read_regular(path, label, CONFIG_FILE_LIMIT, "YAML file")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise UsageError(
             f"{label}: not a UTF-8 text file (undecodable byte at offset {exc.start}); is it a YAML file?"
         ) from None
-
-
-def parse_yaml(text: str, label: str) -> object:
-    """``yaml.safe_load`` with one line naming ``label`` (and the line) for invalid YAML."""
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" line {mark.line + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise UsageError(f"{label}:{at} is not valid YAML ({problem})") from None
 
 
 def load_yaml(path: str | Path, _seen: tuple = ()) -> dict[str, object]:
@@ -306,18 +406,21 @@ def load_yaml(path: str | Path, _seen: tuple = ()) -> dict[str, object]:
     base = tree.pop("base", None)
     if base is not None:
         if not isinstance(base, str):
-            raise UsageError(f"{path}: 'base:' must name one YAML file, got {base!r}")
+            raise UsageError(f"{path}: 'base:' must name one YAML file, got {brief(base)}")
         values.update(load_yaml(path.parent / base, (*_seen, path.resolve())))
     values["name"] = path.stem
     values.update(_flatten(tree, str(path)))
     return values
 
 
-def load_saved(path: str | Path) -> dict[str, object]:
+FRESH = "start a new --run-dir"  # how `app train` starts over; `app submit --resume` says its own
+
+
+def load_saved(path: str | Path, fresh: str = FRESH) -> dict[str, object]:
     """A run's saved ``config.yaml`` as flat values. It was written whole, so anything less (unreadable,
     empty, not YAML, sections missing) is an error: resuming on defaults would silently train something else."""
     path = Path(path)
-    fix = "restore it, or start a new --run-dir"
+    fix = f"restore it, or {fresh}"
     tree = parse_yaml(read_text(path, f"{path} (the run's saved config)"), str(path))
     if tree is None:
         raise UsageError(f"{path}: the run's saved config is empty; {fix}")
@@ -336,12 +439,17 @@ def parse_set(items: typing.Iterable[str]) -> dict[str, object]:
     values: dict[str, object] = {}
     for item in items:
         key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"--set {item!r}: expected KEY=VALUE, e.g. --set train.batch_size=64")
+        key = key.strip()
+        if not sep or not key:
+            raise UsageError(f"--set {brief(item)}: expected KEY=VALUE, e.g. --set train.batch_size=64")
         try:
-            values[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError:
-            values[key.strip()] = raw
+            values[key] = yaml.load(raw, Loader=ConfigLoader) if raw.strip() else None  # noqa: S506
+        except Refused as exc:
+            raise UsageError(f"--set {show(key)}: {exc.problem}") from None
+        except RecursionError:
+            raise UsageError(f"--set {show(key)}: nested too deeply to be a config value") from None
+        except (yaml.YAMLError, ValueError, TypeError, AttributeError):
+            values[key] = raw  # not YAML: the text itself (a path, a name), type-checked like any value
     return values
 
 
@@ -359,14 +467,20 @@ def build(
     variable), for the range errors of ``validate``.
     """
     cfg = Config()
+    origins = dict(origins or {})
     if base:
         apply(cfg, base, base_where)
+        origins["name"] = base_where
     for path in config_files:
         apply(cfg, load_yaml(path), str(path))
-    apply(cfg, parse_set(sets), "--set")
+        origins["name"] = f"config {show(path, limit=None)}"  # its name: key, else its file name
+    set_values = parse_set(sets)
+    apply(cfg, set_values, "--set")
+    if "name" in set_values:
+        origins["name"] = "--set name"
     given = {k: v for k, v in (options or {}).items() if v is not None}
     for key, value in given.items():
-        apply(cfg, {key: value}, (origins or {}).get(key, "option"))
+        apply(cfg, {key: value}, origins.get(key, "option"))
     validate(cfg, origins)
     return cfg
 
@@ -386,8 +500,14 @@ def validate(cfg: Config, origins: dict[str, str] | None = None) -> None:
         if value not in allowed:
             near = difflib.get_close_matches(value, allowed, n=1)
             hint = f"; did you mean '{near[0]}'?" if near else ""
-            raise UsageError(f"{key}: unknown value '{value}' (choose from {', '.join(allowed)}){hint}")
+            raise UsageError(f"{key}: unknown value {brief(value)} (choose from {', '.join(allowed)}){hint}")
 
+    need(
+        bool(SAFE.fullmatch(cfg.name)),
+        "name",
+        f"{show(cfg.name)} cannot name a run directory or job; {SAFE_HINT}; rename the config file "
+        "or pass --set name=NAME",
+    )
     one_of(d.source, SOURCES, "data.source")
     one_of(m.name, MODELS, "model.name")
     one_of(m.precision, PRECISIONS, "model.precision")
@@ -406,9 +526,9 @@ def validate(cfg: Config, origins: dict[str, str] | None = None) -> None:
     need(0 <= t.momentum < 1, "train.momentum", f"must be in [0, 1), got {t.momentum}")
     need(0 < t.decay_factor <= 1, "train.decay_factor", f"must be in (0, 1], got {t.decay_factor}")
     need(
-        t.decay_epochs == sorted(t.decay_epochs) and all(e > 0 for e in t.decay_epochs),
+        all(a < b for a, b in itertools.pairwise(t.decay_epochs)) and all(e > 0 for e in t.decay_epochs),
         "train.decay_epochs",
-        f"must be increasing positive epochs, got {t.decay_epochs}",
+        f"must be strictly increasing positive epochs (each once), got {brief(t.decay_epochs)}",
     )
     need(t.steps_per_epoch >= 0, "train.steps_per_epoch", f"must be >= 0, got {t.steps_per_epoch}")
     need(t.eval_steps >= 0, "train.eval_steps", f"must be >= 0, got {t.eval_steps}")
@@ -455,7 +575,7 @@ def checkpoint_interval(value: str) -> tuple[str, float] | None:
         or (m.group(2) in (None, "step", "steps") and number != int(number))
     ):
         raise UsageError(
-            f"run.checkpoint_every: {text!r} is not an interval; use a duration like 30m, 2h or 90s, "
+            f"run.checkpoint_every: {brief(text)} is not an interval; use a duration like 30m, 2h or 90s, "
             "a number of steps like 2000, or '' for epoch ends only"
         )
     unit = m.group(2)
@@ -473,14 +593,14 @@ def conflicts(saved: Config, given: Config) -> list[str]:
     """Keys whose values differ between a run's saved config and the one given for resuming it."""
     a, b = flat(saved), flat(given)
     return [
-        f"{k} {a[k]!r} (saved) vs {b[k]!r} (given)"
+        f"{k} {brief(a[k])} (saved) vs {brief(b[k])} (given)"
         for k in a
         if a[k] != b[k] and k != "name" and not any(k.startswith(p) for p in RESUMABLE_CHANGES)
     ]
 
 
 def dump(cfg: Config) -> str:
-    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+    return yaml.dump(cfg.to_dict(), Dumper=ConfigDumper, sort_keys=False)
 
 
 def tfds_data_dir(explicit: str | None = None) -> str:
@@ -502,26 +622,29 @@ def for_run(
     options: dict[str, object],
     run_dir: str | None,
     origins: dict[str, str] | None = None,
+    label: str = "--run-dir",
+    fresh: str = FRESH,
 ) -> tuple[Config, Path]:
     """The config and run directory of ``app train``: a run directory holding config.yaml is resumed from it.
 
     The saved config is the base; files, ``--set`` and options may only change what does not alter what was
     learned so far (``RESUMABLE_CHANGES``), anything else is a conflict that names the keys. A saved config
-    that cannot be read whole is an error, never a fall back to defaults.
+    that cannot be read whole is an error, never a fall back to defaults. ``label`` and ``fresh`` name the
+    option and the way to start over in messages (``app submit --resume`` has no --run-dir).
     """
     if run_dir and Path(run_dir).exists() and not Path(run_dir).is_dir():
-        raise UsageError(f"--run-dir {run_dir}: exists and is not a directory; pass a run directory")
+        raise UsageError(f"{label} {show(run_dir)}: exists and is not a directory; pass a run directory")
     saved_path = Path(run_dir) / "config.yaml" if run_dir else None
     if saved_path is not None and (saved_path.exists() or saved_path.is_symlink()):
-        saved = load_run_config(saved_path)
+        saved = load_run_config(saved_path, fresh)
         cfg = build(config_files, sets, options, base=flat(saved), origins=origins)
         clash = conflicts(saved, cfg)
         if clash:
             raise UsageError(
-                f"--run-dir {run_dir}: resuming with a different config ({'; '.join(clash)}); "
-                "drop those changes or start a new --run-dir"
+                f"{label} {show(run_dir)}: resuming with a different config ({'; '.join(clash)}); "
+                f"drop those changes or {fresh}"
             )
-        check_writable(Path(run_dir), "--run-dir")
+        check_writable(Path(run_dir), label, f"make it writable, or {fresh}")
         return cfg, Path(run_dir)
     cfg = build(config_files, sets, options, origins=origins)
     path = Path(run_dir) if run_dir else default_run_dir(cfg.name)
@@ -529,7 +652,7 @@ def for_run(
     return cfg, path
 
 
-def check_writable(run_dir: Path, label: str) -> None:
+def check_writable(run_dir: Path, label: str, fix: str | None = None) -> None:
     """Fail in one line, before TensorFlow starts, when ``run_dir`` cannot be created or written: a file in
     its way, a read-only mount, /proc. Probed with a temporary file in the deepest folder that exists."""
     import tempfile
@@ -538,23 +661,23 @@ def check_writable(run_dir: Path, label: str) -> None:
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if not probe.is_dir():
-        raise UsageError(f"{label} {run_dir}: {probe} is not a directory; pass another --run-dir")
+        raise UsageError(f"{label} {run_dir}: {probe} is not a directory; {fix or 'pass another --run-dir'}")
     try:
         fd, name = tempfile.mkstemp(prefix=".write-test-", dir=probe)
         os.close(fd)
         os.unlink(name)
     except OSError as exc:
         raise UsageError(
-            f"{label} {run_dir}: cannot write in {probe} ({exc.strerror or exc}); pass a writable --run-dir"
+            f"{label} {run_dir}: cannot write in {probe} ({exc.strerror or exc}); {fix or 'pass a writable --run-dir'}"
         ) from None
 
 
-def load_run_config(path: str | Path) -> Config:
+def load_run_config(path: str | Path, fresh: str = FRESH) -> Config:
     """A run's saved ``config.yaml``, read whole and validated; every problem is one line naming the file."""
     path = Path(path)
     try:
-        return build(base=load_saved(path), base_where=str(path))
+        return build(base=load_saved(path, fresh), base_where=str(path))
     except UsageError as exc:
         if str(exc).startswith(str(path)):
             raise
-        raise UsageError(f"{path}: {exc}; restore it, or start a new --run-dir") from None
+        raise UsageError(f"{path}: {exc}; restore it, or {fresh}") from None

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -127,7 +128,7 @@ def test_info_table_renders():
     [
         (
             ["train", "--seed", "abc"],
-            "Error: Invalid value for '--seed': 'abc' is not a valid integer. (see `app train -h`)",
+            "Error: Invalid value for '--seed': 'abc' is not a valid integer (ASCII digits 0-9) (see `app train -h`)",
         ),
         (["trainx"], "Error: No such command 'trainx'. Did you mean 'train'? (see `app -h`)"),
         (["report"], "Error: Missing argument 'INPUTS...'. (see `app report -h`)"),
@@ -138,3 +139,57 @@ def test_click_usage_errors_are_one_line_too(args, message):
 
     proc = run_app(args, expect=2)
     assert proc.stderr.strip() == message and proc.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["submit", "--cluster", "local", "--gpus", "\u0662"],
+         "Invalid value for '--gpus': '\u0662' is not a valid integer (ASCII digits 0-9)"),
+        (["submit", "--cluster", "local", "--gpus", "1_0"],
+         "Invalid value for '--gpus': '1_0' is not a valid integer (ASCII digits 0-9)"),
+        (["submit", "--cluster", "local", "--gpus", "9" * 200], "Invalid value for '--gpus': '99999"),
+        (["train", "--np", "\uff12"], "Invalid value for '--np': '\uff12' is not a valid integer (ASCII digits 0-9)"),
+        (["train", "--epochs", "1.5"], "Invalid value for '--epochs': '1.5' is not a valid integer (ASCII digits 0-9)"),
+        (["benchmark", "--steps", "4"], "Invalid value for '--steps': 4 is not in the range x>=5."),
+        (["benchmark", "--batch-sizes", "\u0663\u0662,64"],
+         "Invalid value for '--batch-sizes': '\u0663\u0662,64': expected comma-separated integers (ASCII digits)"),
+        (["data", "imagenet-to-tfrecord", "a", "b", "--workers", "\u0664"], "Invalid value for '--workers': '\u0664'"),
+    ],
+)  # fmt: skip
+def test_integer_options_take_ascii_digits_only(args, message):
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert result.output.count("Error:") == 1
+
+
+def test_every_integer_option_uses_the_ascii_type():
+    from app.cli import Int
+
+    def walk(group):
+        for command in group.commands.values():
+            yield from walk(command) if isinstance(command, click.Group) else [command]
+
+    params = [(c.name, p) for c in walk(cli) for p in c.params]
+    assert [(c, p.name) for c, p in params if isinstance(p.type, click.types.IntParamType)] == []
+    assert {p.name for _, p in params if isinstance(p.type, Int)} >= {
+        "gpus",
+        "np_",
+        "seed",
+        "epoch",
+        "workers",
+    }
+
+
+def test_errors_are_one_line_with_control_characters_escaped():
+    # An AppError from deep inside (here an unknown --set key) and Click's own errors through main().
+    result = CliRunner().invoke(cli, ["train", "--set", "foo\nbar=1"])
+    assert (result.exit_code, result.output) == (
+        2,
+        "Error: --set: unknown key 'foo\\nbar'; top-level keys are the sections data, model, train, run and 'name'\n",
+    )
+    from conftest import run_app
+
+    proc = run_app(["train", "--precision", "x\n\x1b[2Jy"], expect=2)
+    assert proc.stderr.count("\n") == 1 and "\x1b" not in proc.stderr
+    assert proc.stderr.startswith("Error: Invalid value for '--precision': 'x\\n\\x1b[2Jy' is not one of")

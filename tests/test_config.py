@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -88,7 +89,7 @@ def test_base_chain(tmp_path):
         ),
         (["data.source=synthetic"], "data.num_classes: must be set (> 0) for synthetic data"),
         (["data.source=imagenet"], "data.data_dir: must name the ImageNet TFRecord folder"),
-        (["train.decay_epochs=[60, 30]"], "train.decay_epochs: must be increasing positive epochs"),
+        (["train.decay_epochs=[60, 30]"], "train.decay_epochs: must be strictly increasing positive epochs"),
         (["oops"], "--set 'oops': expected KEY=VALUE"),
     ],
 )
@@ -220,6 +221,18 @@ def test_an_empty_section_is_fine(tmp_path):
     assert cfg.train == config.TrainConfig() and cfg.model.name == "resnet32"
 
 
+def deny_open(monkeypatch, name: str) -> None:
+    """Opening a file called ``name`` fails with EACCES (root reads a chmod 0 file: simulate the refusal)."""
+    real = os.open
+
+    def denied(path, *args, **kwargs):
+        if os.path.basename(path) == name:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", denied)
+
+
 def test_unreadable_and_binary_config_files(tmp_path, monkeypatch):
     binary = tmp_path / "model.yaml"
     binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")
@@ -234,10 +247,7 @@ def test_unreadable_and_binary_config_files(tmp_path, monkeypatch):
     locked = Path(write(tmp_path, "locked.yaml", "train:\n  epochs: 3\n"))
     locked.chmod(0)
 
-    def denied(self):
-        raise PermissionError(13, "Permission denied", str(self))
-
-    monkeypatch.setattr(Path, "read_bytes", denied)
+    deny_open(monkeypatch, "locked.yaml")
     code, out = one_line(["train", "-c", str(locked)])
     assert (code, out) == (
         2,
@@ -337,7 +347,7 @@ def test_cli_values_out_of_range(args, line):
     "env, line",
     [
         ({"APP_TRAIN_BATCH_SIZE": "abc"},
-         "Error: environment variable APP_TRAIN_BATCH_SIZE (sets --batch-size): 'abc' is not a valid integer; fix or unset it"),
+         "Error: environment variable APP_TRAIN_BATCH_SIZE (sets --batch-size): 'abc' is not a valid integer (ASCII digits 0-9); fix or unset it"),
         ({"APP_TRAIN_BATCH_SIZE": "-3"},
          "Error: train.batch_size: must be > 0, got -3 (from environment variable APP_TRAIN_BATCH_SIZE)"),
         ({"APP_TRAIN_SEED": "-1"}, "Error: run.seed: must be in 0..2147483647, got -1 (from environment variable APP_TRAIN_SEED)"),
@@ -354,7 +364,10 @@ def test_environment_variables_are_named_as_such(env, line):
 
 def test_option_typed_on_the_command_line_is_not_blamed_on_the_environment():
     code, out = one_line(["train", "--batch-size", "abc"], env={"APP_TRAIN_EPOCHS": "3"})
-    assert code == 2 and "Invalid value for '--batch-size': 'abc' is not a valid integer." in out
+    assert (
+        code == 2
+        and "Invalid value for '--batch-size': 'abc' is not a valid integer (ASCII digits 0-9)" in out
+    )
     assert "environment" not in out
 
 
@@ -391,14 +404,7 @@ def test_unreadable_saved_config(tmp_path, monkeypatch):
     run.mkdir()
     (run / "config.yaml").write_text(config.dump(config.build()))
     (run / "config.yaml").chmod(0)
-    real = Path.read_bytes
-
-    def denied(self):
-        if self.name == "config.yaml":
-            raise PermissionError(13, "Permission denied", str(self))
-        return real(self)
-
-    monkeypatch.setattr(Path, "read_bytes", denied)
+    deny_open(monkeypatch, "config.yaml")
     with pytest.raises(UsageError) as err:
         config.for_run([], [], {}, str(run))
     assert str(err.value) == (
@@ -473,3 +479,156 @@ def test_run_dir_that_cannot_be_written_fails_before_tensorflow(tmp_path, monkey
         f"Error: --run-dir {tmp_path / 'a' / 'b'}: cannot write in {tmp_path} (Read-only file system); pass a writable --run-dir",
     )
     assert not (tmp_path / "a").exists()
+
+
+# ----------------------------------------------------------------------------- hostile YAML and values
+
+
+def test_an_alias_bomb_is_refused_at_once(tmp_path):
+    # 600 bytes that expand to 10**8 strings: quoting it in a message took 28 s and 2.3 GB.
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"{c}: &{c} [{', '.join(['*' + p] * 10)}]" for p, c in zip("abcdefgh", "bcdefghi", strict=True)]
+    path = write(tmp_path, "bomb.yaml", "\n".join([*lines, "train:\n  epochs: *i\n"]))
+    import time
+
+    start = time.monotonic()
+    code, out = one_line(["train", "-c", path])
+    assert time.monotonic() - start < 5
+    assert (code, out) == (
+        2,
+        f"Error: {path}: line 2: YAML aliases (*a) are not allowed in a config; write the value out",
+    )
+    with pytest.raises(UsageError, match=r"^--set train.decay_epochs: YAML aliases \(\*x\) are not allowed"):
+        config.build([], ["train.decay_epochs=[&x 1, *x]"])
+
+
+def test_quoted_values_are_short_and_one_line():
+    from app.errors import brief
+
+    bomb = ["lol"] * 10
+    for _ in range(8):
+        bomb = [bomb] * 10  # 10**9 strings by reference: repr() would never finish
+    assert len(brief(bomb)) <= 80
+    assert brief(10**5000) == "<an integer of 5001 digits>"
+    assert brief("a\nb\x1b[31mc\u2028") == "'a\\nb\\x1b[31mc\\u2028'"
+    assert brief("x" * 1000) == "'" + "x" * 37 + "..." + "x" * 38 + "'"
+    with pytest.raises(UsageError) as err:
+        config.apply(config.Config(), {"train.epochs": bomb}, "f.yaml")
+    assert len(str(err.value)) < 160 and str(err.value).startswith(
+        "f.yaml: train.epochs must be int, got [[[["
+    )
+
+
+@pytest.mark.parametrize(
+    "item, message",
+    [
+        ("train.epochs=" + "9" * 5000, "--set train.epochs: an integer of 5000 digits is out of range"),
+        ("train.decay_epochs=" + "[" * 5000 + "]" * 5000,
+         "--set train.decay_epochs: nested deeper than 50 levels; a config has sections, keys and values"),
+        ("train.decay_epochs=" + "[" * 5000, "--set train.decay_epochs: nested deeper than 50 levels"),
+        ("train.decay_epochs=" + "[" * 20, "--set: train.decay_epochs must be a list of int, got '[[[[[["),
+        ("train.epochs=1:30", "--set: train.epochs must be int, got '1:30' (str)"),  # not 90 (YAML 1.1 base 60)
+        ("train.epochs=1_0", "--set: train.epochs must be int, got '1_0' (str)"),
+        ("train.decay_epochs=[1,2,2]", "train.decay_epochs: must be strictly increasing positive epochs (each once), got [1, 2, 2]"),
+        ("foo\nbar=1", "--set: unknown key 'foo\\nbar'; top-level keys are"),
+        ("model.name=\x1b[31mred", "model.name: unknown value '\\x1b[31mred' (choose from"),
+    ],
+)  # fmt: skip
+def test_hostile_set_values_are_one_short_line(item, message):
+    with pytest.raises(UsageError) as err:
+        config.build([], [item])
+    assert str(err.value).startswith(message)
+    assert len(str(err.value)) < 300 and str(err.value).isprintable()
+
+
+def test_yaml_12_numbers():
+    cfg = config.build(
+        [], ["train.base_lr=1e-3", "model.weight_decay=5E-5", "train.epochs=010", "run.seed=+7"]
+    )
+    assert (cfg.train.base_lr, cfg.model.weight_decay, cfg.train.epochs, cfg.run.seed) == (1e-3, 5e-5, 10, 7)
+    # Strings that only one YAML version reads as a number are quoted when saved, and read back as strings.
+    cfg = config.build(
+        base={"data.data_dir": "1e-3", "data.train_split": "1:30", "data.eval_split": "2024-01-01"}
+    )
+    text = config.dump(cfg)
+    assert "data_dir: '1e-3'" in text and "train_split: '1:30'" in text
+    for tree in (yaml.safe_load(text), config.parse_yaml(text, "saved")):
+        assert config.build(base=config._flatten(tree, "saved")) == cfg
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("train:\n  epochs: " + "9" * 5000 + "\n", "line 2: an integer of 5000 digits is out of range"),
+        ("train:\n  decay_epochs: " + "[" * 5000 + "]" * 5000 + "\n",
+         "line 2: nested deeper than 50 levels; a config has sections, keys and values"),
+        ('"tra\\nin":\n  epochs: 3\n', "unknown section 'tra\\nin'; did you mean 'train'?"),
+        ("train:\n  epochs: !!timestamp soon\n", "not a valid config value ("),
+        ("train:\n  decay_epochs: [30, 30]\n", None),
+    ],
+)  # fmt: skip
+def test_hostile_config_files_are_one_line(tmp_path, text, message):
+    path = write(tmp_path, "exp.yaml", text)
+    code, out = one_line(["train", "-c", path])
+    expected = f"Error: {path}: {message}" if message else "Error: train.decay_epochs: must be strictly"
+    assert code == 2 and out.startswith(expected) and len(out.splitlines()) == 1, out
+
+
+def test_only_regular_config_files_of_sane_size(tmp_path, monkeypatch):
+    child = write(tmp_path, "child.yaml", "base: /dev/zero\n")
+    code, out = one_line(["train", "-c", child])
+    assert (code, out) == (
+        2,
+        "Error: /dev/zero (the base: of child.yaml): not a regular file (a device, pipe or socket); "
+        "pass a YAML file",
+    )
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)  # nobody writes to it: reading would block forever
+    code, out = one_line(["train", "-c", str(fifo)])
+    assert code == 2 and out.startswith(f"Error: --config {fifo}: not a regular file")
+    big = write(tmp_path, "big.yaml", "# " + "x" * (2**20) + "\n")
+    code, out = one_line(["train", "-c", big])
+    assert (code, out) == (
+        2,
+        f"Error: --config {big}: larger than 1 MB, the limit for a YAML file; is it the right file?",
+    )
+
+
+@pytest.mark.parametrize(
+    "name", ["/tmp/ABS", "../../outside", "a/b", ".hidden", "-x", "a b", "x;y", "n" * 129]
+)
+def test_a_name_that_is_no_safe_folder_name_is_refused(name):
+    with pytest.raises(UsageError) as err:
+        config.build([], [f"name={name}"])
+    assert str(err.value).endswith(
+        f"cannot name a run directory or job; {config.SAFE_HINT}; rename the config file or pass "
+        "--set name=NAME (from --set name)"
+    )
+
+
+@pytest.mark.parametrize("stem", ["x;y", "a b"])
+def test_a_config_file_name_that_is_no_safe_name_is_refused(tmp_path, stem):
+    path = write(tmp_path, f"{stem}.yaml", "train:\n  epochs: 30\n")
+    code, out = one_line(["train", "-c", path])
+    assert (code, out) == (
+        2,
+        f"Error: name: '{stem}' cannot name a run directory or job; {config.SAFE_HINT}; rename the config "
+        f"file or pass --set name=NAME (from config {path!r})",
+    )
+    assert config.build([path], ["name=renamed"]).name == "renamed"
+
+
+def test_safe_names_pass():
+    for name in ("resnet50_imagenet", "resnet50_imagenet_naive", "a.b+c-1", "_x", "9"):
+        assert config.build([], [f"name={name}"]).name == name
+
+
+def test_control_characters_never_reach_the_terminal_raw(tmp_path):
+    # Any message, whoever built it: AppGroup escapes line breaks and escape sequences.
+    code, out = one_line(
+        ["train", "--set", "data.source=\x1b]0;owned\x07", "-c", str(tmp_path / "a\nb.yaml")]
+    )
+    assert (
+        code == 2
+        and out == f"Error: --config {tmp_path}/a\\nb.yaml: no such file; the shipped configs are in configs/"
+    )
