@@ -15,11 +15,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.errors import UsageError
+from app.errors import AppError, UsageError, brief, read_regular, size_text
 
 REQUIRED = ("batch_size", "workers", "images_per_s")
 GOOD, FAIR = 0.90, 0.70  # scaling-efficiency bands for the one-line verdicts
 INPUT_BOUND = 0.10  # a run whose steps wait this long for data is input-bound
+READ_LIMIT = 512 * 2**20  # bytes of one results file, metrics.jsonl or summary.json (the input is read whole)
 
 
 # ------------------------------------------------------------------------------------------ loading
@@ -29,22 +30,33 @@ def _stderr_note(message: str) -> None:
     print(f"note: {message}", file=sys.stderr)
 
 
-def read_text(path: Path) -> str:
-    """A text file's contents, or one line naming it when it cannot be read or is not text."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+def read_text(path: Path, kind: str = "JSON-lines file") -> str:
+    """A text file's contents, or one line naming it when it cannot be read, is not a regular file (/dev/zero
+    or a FIFO never ends), is larger than ``READ_LIMIT`` or is not text."""
+    data = read_regular(path, str(path), READ_LIMIT, kind)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UsageError(f"{path}: not a text file (undecodable byte at offset {exc.start})") from None
 
 
+def _json(text: str, where: str, fix: str) -> object:
+    """``json.loads`` for valid JSON that Python refuses: a number of thousands of digits, nesting deeper
+    than the interpreter's stack; one line naming ``where`` (file and line) instead."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except ValueError:  # int() of more than 4300 digits
+        raise UsageError(f"{where}: a number with too many digits to read; {fix}") from None
+    except RecursionError:
+        raise UsageError(f"{where}: nested too deeply to read; {fix}") from None
+
+
 def _json_lines(path: Path, what: str, note) -> list[tuple[int, object]]:
     """(line number, value) of every non-empty line. A last line cut short (no newline after it, not JSON)
     is what an interrupted write leaves: it is skipped with a note. Any other bad line is an error."""
-    text = read_text(path)
+    text = read_text(path, f"JSON-lines file (at most {size_text(READ_LIMIT)})")
     lines = text.splitlines()
     last = max((n for n, line in enumerate(lines, 1) if line.strip()), default=0)
     out = []
@@ -52,7 +64,7 @@ def _json_lines(path: Path, what: str, note) -> list[tuple[int, object]]:
         if not line.strip():
             continue
         try:
-            out.append((n, json.loads(line)))
+            out.append((n, _json(line, f"{path} line {n}", f"each line must be {what}")))
         except json.JSONDecodeError as exc:
             if n == last and not text.endswith("\n"):
                 (note or _stderr_note)(f"{path} line {n}: ignoring a torn last line (an interrupted write)")
@@ -83,18 +95,20 @@ def load_results(path: Path, note=None) -> list[dict]:
             )
         for key in ("batch_size", "workers"):
             if not _positive_int(row[key]):
-                raise UsageError(f"{where}: {key} must be a positive integer, got {row[key]!r}")
+                raise UsageError(f"{where}: {key} must be a positive integer, got {brief(row[key])}")
         ips = row["images_per_s"]
         if not _number(ips["mean"]) or ips["mean"] <= 0:
-            raise UsageError(f"{where}: images_per_s.mean must be a positive number, got {ips['mean']!r}")
+            raise UsageError(
+                f"{where}: images_per_s.mean must be a positive number, got {brief(ips['mean'])}"
+            )
         for key, value in (
             ("images_per_s.ci95", ips.get("ci95")),
             ("input_wait_fraction", row.get("input_wait_fraction")),
         ):
             if value is not None and not _number(value):
-                raise UsageError(f"{where}: {key} must be a number or null, got {value!r}")
+                raise UsageError(f"{where}: {key} must be a number or null, got {brief(value)}")
         if row.get("nodes") is not None and not _positive_int(row["nodes"]):
-            raise UsageError(f"{where}: nodes must be a positive integer or null, got {row['nodes']!r}")
+            raise UsageError(f"{where}: nodes must be a positive integer or null, got {brief(row['nodes'])}")
         rows.append(row)
     if not rows:
         raise UsageError(f"{path}: no results in it; run `app benchmark --results {path}` first")
@@ -133,7 +147,7 @@ def read_metrics(run_dir: Path, note=None) -> list[dict]:
         bad = [k for k in METRIC_NUMBERS if k in row and not _number(row[k])]
         if bad:
             raise UsageError(
-                f"{path} line {n}: {bad[0]} is not a number ({row[bad[0]]!r}); the file is damaged"
+                f"{path} line {n}: {bad[0]} is not a number ({brief(row[bad[0]])}); the file is damaged"
             )
         rows.append(row)
     return rows
@@ -144,9 +158,10 @@ def _run_identity(path: Path, summary: dict) -> tuple[str | None, str | None]:
     model, dataset = summary.get("model"), summary.get("dataset")
     if model is None or dataset is None:
         try:
-            import yaml
+            from app.config import CONFIG_FILE_LIMIT, parse_yaml
 
-            tree = yaml.safe_load((path / "config.yaml").read_text())
+            where = path / "config.yaml"
+            tree = parse_yaml(read_regular(where, str(where), CONFIG_FILE_LIMIT).decode(), str(where))
             data, m = tree.get("data") or {}, tree.get("model") or {}
             model = model or m.get("name")
             dataset = dataset or (
@@ -165,8 +180,9 @@ def load_run(path: Path, note=None) -> Run:
     summary_path = path / "summary.json"
     summary = {}
     if summary_path.exists():
+        fix = "the file is damaged: remove it (`app train --run-dir` on the finished run writes it again)"
         try:
-            summary = json.loads(read_text(summary_path))
+            summary = _json(read_text(summary_path, "JSON file"), str(summary_path), fix)
         except json.JSONDecodeError as exc:
             raise UsageError(
                 f"{summary_path}: not JSON ({exc.msg}, line {exc.lineno}); the file is damaged: remove it "
@@ -356,8 +372,7 @@ def _save_scaling_plot(plt, fig, ax, table: dict[int, list[Point]], path: Path) 
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save_figure(plt, fig, path)
     return path
 
 
@@ -433,8 +448,7 @@ def plot_training(runs: list[Run], out: Path) -> Path:
     fig.suptitle("Training runs")
     fig.tight_layout()
     path = out / "training.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save_figure(plt, fig, path)
     return path
 
 
@@ -470,16 +484,45 @@ def _pyplot():
     return plt
 
 
-def write_table(out: Path, stem: str, columns, rows) -> list[Path]:
+def _write_failed(path: Path, exc: OSError) -> AppError:
+    """An output file that cannot be written (a folder of that name, a full disk, --out /proc/self)."""
+    return AppError(
+        f"--out: cannot write {path} ({exc.strerror or exc}); pass an --out folder you can write to"
+    )
+
+
+def write_text(path: Path, text: str) -> None:
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise _write_failed(path, exc) from None
+
+
+def _save_figure(plt, fig, path: Path) -> None:
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise _write_failed(path, exc) from None
+    finally:
+        plt.close(fig)
+
+
+def write_table(out: Path, stem: str, columns, rows, notes=()) -> list[Path]:
+    """``<stem>.md`` (the table, then ``notes`` as a list) and ``<stem>.csv``."""
     md = out / f"{stem}.md"
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
-    md.write_text("\n".join(lines) + "\n")
+    if notes:
+        lines += ["", *(f"- {ln}" for ln in notes)]
+    write_text(md, "\n".join(lines) + "\n")
     path = out / f"{stem}.csv"
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(columns)
-        writer.writerows(rows)
+    try:
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            writer.writerow(columns)
+            writer.writerows(rows)
+    except OSError as exc:
+        raise _write_failed(path, exc) from None
     return [md, path]
 
 
@@ -509,13 +552,10 @@ def make_report(inputs: list[Path], out: Path, target: float | None, console) ->
         rows = scaling_rows(table)
         kind = results[0].get("kind", "train")
         what = f"{results[0].get('model') or 'input pipeline'}, {results[0].get('image_size')} px, {results[0].get('precision')}"
-        print_table(console, f"Scaling ({kind}): {what}", SCALING_COLUMNS, rows)
-        written += write_table(out, "scaling", SCALING_COLUMNS, rows)
-        written += plot_scaling(table, out)
         lines = verdicts(table)
-        (out / "scaling.md").write_text(
-            (out / "scaling.md").read_text() + "\n" + "\n".join(f"- {ln}" for ln in lines) + "\n"
-        )
+        written += write_table(out, "scaling", SCALING_COLUMNS, rows, lines)  # first: a failure is one line
+        written += plot_scaling(table, out)
+        print_table(console, f"Scaling ({kind}): {what}", SCALING_COLUMNS, rows)
         for line in lines:
             console.print(line)
     if runs:
@@ -523,15 +563,12 @@ def make_report(inputs: list[Path], out: Path, target: float | None, console) ->
         target = target if target is not None else (min(accs) if accs else 1.0)
         rows = training_rows(runs, target)
         warnings = mixed_runs(runs)
+        lines = [*warnings, *training_verdicts(runs, target)]
+        written += write_table(out, "training", TRAINING_COLUMNS, rows, lines)
+        written.append(plot_training(runs, out))
         print_table(
             console, f"Training runs (time to {target:.2%} validation accuracy)", TRAINING_COLUMNS, rows
         )
-        written += write_table(out, "training", TRAINING_COLUMNS, rows)
-        written.append(plot_training(runs, out))
-        lines = [*warnings, *training_verdicts(runs, target)]
-        if lines:
-            md = out / "training.md"
-            md.write_text(md.read_text() + "\n" + "\n".join(f"- {ln}" for ln in lines) + "\n")
         for line in lines:
             console.print(line)
     console.print(f"wrote {', '.join(str(p) for p in written)}")

@@ -308,3 +308,91 @@ def test_target_accuracy_must_be_a_fraction(tmp_path, value):
     assert code == 2
     assert text.splitlines()[-1].startswith("Error: Invalid value for '--target-accuracy': ")
     assert "an accuracy is a fraction in (0, 1], e.g. 0.75" in text
+
+
+# --- Hostile inputs: valid JSON that Python refuses, endless files, outputs that cannot be written ---------------
+BIG = "9" * 5000  # int() refuses more than 4300 digits
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        (
+            '{"batch_size": ' + BIG + "}",
+            "line 1: a number with too many digits to read; each line must be one",
+        ),
+        ("[" * 200000, "line 1: nested too deeply to read; each line must be one `app benchmark` result"),
+    ],
+)
+def test_results_python_cannot_read_are_one_line(tmp_path, line, message):
+    path = tmp_path / "r.jsonl"
+    path.write_text(line + "\n")
+    code, text = report_cli(path, "--out", tmp_path / "out")
+    assert code == 2 and text.startswith(f"Error: {path} {message}") and len(text.splitlines()) == 1
+
+
+def test_huge_numbers_in_a_run_are_one_line(tmp_path):
+    run = make_run(tmp_path, "run", [0.5], 10.0, 2)
+    (run / "metrics.jsonl").write_text('{"epoch": 1, "val_accuracy": ' + BIG + "}\n")
+    code, text = report_cli(run, "--out", tmp_path / "out")
+    assert (code, text) == (
+        2,
+        f"Error: {run / 'metrics.jsonl'} line 1: a number with too many digits to read; each line must be "
+        "one epoch's metrics",
+    )
+    run = make_run(tmp_path, "run2", [0.5], 10.0, 2)
+    (run / "summary.json").write_text('{"workers": ' + BIG + "}")
+    code, text = report_cli(run, "--out", tmp_path / "out")
+    assert (code, text) == (
+        2,
+        f"Error: {run / 'summary.json'}: a number with too many digits to read; the file is damaged: remove it "
+        "(`app train --run-dir` on the finished run writes it again)",
+    )
+
+
+def test_devices_and_fifos_are_refused_not_read(tmp_path):
+    import os
+
+    fifo = tmp_path / "results.jsonl"
+    os.mkfifo(fifo)  # nobody writes: reading would wait forever
+    for path in ("/dev/zero", fifo):
+        code, text = report_cli(path, "--out", tmp_path / "out")
+        assert (code, text) == (
+            2,
+            f"Error: {path}: not a regular file (a device, pipe or socket); pass a JSON-lines file (at most 512 MB)",
+        )
+
+
+def test_a_results_file_over_the_size_limit(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "READ_LIMIT", 100)
+    path = write(tmp_path / "bench.jsonl", STUDY)
+    code, text = report_cli(path, "--out", tmp_path / "out")
+    assert (code, text) == (
+        2,
+        f"Error: {path}: larger than 100 bytes, the limit for a JSON-lines file (at most 100 bytes); "
+        "is it the right file?",
+    )
+
+
+def test_outputs_that_cannot_be_written_are_one_line(tmp_path):
+    results = write(tmp_path / "bench.jsonl", STUDY)
+    out = tmp_path / "out"
+    (out / "scaling.md").mkdir(parents=True)  # a folder where the table goes
+    code, text = report_cli(results, "--out", out)
+    assert (code, text) == (
+        1,
+        f"Error: --out: cannot write {out / 'scaling.md'} (Is a directory); pass an --out folder you can write to",
+    )
+    assert (out / "scaling.md").is_dir()
+    code, text = report_cli(results, "--out", "/proc/self")
+    assert code == 1 and text.startswith("Error: --out: cannot write /proc/self/scaling.md (")
+    assert len(text.splitlines()) == 1
+
+
+def test_verdicts_follow_the_table_in_markdown(tmp_path):
+    results = write(tmp_path / "bench.jsonl", STUDY)
+    report.make_report([results], tmp_path / "out", None, Console(file=io.StringIO()))
+    md = (tmp_path / "out" / "scaling.md").read_text()
+    assert md.endswith("\n\n- batch 32/worker scales at 61% to 32 workers: communication-bound\n"
+                       "- batch 256/worker scales at 94% to 32 workers: near-linear\n"
+                       "- largest per-worker batch scales best here: batch 256/worker at 94%\n")  # fmt: skip
