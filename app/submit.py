@@ -13,20 +13,23 @@ Nothing here imports TensorFlow: it runs instantly on a login node.
 from __future__ import annotations
 
 import math
+import os
 import re
 import shlex
 import shutil
 import string
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from app.config import SAFE, SAFE_HINT  # one definition: a config's name is its job's default name
 from app.distributed import REQUEUE_EXIT_CODE
-from app.errors import AppError, UsageError
+from app.errors import AppError, UsageError, one_line, show
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTERS = ROOT / "jobs" / "clusters"
@@ -35,15 +38,12 @@ SIGNAL_SECONDS = 600  # USR1 lead time for long jobs; shorter jobs get a tenth o
 MIN_TIME_SECONDS = 120  # shorter jobs cannot train, checkpoint on USR1 and exit before the limit
 MAX_STAGE_GB = 100_000  # --stage cap for profiles that do not state their node-local disk size (max_gb)
 
-# Names (job, account, partition, cluster): Slurm-safe and shell-safe, never an option (no leading . + -).
-SAFE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
-SAFE_HINT = "use letters, digits and . _ + - only (first a letter, digit or _; at most 128)"
+# Names (job, account, partition, cluster) match config.SAFE: Slurm-safe and shell-safe, never an option.
 # Paths and URIs that may stand unquoted on an #SBATCH line or in a command (image, binds, log dirs).
 PLAIN_PATH = re.compile(r"[A-Za-z0-9_./][A-Za-z0-9_./:@+=-]*")
 PLAIN_HINT = (
     "use letters, digits and . _ / : @ + = - only (no spaces or shell characters), not starting with -"
 )
-SHOWN_RAW = re.compile(r"[A-Za-z0-9_.,:/@=+-]+")
 TIME_FORMATS = (
     "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (e.g. 04:00:00 is four hours, 90 is 90 minutes, "
     "1-12 is 36 hours)"
@@ -52,17 +52,6 @@ _TIME = re.compile(
     r"(?P<days>[0-9]{1,5})-(?P<dh>[0-9]{1,6})(?::(?P<dm>[0-9]{1,6})(?::(?P<ds>[0-9]{1,6}))?)?"
     r"|(?P<a>[0-9]{1,7})(?::(?P<b>[0-9]{1,7})(?::(?P<c>[0-9]{1,7}))?)?"
 )
-
-
-def show(value: object) -> str:
-    """``value`` for an error line: plain when harmless, else its repr (quotes, escaped newlines)."""
-    text = str(value)
-    return text if SHOWN_RAW.fullmatch(text) else repr(text)
-
-
-def one_line(message: str) -> str:
-    """``message`` with line breaks and other control characters escaped, so that it stays one line."""
-    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in message)
 
 
 def check_name(what: str, value: str) -> str:
@@ -398,19 +387,6 @@ def _check_plain(what: str, value: str, empty: str) -> str:
     return value
 
 
-def _default_name(cfg_name: object, configs: list[str], sets: list[str]) -> str:
-    """The config's name as the job name, or one line that says where it came from and to pass --name."""
-    value = "" if cfg_name is None else str(cfg_name)
-    if SAFE.fullmatch(value):
-        return value
-    from_set = any(s.partition("=")[0].strip() == "name" for s in sets)
-    origin = "--set name" if from_set else f"config {show(configs[-1])}"
-    raise UsageError(
-        f"the job name defaults to the config's name {show(value)} (from {origin}), which is not usable as "
-        f"a job name ({SAFE_HINT}); pass --name NAME"
-    )
-
-
 def render(
     cluster: Cluster, gpus: int, configs: list[str], sets: list[str] = (), time_limit: str | None = None,
     account: str | None = None, partition: str | None = None, image: str | None = None,
@@ -485,23 +461,19 @@ def render(
     from app import config as config_module
 
     options = {"data.data_dir": data_dir} if data_dir else {}
-    try:  # fails now rather than on the compute nodes
-        if resume is None:
-            cfg = config_module.build(configs, sets, options)
-        else:
-            if not (Path(resume) / "config.yaml").is_file():
-                raise UsageError(
-                    f"--resume {show(resume)}: not a run directory (no config.yaml); pass the folder `app train` wrote"
-                )
-            cfg, _ = config_module.for_run([], sets, options, resume)  # a resume's own checks: conflicts
-    except UsageError as exc:  # it may quote a hostile --set key or value: keep it one line
-        message = (
-            str(exc)
-            if resume is None
-            else str(exc).replace(f"--run-dir {resume}", f"--resume {show(resume)}")
+    # Fails now rather than on the compute nodes. The config's checks include its name (config.SAFE), the
+    # job's default name.
+    if resume is None:
+        cfg = config_module.build(configs, sets, options)
+    else:
+        if not (Path(resume) / "config.yaml").is_file():
+            raise UsageError(
+                f"--resume {show(resume)}: not a run directory (no config.yaml); pass the folder `app train` wrote"
+            )
+        cfg, _ = config_module.for_run(  # a resume's own checks: conflicts with the saved config
+            [], sets, options, resume, label="--resume", fresh="submit without --resume"
         )
-        raise UsageError(one_line(message)) from None
-    name = name if name is not None else _default_name(cfg.name, configs or [f"{resume}/config.yaml"], sets)
+    name = name if name is not None else cfg.name
     tasks = min(gpus, gpn)
     runtime = cluster.container.get("runtime", "native")
     if runtime == "native":
@@ -585,11 +557,20 @@ def sbatch(job: Job, test_only: bool = False) -> str:
         raise AppError(
             "sbatch not found on PATH: run app submit on a login node of the cluster, or use --dry-run to see the script"
         )
-    path = job.log_dir / f"{job.job_name}-{time.strftime('%Y%m%d-%H%M%S')}.sbatch"
+    path = None
     try:
         job.log_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(job.script, encoding="utf-8")
+        # A new file of its own: two submits in the same second never overwrite each other's script.
+        fd, name = tempfile.mkstemp(
+            prefix=f"{job.job_name}-{time.strftime('%Y%m%d-%H%M%S')}-", suffix=".sbatch", dir=job.log_dir
+        )
+        path = job.log_dir / Path(name).name
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(job.script)
+        path.chmod(0o644)  # mkstemp's 0600 would hide the script from a project's other members
     except OSError as exc:
+        if path is not None:
+            path.unlink(missing_ok=True)
         reason = (
             "a file of that name is in the way" if isinstance(exc, FileExistsError) else exc.strerror or exc
         )
@@ -603,7 +584,13 @@ def sbatch(job: Job, test_only: bool = False) -> str:
     except OSError as exc:
         raise AppError(f"cannot run {exe}: {exc.strerror or exc}") from None
     if proc.returncode != 0:
-        lines = (proc.stderr or proc.stdout).strip().splitlines()
-        reason = lines[-1] if lines else f"exit status {proc.returncode}"
+        lines = [ln for ln in (proc.stderr or proc.stdout).split("\n") if ln.strip()]  # \r is no line end
+        reason = one_line(lines[-1].strip()) if lines else f"exit status {proc.returncode}"
         raise AppError(f"sbatch rejected the job: {reason} (script: {path})")
-    return (proc.stderr if test_only else proc.stdout).strip().split(";")[0]
+    answer = (proc.stderr if test_only else proc.stdout).strip()
+    if not answer:
+        said = "nothing on stderr" if test_only else "no job id on stdout"
+        raise AppError(
+            f"sbatch exited 0 but printed {said}; check `squeue --me` before submitting again (script: {path})"
+        )
+    return answer.split(";")[0]  # --parsable: "id" or "id;cluster"

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from app import submit
 from app.cli import cli
-from app.errors import UsageError
+from app.errors import UsageError, brief
 
 GOLDEN = Path(__file__).parent / "golden"
 CLUSTERS = ["lumi", "mahti", "puhti", "roihu", "local"]
@@ -252,13 +252,13 @@ def _cfg(folder: Path, stem: str) -> str:
 INPUTS = {
     "--name": lambda s, tmp: (LOCAL + ["--name", s], None, "--name"),
     "--set name=": lambda s, tmp: (LOCAL + ["--set", f"name={s}"], ["--set", f"name={s}"], "name"),
-    "config stem": lambda s, tmp: (
+    "config stem": lambda s, tmp: (  # the config's name: refused by config.validate, for train and submit
         ["--cluster", "local", "--gpus", "1", "-c", _cfg(tmp, s)],
         None,
-        "pass --name",
+        "rename the config file or pass --set name=NAME",
     ),
-    "config path": lambda s, tmp: (
-        ["--cluster", "local", "--gpus", "1", "-c", _cfg(tmp, s), "--name", "job1"],
+    "config path": lambda s, tmp: (  # with a usable name, the path reaches app train intact
+        ["--cluster", "local", "--gpus", "1", "-c", _cfg(tmp, s), "--set", "name=job1"],
         ["-c", _cfg(tmp, s)],
         "--config",
     ),
@@ -374,7 +374,8 @@ def test_slurm_time_formats(value, secs):
 
 
 def _time_error(value: str, problem: str) -> str:
-    shown = value if value and value.isascii() and value.isprintable() and " " not in value else repr(value)
+    plain = value and len(value) <= 80 and value.isascii() and value.isprintable() and " " not in value
+    shown = value if plain else brief(value)  # longer than 80 characters: shortened
     accepted = (
         f"; accepted: {submit.TIME_FORMATS}" if problem.endswith("be 0-59") or "0-23" in problem else ""
     )
@@ -462,11 +463,11 @@ def test_four_minutes_is_not_four_hours():
         (LOCAL + ["--image", "/x.sif"], "--image: local runs without a container (runtime native); drop --image"),
         (LOCAL + ["--set", ""], "--set '': empty; give a value or leave the option out"),
         (["--cluster", "local", "--gpus", "1", "-c", ""], "--config '': empty; give a value or leave the option out"),
-        (LOCAL + ["--name", "a" * 129], f"--name {'a' * 129}: {submit.SAFE_HINT}"),
+        (LOCAL + ["--name", "a" * 129], f"--name '{'a' * 37}...{'a' * 38}': {submit.SAFE_HINT}"),  # shortened
         (LOCAL + ["--name", "-x"], f"--name -x: {submit.SAFE_HINT}"),
         (LOCAL + ["--set", "name=.hidden"],
-         "the job name defaults to the config's name .hidden (from --set name), which is not usable as a job "
-         f"name ({submit.SAFE_HINT}); pass --name NAME"),
+         f"name: .hidden cannot name a run directory or job; {submit.SAFE_HINT}; rename the config file or pass "
+         "--set name=NAME (from --set name)"),
         (["--cluster", "../jobs/clusters/mahti", "--gpus", "1"],
          "--cluster ../jobs/clusters/mahti: unknown cluster; choose from local, lumi, mahti, puhti, roihu"),
         (["--cluster", "..", "--gpus", "1"],
@@ -483,18 +484,20 @@ def test_bad_inputs_one_line(args, line, tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_default_name_from_a_hostile_config_stem_asks_for_name(tmp_path):
+def test_a_hostile_config_stem_is_refused_as_the_experiment_name(tmp_path):
+    # The name becomes the run directory on the compute node too: --name alone (the job's) does not help.
     config = _config_named(tmp_path, "x;touch F;#")
-    result = CliRunner().invoke(
-        cli, ["submit", "--cluster", "local", "--gpus", "1", "-c", config, "--dry-run"]
+    refused = (
+        f"Error: name: 'x;touch F;#' cannot name a run directory or job; {submit.SAFE_HINT}; rename the config "
+        f"file or pass --set name=NAME (from config {config!r})\n"
     )
-    assert (result.exit_code, result.output) == (
-        2,
-        f"Error: the job name defaults to the config's name 'x;touch F;#' (from config {config!r}), which is "
-        f"not usable as a job name ({submit.SAFE_HINT}); pass --name NAME\n",
-    )
+    for extra in ([], ["--name", "x"]):
+        result = CliRunner().invoke(
+            cli, ["submit", "--cluster", "local", "--gpus", "1", "-c", config, *extra, "--dry-run"]
+        )
+        assert (result.exit_code, result.output) == (2, refused)
     ok = CliRunner().invoke(
-        cli, ["submit", "--cluster", "local", "--gpus", "1", "-c", config, "--name", "x", "--dry-run"]
+        cli, ["submit", "--cluster", "local", "--gpus", "1", "-c", config, "--set", "name=x", "--dry-run"]
     )
     assert ok.exit_code == 0 and f"-c '{config}'" in ok.output and "#SBATCH --job-name=x\n" in ok.output
 
@@ -525,7 +528,7 @@ GOOD_PROFILE = (GOLDEN.parents[1] / "jobs" / "clusters" / "mahti.yaml").read_tex
         (GOOD_PROFILE.replace("name: gpusmall, ", "name: 'gpu;small', ", 1), f"partitions[0].name 'gpu;small': {submit.SAFE_HINT}"),
         (GOOD_PROFILE.replace("{name: gpusmall, max_nodes: 1,", "{name: gpusmall,", 1), "partitions[0].max_nodes is missing"),
         (GOOD_PROFILE.replace("partitions:   ", "partitions: {}\nold:"), "unknown key old; known: " + ", ".join(submit.KEYS)),
-        ("name: m\ngpus_per_node: 4\ngpu_request: '--gres=gpu:{gpus}'\ncpus_per_gpu: 1\npartitions: {}\n", "partitions must be a list, got '{}'"),
+        ("name: m\ngpus_per_node: 4\ngpu_request: '--gres=gpu:{gpus}'\ncpus_per_gpu: 1\npartitions: {}\n", "partitions must be a list, got {}"),
         ("name: m\ngpus_per_node: 4\ngpu_request: '--gres=gpu:{gpus}'\ncpus_per_gpu: 1\npartitions: []\n", "partitions is empty; list at least one GPU partition"),
         ("name: m\ngpus_per_node: 4\ngpu_request: '--gres=gpu:{gpus}'\ncpus_per_gpu: 1\npartitions: [gpu]\n",
          "partitions[0] must be a mapping such as {name: gpu, max_nodes: 4, max_time: '1-00:00:00'}"),
@@ -604,10 +607,10 @@ def test_log_dir_that_cannot_be_created(fake_sbatch):
 
 
 def test_log_dir_that_cannot_be_written(fake_sbatch, monkeypatch):
-    def refuse(self, *args, **kwargs):
+    def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(Path, "write_text", refuse)  # root ignores file modes: simulate a read-only logs/
+    monkeypatch.setattr(submit.tempfile, "mkstemp", refuse)  # root ignores file modes: a read-only logs/
     result = CliRunner().invoke(cli, ["submit", *LOCAL])
     assert (result.exit_code, result.output) == (
         1,
@@ -663,4 +666,55 @@ def test_resume_errors(tmp_path):
         submit.render(roihu, 4, [], ["train.batch_size=7"], account="p", resume=str(run))
     assert str(err.value).startswith(
         f"--resume {run}: resuming with a different config (train.batch_size 64 (saved) vs 7"
+    )
+
+
+def test_two_submits_in_the_same_second_keep_both_scripts(fake_sbatch, monkeypatch):
+    monkeypatch.setattr(submit.time, "strftime", lambda fmt: "20260101-120000")
+    for _ in range(2):
+        assert CliRunner().invoke(cli, ["submit", *LOCAL]).exit_code == 0
+    scripts = sorted((fake_sbatch / "logs").iterdir())
+    assert len(scripts) == 2 and all(p.name.startswith("synthetic-20260101-120000-") for p in scripts)
+    assert all(p.suffix == ".sbatch" and p.stat().st_mode & 0o777 == 0o644 for p in scripts)
+
+
+def _sbatch_says(fake_sbatch, body: str) -> None:
+    path = fake_sbatch.parent / "bin" / "sbatch"
+    path.write_text(f"#!/bin/sh\n{body}\n")
+
+
+def test_sbatch_stderr_is_one_line_in_the_error(fake_sbatch):
+    _sbatch_says(fake_sbatch, "printf 'sbatch: error: bad\\033[2Jthing\\n' >&2; exit 1")
+    result = CliRunner().invoke(cli, ["submit", *LOCAL])
+    assert result.exit_code == 1 and result.output.count("\n") == 1
+    assert result.output.startswith(
+        "Error: sbatch rejected the job: sbatch: error: bad\\x1b[2Jthing (script: logs/"
+    )
+
+
+def test_sbatch_that_prints_no_job_id(fake_sbatch):
+    _sbatch_says(fake_sbatch, "exit 0")
+    result = CliRunner().invoke(cli, ["submit", *LOCAL])
+    assert result.exit_code == 1 and "submitted job" not in result.output
+    assert result.output.startswith(
+        "Error: sbatch exited 0 but printed no job id on stdout; check `squeue --me` before submitting again "
+        "(script: logs/synthetic-"
+    )
+
+
+def test_resume_messages_name_submit_options(tmp_path):
+    run = _saved_run(tmp_path / "run")
+    with pytest.raises(UsageError) as err:
+        submit.render(
+            submit.load_cluster("roihu"), 4, [], ["train.batch_size=7"], account="p", resume=str(run)
+        )
+    assert str(err.value) == (
+        f"--resume {run}: resuming with a different config (train.batch_size 64 (saved) vs 7 (given)); "
+        "drop those changes or submit without --resume"
+    )
+    (run / "config.yaml").write_text("")
+    with pytest.raises(UsageError) as err:
+        submit.render(submit.load_cluster("roihu"), 4, [], account="p", resume=str(run))
+    assert str(err.value) == (
+        f"{run / 'config.yaml'}: the run's saved config is empty; restore it, or submit without --resume"
     )
