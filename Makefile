@@ -89,13 +89,13 @@ sif: ## build scaleout.sif for Apptainer/Singularity from the image (run `make i
 	     sed -e 's/^Bootstrap: docker-daemon/Bootstrap: docker-archive/' -e 's|^From: .*|From: scaleout.tar|' singularity.def > .archive.def && \
 	     $$APPT build scaleout.sif .archive.def && rm -f .archive.def scaleout.tar; fi
 
-# make submit GPUS=32 CLUSTER=puhti CONFIG=configs/resnet50_imagenet.yaml ACCOUNT=project_2001234 [SUBMIT_ARGS=--dry-run]
+# make submit GPUS=32 CLUSTER=roihu CONFIG=configs/resnet50_imagenet.yaml ACCOUNT=project_2001234 [SUBMIT_ARGS=--dry-run]
 GPUS       ?= 4
-CLUSTER    ?= mahti
+CLUSTER    ?= roihu
 CONFIG     ?= configs/resnet50_imagenet.yaml
 ACCOUNT    ?=
 SUBMIT_ARGS ?=
-submit: install ## submit a training job: make submit GPUS=32 CLUSTER=puhti CONFIG=... ACCOUNT=project_...
+submit: install ## submit a training job: make submit GPUS=32 CLUSTER=roihu CONFIG=... ACCOUNT=project_...
 	$(APP) submit --gpus $(GPUS) --cluster $(CLUSTER) -c $(CONFIG) $(if $(ACCOUNT),--account $(ACCOUNT)) $(SUBMIT_ARGS)
 
 clean: ## remove the venv, caches and run outputs (the cached Horovod wheel stays in ~/.cache/scaleout)

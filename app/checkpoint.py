@@ -61,7 +61,15 @@ def problem(path: Path) -> str | None:
         int(state["epoch"])
     except (OSError, ValueError, KeyError, TypeError):
         return f"{STATE} missing or unreadable"
-    for name, (size, digest) in state.get("files", {}).items():
+    files = state.get("files", {})
+    if not isinstance(files, dict):
+        return f"{STATE} is damaged (its file list is not a mapping)"
+    for name, entry in files.items():
+        if not isinstance(name, str) or "/" in name or name in ("", ".", "..") or name == STATE:
+            return f"{STATE} is damaged (it lists {name!r}, not a file of the checkpoint)"
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], int)):
+            return f"{STATE} is damaged (the entry of {name} is not [size, sha256])"
+        size, digest = entry
         file = path / name
         try:
             if file.stat().st_size != size:

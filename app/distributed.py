@@ -29,6 +29,9 @@ LAUNCHER_RANK_VARS = {
 
 
 CPU_CYCLE_TIME_MS = 20  # Horovod's coordination cycle on CPU-only workers (see init)
+# Horovod's stall inspector: warn (naming the ranks that did not submit a tensor) after 60 s, shut down after
+# 600 s. The shutdown time also bounds scaleout's own watchdog (see Watchdog). Both stay overridable.
+STALL_DEFAULTS = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "60", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "600"}
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,8 @@ def init(threads: int = 0) -> World:
         # a core from each (measured: 2 workers on 2 cores reached 0.70 of two independent processes at 1 ms,
         # 0.97 at 20 ms, ResNet-50 batch 32). Steps there take seconds, so 20 ms of extra latency is nothing.
         os.environ.setdefault("HOROVOD_CYCLE_TIME", str(CPU_CYCLE_TIME_MS))
+    for var, default in STALL_DEFAULTS.items():  # [horovod] a stalled rank ends the job, not a 32-GPU wait
+        os.environ.setdefault(var, default)
     h.init()  # [horovod] join the other workers
     if gpus:  # [horovod] one GPU per rank, chosen by local rank; memory grows instead of being grabbed
         for gpu in gpus:
@@ -238,6 +243,7 @@ class StopRequest:
 
     def __init__(self):
         self.signal: str | None = None
+        self.number = 0  # the signal's number: what the ranks agree on (the largest wins)
 
     def install(self) -> StopRequest:
         import signal
@@ -250,7 +256,13 @@ class StopRequest:
         import signal
 
         if self.signal is None:
-            self.signal = signal.Signals(signum).name
+            self.signal, self.number = signal.Signals(signum).name, int(signum)
+
+    @staticmethod
+    def name(number: float) -> str:
+        import signal
+
+        return signal.Signals(int(number)).name
 
 
 def agree(flags: list[float]) -> list[float]:
@@ -265,6 +277,102 @@ def agree(flags: list[float]) -> list[float]:
         return list(flags)
     out = h.allreduce(tf.constant(np.asarray(flags, np.float32)), op=h.Max, name="scaleout_agree")
     return [float(v) for v in out.numpy()]
+
+
+class Watchdog:
+    """[horovod] Ends a job that stopped making progress, naming the ranks at fault.
+
+    Horovod's stall inspector only sees ranks that still take part in its coordination; a rank that is
+    stopped (SIGSTOP, a node that froze) or stuck in a system call blocks the others inside a collective, for
+    ever under MPI and ~80 s (then unnamed) under Gloo. So every rank also runs this thread: it leaves a
+    heartbeat (steps done, wall time) in ``<run_dir>/.heartbeat/rank-N`` every few seconds, and when its own
+    training made no step for ``timeout`` seconds the lowest rank that still beats reads the others'
+    heartbeats, prints one line naming the ranks that stopped beating (or, if all beat, those furthest
+    behind) and every live rank exits with status 1, which the launcher turns into the end of the job.
+    The run directory is shared by all nodes (the job script keeps it there), so every rank sees every file.
+    """
+
+    def __init__(self, run_dir, rank: int, size: int, timeout: float | None = None):
+        import threading
+
+        self.folder = os.path.join(str(run_dir), ".heartbeat")
+        self.rank, self.size = rank, size
+        self.timeout = timeout or float(os.environ.get("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "600") or 600)
+        self.beat = max(0.5, min(10.0, self.timeout / 6))
+        self.steps, self.last = 0, None  # None: no step yet (start-up and the first compilation don't count)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="scaleout-watchdog", daemon=True)
+
+    def start(self) -> Watchdog:
+        if self.size > 1 and self.timeout > 0:
+            os.makedirs(self.folder, exist_ok=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def progress(self) -> None:
+        import time
+
+        self.steps += 1
+        self.last = time.monotonic()
+
+    def _write(self) -> None:
+        import time
+
+        path = os.path.join(self.folder, f"rank-{self.rank}")
+        with open(path + ".tmp", "w") as f:
+            f.write(f"{self.steps} {time.time():.3f}\n")
+        os.replace(path + ".tmp", path)
+
+    def _read(self) -> dict[int, tuple[int, float]]:
+        out = {}
+        for r in range(self.size):
+            try:
+                with open(os.path.join(self.folder, f"rank-{r}")) as f:
+                    steps, when = f.read().split()
+                out[r] = (int(steps), float(when))
+            except (OSError, ValueError):
+                continue
+        return out
+
+    def _run(self) -> None:
+        import time
+
+        while not self._stop.wait(self.beat):
+            with contextlib.suppress(OSError):  # a full or vanished run directory: training will say so
+                self._write()
+            if self.last is None or time.monotonic() - self.last < self.timeout:
+                continue
+            beats, now = self._read(), time.time()
+            alive = sorted(r for r, (_, when) in beats.items() if now - when < 3 * self.beat)
+            silent = [r for r in range(self.size) if r not in alive]
+            if silent:
+                why = f"rank(s) {', '.join(map(str, silent))} stopped responding (stopped, frozen or dead)"
+            else:
+                fewest = min(steps for steps, _ in beats.values())
+                behind = [r for r, (steps, _) in sorted(beats.items()) if steps == fewest]
+                why = f"rank(s) {', '.join(map(str, behind))} stuck at step {fewest} (a hung file system or data source?)"
+            if alive and self.rank == alive[0]:
+                print(
+                    f"Error: no training step for {self.timeout:.0f} s: {why}; ending the job "
+                    "(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS sets this time)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            os._exit(1)  # the main thread is blocked inside a collective: nothing else can end it
+
+
+def watchdog_callback(watchdog: Watchdog):
+    """A Keras callback feeding ``watchdog`` one tick per training batch."""
+    import tensorflow as tf
+
+    class Tick(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            watchdog.progress()
+
+    return Tick()
 
 
 def broadcast_object(obj, root: int = 0):

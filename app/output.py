@@ -173,8 +173,8 @@ def reconcile_metrics(run_dir: Path, epoch: int, saved_row: dict | None, note) -
     kept = [r for r in rows if int(r.get("epoch", 0)) <= epoch]
     if saved_row and not any(int(r.get("epoch", 0)) == epoch for r in kept):
         kept.append(saved_row)
-    if kept == rows:
-        return
+    # Both files are written anew from the rows kept, every time: a crash may have torn the last line of
+    # either (the CSV is written after the JSON line), and appending to a torn line would glue two rows.
     dropped = [int(r.get("epoch", 0)) for r in rows if int(r.get("epoch", 0)) > epoch]
     if dropped:
         note(f"metrics of epochs {dropped} were written after the checkpoint now resumed; dropped")
@@ -198,8 +198,9 @@ def append_metrics(run_dir: Path, row: dict) -> None:
     with open(run_dir / "metrics.jsonl", "a") as f:
         f.write(json.dumps(row, allow_nan=False) + "\n")
     path = run_dir / "metrics.csv"
-    new = not path.exists()
-    fields = list(row) if new else path.read_text().splitlines()[0].split(",")
+    header = path.read_text().partition("\n")[0] if path.exists() else ""
+    new = not header
+    fields = list(row) if new else header.split(",")
     with open(path, "a", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         if new:

@@ -88,7 +88,7 @@ def tracked(model) -> tf.train.Checkpoint:
     return tf.train.Checkpoint(model=model, optimizer=model.optimizer)
 
 
-def evaluate(model, dataset, num_classes: int) -> dict:
+def evaluate(model, dataset, num_classes: int, tick=None) -> dict:
     """Loss, top-1 (and top-5) over every rank's share of the evaluation split, summed across ranks."""
     k = min(5, num_classes)
 
@@ -107,6 +107,8 @@ def evaluate(model, dataset, num_classes: int) -> dict:
     sums = np.zeros(4)
     for images, labels in dataset:
         sums += step(images, labels).numpy()
+        if tick is not None:  # evaluation is progress too (see distributed.Watchdog)
+            tick()
     loss, top1, topk, n = distributed.allreduce_sum(sums)  # [horovod] exact totals over all ranks
     result = {"val_loss": loss / max(n, 1), "val_accuracy": top1 / max(n, 1), "val_examples": n}
     if num_classes > 10:
@@ -117,13 +119,13 @@ def evaluate(model, dataset, num_classes: int) -> dict:
 class EvaluateEachEpoch(tf.keras.callbacks.Callback):
     """Runs :func:`evaluate` on every rank at each epoch end and adds the results to the epoch's logs."""
 
-    def __init__(self, dataset, num_classes: int):
+    def __init__(self, dataset, num_classes: int, tick=None):
         super().__init__()
-        self.dataset, self.num_classes = dataset, num_classes
+        self.dataset, self.num_classes, self.tick = dataset, num_classes, tick
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
-            logs.update(evaluate(self.model, self.dataset, self.num_classes))
+            logs.update(evaluate(self.model, self.dataset, self.num_classes, self.tick))
 
 
 class CheckpointWriter:
@@ -189,35 +191,33 @@ class Interruptions(tf.keras.callbacks.Callback):
         due = self.kind == "steps" and (self.epoch * steps + step) % self.amount < acc
         if (step // acc) % self.every == 0:
             timed = self.kind == "seconds" and time.monotonic() - self.last_checkpoint >= self.amount
-            stop, timed = distributed.agree([float(self.request.signal is not None), float(timed)])
+            stop, timed = distributed.agree([float(self.request.number), float(timed)])
             due = due or bool(timed)
             if stop:
-                path = self._checkpoint(step)
-                raise self._preempted(path, step)
+                self._checkpoint(step)
+                raise self._preempted(self.write.path(self.epoch, step), step, stop)
         if due:
             self._checkpoint(step)
 
     def on_epoch_end(self, epoch, logs=None):
         self.last_checkpoint = time.monotonic()
-        (stop,) = distributed.agree([float(self.request.signal is not None)])  # after rank 0's checkpoint
+        (stop,) = distributed.agree([float(self.request.number)])  # after rank 0's checkpoint
         if stop:
-            raise self._preempted(self.write.path(epoch + 1, 0), 0, epoch + 1)
+            raise self._preempted(self.write.path(epoch + 1, 0), 0, stop, epoch + 1)
 
     def _checkpoint(self, step: int):
         distributed.average_model_state(self.model)
-        path = self.write(self.epoch, {}, step)  # rank 0 writes; the others get None
+        self.write(self.epoch, {}, step)  # rank 0 writes
         distributed.agree([0.0])  # [horovod] barrier: the checkpoint is complete before anyone moves on
         self.last_checkpoint = time.monotonic()
-        return path
 
-    def _preempted(self, path, step: int, epoch: int | None = None) -> Exception:
+    def _preempted(self, path, step: int, number: float, epoch: int | None = None) -> Exception:
         epoch = self.epoch if epoch is None else epoch
         where = (
             f"epoch {epoch} step {step} of {self.p.steps_per_epoch}" if step else f"the end of epoch {epoch}"
         )
-        signal = self.request.signal or "a stop signal on another rank"
-        message = (
-            f"stopped by {signal} at {where}: checkpoint {path} is intact; a Slurm job requeues itself "
+        message = (  # the same on every rank (the agreed signal), so it is printed once
+            f"stopped by {self.request.name(number)} at {where}: checkpoint {path} is intact; a Slurm job requeues itself "
             f"(exit status {distributed.REQUEUE_EXIT_CODE}), else continue with `app train --run-dir {self.write.run_dir}`"
         )
         self.write.stopped(message)
@@ -354,7 +354,7 @@ def train_and_evaluate(cfg: Config, run_dir: Path, threads: int = 0) -> dict:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomic(run_dir / "config.yaml", dump(cfg))
         (run_dir / CheckpointWriter.STOPPED).unlink(missing_ok=True)
-        if found:
+        if (run_dir / "metrics.jsonl").exists():  # each epoch up to the checkpoint once, no torn line
             saved_row = state.get("metrics") or {}
             reconcile_metrics(
                 run_dir, start_epoch, saved_row if "epoch" in saved_row else None, reporter.note
@@ -381,7 +381,8 @@ def train_and_evaluate(cfg: Config, run_dir: Path, threads: int = 0) -> dict:
             distributed.average_state_callback(),  # [horovod] one set of batch-norm statistics, then evaluate
         ]
         if eval_ds is not None:
-            out.append(EvaluateEachEpoch(eval_ds, spec.num_classes))
+            out.append(EvaluateEachEpoch(eval_ds, spec.num_classes, watchdog.progress))
+        out.append(distributed.watchdog_callback(watchdog))
         if world.is_chief:  # [horovod] only rank 0 writes checkpoints, metrics and progress
             steps = p.steps_per_epoch - first_step
             out += [
@@ -400,6 +401,7 @@ def train_and_evaluate(cfg: Config, run_dir: Path, threads: int = 0) -> dict:
     first_whole = start_epoch + 1 if start_step else start_epoch
     if first_whole < cfg.train.epochs:
         segments.append((first_whole, 0))
+    watchdog = distributed.Watchdog(run_dir, world.rank, world.size).start()  # [horovod] no silent stall
     try:
         for first_epoch, first_step in segments:
             last = first_epoch + 1 if first_step else cfg.train.epochs
@@ -414,6 +416,8 @@ def train_and_evaluate(cfg: Config, run_dir: Path, threads: int = 0) -> dict:
             )  # fmt: skip
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as exc:
         raise data.input_error(source, exc) from None
+    finally:
+        watchdog.stop()
     # [horovod] Are all replicas still identical? Every variable: the batch-norm statistics were averaged at
     # the epoch end, so they must agree too.
     spread = distributed.replica_spread([v.numpy() for v in model.weights])

@@ -161,3 +161,45 @@ def test_read_only_run_dir_gives_one_line(tmp_path):
         assert checkpoint.latest(run)[0] == 1
     finally:
         subprocess.run(["umount", str(run)], check=False)
+
+
+@pytest.mark.parametrize(
+    "files, why",
+    [
+        ([], "its file list is not a mapping"),
+        ({"ckpt.index": 5}, "the entry of ckpt.index is not [size, sha256]"),
+        ({"ckpt.index": [1]}, "the entry of ckpt.index is not [size, sha256]"),
+        ({"../../etc/passwd": [1, "x"]}, "it lists '../../etc/passwd', not a file of the checkpoint"),
+    ],
+)
+def test_damaged_state_file_is_skipped_not_a_traceback(tmp_path, files, why):
+    import json
+
+    _, ckpt = make(1.0)
+    checkpoint.save(tmp_path, ckpt, 1, {}, keep=3)
+    newest = checkpoint.save(tmp_path, ckpt, 2, {}, keep=3)
+    state = json.loads((newest / "state.json").read_text())
+    (newest / "state.json").write_text(json.dumps({**state, "files": files}))
+    skipped: list[str] = []
+    assert checkpoint.latest(tmp_path, skipped)[0] == 1
+    assert skipped == [f"{newest}: state.json is damaged ({why})"]
+
+
+@pytest.mark.parametrize("torn", ["jsonl", "csv"])
+def test_resume_rewrites_torn_metrics_files(tmp_path, torn):
+    import json
+
+    from app.output import append_metrics, reconcile_metrics
+
+    for epoch in (1, 2):
+        append_metrics(tmp_path, {"epoch": epoch, "loss": 0.5 / epoch, "val_accuracy": 0.5 + epoch / 10})
+    name = f"metrics.{torn}"
+    text = (tmp_path / name).read_text()
+    (tmp_path / name).write_text(text + ('{"epoch": 3, "lo' if torn == "jsonl" else "3,0.1"))  # a torn row 3
+    notes: list[str] = []
+    reconcile_metrics(tmp_path, 2, None, notes.append)
+    append_metrics(tmp_path, {"epoch": 3, "loss": 0.1, "val_accuracy": 0.9})
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in lines] == [1, 2, 3]
+    csv_rows = (tmp_path / "metrics.csv").read_text().splitlines()
+    assert csv_rows == ["epoch,loss,val_accuracy", "1,0.5,0.6", "2,0.25,0.7", "3,0.1,0.9"]

@@ -71,3 +71,39 @@ def test_test_only_asks_sbatch(cluster, tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "to start at" in proc.stdout
+
+
+LONGER = """\
+# longer: the Slurm requeue test. Three epochs of six steps, a stop agreed at every step.
+data: {source: synthetic, num_classes: 10, image_size: 32, synthetic_examples: 64}
+model: {name: resnet20}
+train: {epochs: 3, batch_size: 8, steps_per_epoch: 6, warmup_epochs: 0}
+run: {log_every: 1, tensorboard: false, stop_check_every: 1}
+"""
+
+
+def test_usr1_checkpoints_requeues_and_resumes(cluster, tmp_path):
+    import time
+
+    (tmp_path / "longer.yaml").write_text(LONGER)
+    env = {**cluster.env, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "app", "submit", "--cluster", "local", "--gpus", "2", "-c", "longer.yaml"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.split()[2].rstrip(":")
+    log = tmp_path / "logs" / f"longer-{job}.out"
+    deadline = time.time() + 300
+    while "epoch 1/3 step 2/6" not in (log.read_text() if log.exists() else ""):
+        assert time.time() < deadline, log.read_text() if log.exists() else "no log"
+        time.sleep(0.5)
+    subprocess.run(["scancel", "--signal=USR1", job], env=env, check=True)  # what --signal=USR1@600 sends
+    cluster.wait(job)
+    text = log.read_text()
+    run = tmp_path / "runs" / f"longer-{job}"
+    assert "stopped by SIGUSR1 at epoch" in text and f"requeueing job {job}" in text, text
+    assert "restart 1" in text and "resumed from" in text and "epoch-0000-step-" in text, text
+    assert (run / "summary.json").is_file(), text
+    epochs = [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert epochs == [1, 2, 3]

@@ -52,13 +52,13 @@ def test_one_step_fashion_mnist_with_outputs(tmp_path, tfds_dir):
 
 
 def test_resume_continues_from_the_right_epoch_with_the_right_lr(tmp_path):
-    # base_lr 0.4 x 8/256 = 0.0125; step decay x0.5 at epoch 2; progress (step+1)/steps, 2 steps per epoch.
+    # base_lr 0.4 x 8/256 = 0.0125; step decay x0.5 after epochs 1 and 2 (from the next epoch's first step).
     recipe = [
         *TINY_SYNTHETIC,
         "--set",
         "train.base_lr=0.4",
         "--set",
-        "train.decay_epochs=[2]",
+        "train.decay_epochs=[1, 2]",
         "--set",
         "train.decay_factor=0.5",
     ]
@@ -70,7 +70,7 @@ def test_resume_continues_from_the_right_epoch_with_the_right_lr(tmp_path):
     )  # resume: config comes from the run dir
     assert "resumed from" in proc.stdout and "resuming after epoch 2" in proc.stdout
     assert [r["epoch"] for r in rows(split)] == [1, 2, 3]
-    expected = [0.0125, 0.0125 * 0.5, 0.0125 * 0.5]  # the LR at each epoch's last step
+    expected = [0.0125, 0.0125 * 0.5, 0.0125 * 0.25]  # the LR at each epoch's last step
     assert [r["lr"] for r in rows(split)] == pytest.approx(expected)
     assert [r["lr"] for r in rows(whole)] == pytest.approx(expected)
     state = json.loads((split / "checkpoints" / "epoch-0003" / "state.json").read_text())
