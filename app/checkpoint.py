@@ -142,8 +142,8 @@ def save(run_dir: Path, checkpoint, epoch: int, state: dict, keep: int, step: in
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        _before_write_hook()
         checkpoint.write(str(tmp / PREFIX))
+        _before_write_hook()  # tests: the data files are there, state.json and the rename are not
         files = {}
         for file in sorted(tmp.iterdir()):
             _fsync(file)  # the data on disk before the rename makes it count
@@ -168,8 +168,31 @@ def save(run_dir: Path, checkpoint, epoch: int, state: dict, keep: int, step: in
         final.rename(root / f".replaced-{name}-{os.getpid()}")
     os.rename(tmp, final)
     _fsync(root)
+    _supersede_after(root, final)
     _prune(root, keep)
     return final
+
+
+SUPERSEDED = "superseded"  # checkpoints/superseded/: kept for inspection, never resumed from
+
+
+def _supersede_after(root: Path, final: Path) -> None:
+    """Move aside the checkpoints that sort after ``final``, the one just written.
+
+    Only a resume can leave such: a newer checkpoint that was skipped as damaged, or a mid-epoch one numbered
+    for another worker count (an epoch of 1200 steps resumed as 600). Left in place they would be taken for
+    the latest by the next resume (repeating work, forever if each job stops before that step) and the new
+    checkpoints would be pruned in their stead. Moved, not deleted: a checkpoint skipped because of a
+    passing read error is still there for the user."""
+    mine = _progress_of(final)
+    for _, path in list_checkpoints(root.parent):
+        if _progress_of(path) > mine:
+            aside = root / SUPERSEDED
+            aside.mkdir(exist_ok=True)
+            target = aside / path.name
+            if target.exists():
+                target = aside / f"{path.name}-{time.time_ns()}"
+            os.rename(path, target)
 
 
 def _write_error(root: Path, exc: Exception) -> AppError:

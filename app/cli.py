@@ -241,10 +241,13 @@ def train(
     )  # fmt: skip
     cfg, resolved = config.for_run(configs, sets, options, run_dir, origins)
     relaunch(np_, [] if run_dir else ["--run-dir", str(resolved)])  # every worker gets the same run directory
+    from app.distributed import StopRequest
+
+    request = StopRequest().install()  # SIGUSR1/SIGTERM from the start: never the default (death)
     import_tensorflow()  # first, through compat: Keras 2 checked, start-up noise filtered
     from app.train import train_and_evaluate
 
-    train_and_evaluate(cfg, resolved, threads)
+    train_and_evaluate(cfg, resolved, threads, request)
 
 
 @cli.command()
@@ -356,10 +359,21 @@ def benchmark(
     run(cfg, batch_sizes or [cfg.train.batch_size], steps, windows, pipeline_only, results, threads)
 
 
-def _fraction(ctx, param, value: float | None) -> float | None:
-    if value is not None and not 0 < value <= 1:  # also refuses nan and inf
-        raise click.BadParameter(f"{value}: an accuracy is a fraction in (0, 1], e.g. 0.75")
-    return value
+class Fraction(click.ParamType):
+    """A number in (0, 1] written in ASCII (Click's FLOAT takes what float() takes: '٠.٧٥', 'nan', '1_0')."""
+
+    name = "fraction"
+    PATTERN = re.compile(r"\+?(0|1)?(\.[0-9]{1,30})?|[01]")
+
+    def convert(self, value, param, ctx) -> float:
+        if isinstance(value, float):
+            number = value
+        else:
+            text = str(value).strip()
+            number = float(text) if self.PATTERN.fullmatch(text) and text not in ("", "+", ".") else None
+        if number is None or not 0 < number <= 1:
+            self.fail(f"{brief(value)}: an accuracy is a fraction in (0, 1], e.g. 0.75", param, ctx)
+        return number
 
 
 @cli.command()
@@ -373,8 +387,7 @@ def _fraction(ctx, param, value: float | None) -> float | None:
 )
 @click.option(
     "--target-accuracy",
-    type=float,
-    callback=_fraction,
+    type=Fraction(),
     help="Accuracy for time-to-accuracy, in (0, 1] (default: the lowest best accuracy among the runs).",
 )
 def report(inputs, out, target_accuracy):

@@ -36,6 +36,8 @@ MAX_DEPTH = 50  # nesting levels of a config's YAML (its schema has 3)
 # Keys that may differ between a run's saved config and a resume of it: they do not change what is learned
 # so far (longer training, other logging, data moved to another disk).
 RESUMABLE_CHANGES = ("train.epochs", "train.decay_epochs", "data.data_dir", "run.")
+# ... except these: the seed fixes the data order and augmentation a resume must continue exactly.
+FIXED_ON_RESUME = ("run.seed",)
 
 
 @dataclass
@@ -595,7 +597,9 @@ def conflicts(saved: Config, given: Config) -> list[str]:
     return [
         f"{k} {brief(a[k])} (saved) vs {brief(b[k])} (given)"
         for k in a
-        if a[k] != b[k] and k != "name" and not any(k.startswith(p) for p in RESUMABLE_CHANGES)
+        if a[k] != b[k]
+        and k != "name"
+        and (k in FIXED_ON_RESUME or not any(k.startswith(p) for p in RESUMABLE_CHANGES))
     ]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -17,7 +18,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from app.errors import AppError, UsageError
+from app.errors import AppError, UsageError, brief
 
 # Environment variables by which each launcher tells a process its rank.
 LAUNCHER_RANK_VARS = {
@@ -32,6 +33,21 @@ CPU_CYCLE_TIME_MS = 20  # Horovod's coordination cycle on CPU-only workers (see 
 # Horovod's stall inspector: warn (naming the ranks that did not submit a tensor) after 60 s, shut down after
 # 600 s. The shutdown time also bounds scaleout's own watchdog (see Watchdog). Both stay overridable.
 STALL_DEFAULTS = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "60", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "600"}
+
+
+def stall_settings() -> dict[str, int]:
+    """Horovod's stall times from the environment (scaleout's defaults where unset or empty), checked: Horovod
+    reads them with strtol, so '90.5' would silently be 90 and 'abc' 0 there."""
+    out = {}
+    for var, default in STALL_DEFAULTS.items():
+        value = os.environ.get(var, "").strip() or default
+        if not re.fullmatch(r"[0-9]{1,9}", value):
+            raise UsageError(
+                f"{var}={brief(value)}: whole seconds, 0 or more (unset it for scaleout's {default})"
+            )
+        os.environ[var] = value
+        out[var] = int(value)
+    return out
 
 
 @dataclass(frozen=True)
@@ -133,8 +149,7 @@ def init(threads: int = 0) -> World:
         # a core from each (measured: 2 workers on 2 cores reached 0.70 of two independent processes at 1 ms,
         # 0.97 at 20 ms, ResNet-50 batch 32). Steps there take seconds, so 20 ms of extra latency is nothing.
         os.environ.setdefault("HOROVOD_CYCLE_TIME", str(CPU_CYCLE_TIME_MS))
-    for var, default in STALL_DEFAULTS.items():  # [horovod] a stalled rank ends the job, not a 32-GPU wait
-        os.environ.setdefault(var, default)
+    stall_settings()  # [horovod] a stalled rank ends the job, not a 32-GPU wait
     h.init()  # [horovod] join the other workers
     if gpus:  # [horovod] one GPU per rank, chosen by local rank; memory grows instead of being grabbed
         for gpu in gpus:
@@ -295,17 +310,22 @@ class Watchdog:
     def __init__(self, run_dir, rank: int, size: int, timeout: float | None = None):
         import threading
 
-        self.folder = os.path.join(str(run_dir), ".heartbeat")
+        self.run_dir = str(run_dir)
+        self.folder = os.path.join(self.run_dir, ".heartbeat")
         self.rank, self.size = rank, size
-        self.timeout = timeout or float(os.environ.get("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "600") or 600)
+        self.timeout = timeout or stall_settings()["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"]
         self.beat = max(0.5, min(10.0, self.timeout / 6))
         self.steps, self.last = 0, None  # None: no step yet (start-up and the first compilation don't count)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="scaleout-watchdog", daemon=True)
+        # Heartbeats are written by a thread of their own: a hung file system blocks it, not the decision.
+        self._writer = threading.Thread(target=self._beat, name="scaleout-heartbeat", daemon=True)
 
     def start(self) -> Watchdog:
         if self.size > 1 and self.timeout > 0:
-            os.makedirs(self.folder, exist_ok=True)
+            with contextlib.suppress(OSError):  # unwritable: the watchdog still ends a stall, without names
+                os.makedirs(self.folder, exist_ok=True)
+            self._writer.start()
             self._thread.start()
         return self
 
@@ -337,27 +357,41 @@ class Watchdog:
                 continue
         return out
 
-    def _run(self) -> None:
-        import time
+    def _read_into(self, out: list) -> None:
+        out.append(self._read())
 
+    def _beat(self) -> None:
         while not self._stop.wait(self.beat):
             with contextlib.suppress(OSError):  # a full or vanished run directory: training will say so
                 self._write()
+
+    def _run(self) -> None:
+        import threading
+        import time
+
+        while not self._stop.wait(self.beat):
             if self.last is None or time.monotonic() - self.last < self.timeout:
                 continue
-            beats, now = self._read(), time.time()
+            read: list[dict] = []  # read by a thread of its own: a hung file system may block it
+            reader = threading.Thread(target=self._read_into, args=(read,), daemon=True)
+            reader.start()
+            reader.join(2 * self.beat)
+            beats, now = (read[0] if read else {}), time.time()
             alive = sorted(r for r, (_, when) in beats.items() if now - when < 3 * self.beat)
             silent = [r for r in range(self.size) if r not in alive]
-            if silent:
+            if not alive:  # no heartbeat could be read (or written): every rank speaks for itself
+                why = f"rank {self.rank} saw no heartbeats in {self.folder} (a hung or full file system?)"
+            elif silent:
                 why = f"rank(s) {', '.join(map(str, silent))} stopped responding (stopped, frozen or dead)"
             else:
                 fewest = min(steps for steps, _ in beats.values())
                 behind = [r for r, (steps, _) in sorted(beats.items()) if steps == fewest]
                 why = f"rank(s) {', '.join(map(str, behind))} stuck at step {fewest} (a hung file system or data source?)"
-            if alive and self.rank == alive[0]:
+            if not alive or self.rank == alive[0]:
                 print(
                     f"Error: no training step for {self.timeout:.0f} s: {why}; ending the job "
-                    "(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS sets this time)",
+                    f"(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS sets this time); the checkpoints in {self.run_dir} are "
+                    f"intact: continue with `app train --run-dir {self.run_dir}`",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -439,6 +473,8 @@ def launch_local(np: int, argv: list[str]) -> int:
 
 
 def _run_horovodrun(cmd: list[str], env: dict, np: int) -> int:
+    started: list[int] = []  # horovodrun's pid, once there: the stop signals are taken from before its start
+    _forward_stop_signals(started, np)
     print("+ " + shlex.join(cmd), file=sys.stderr, flush=True)
     # horovodrun prefixes every worker line with "[rank]<stream>:". Rank 0 speaks for the run, so its prefix
     # goes; other ranks keep theirs (they only speak when something is wrong). horovodrun's own traceback on
@@ -446,9 +482,10 @@ def _run_horovodrun(cmd: list[str], env: dict, np: int) -> int:
     from app.compat import _IMPORT_NOISE
 
     proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
-    )
-    _forward_stop_signals(proc.pid)
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+        start_new_session=True, preexec_fn=_ignore_usr1,
+    )  # fmt: skip
+    started.append(proc.pid)
     own: list[str] = []
     for line in proc.stdout:
         if _IMPORT_NOISE.search(line):
@@ -472,18 +509,63 @@ def _run_horovodrun(cmd: list[str], env: dict, np: int) -> int:
     return code
 
 
-def _forward_stop_signals(launcher_pid: int) -> None:
-    """SIGUSR1/SIGTERM sent to `app --np` go to its workers, which stop cleanly at an agreed step (exit 3).
-    Not to horovodrun itself: it would kill them at once."""
+def _ignore_usr1() -> None:
+    """horovodrun (started in its own session) ignores SIGUSR1: a signal sent to every process of a Slurm
+    step or cgroup would otherwise kill it, and it its workers. They inherit the disposition until their own
+    handler (:class:`StopRequest`) replaces it."""
     import signal
 
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
+def _forward_stop_signals(started: list[int], np: int) -> None:
+    """SIGUSR1/SIGTERM sent to `app --np` go to its workers, which stop cleanly at an agreed step (exit 3);
+    not to horovodrun, which would kill them at once. horovodrun runs in its own session, so a terminal's or
+    a process group's signal reaches `app --np` alone; Ctrl-C (SIGINT) is passed on to horovodrun, which
+    ends the workers. A signal that comes before every worker can take it (still starting) is delivered as
+    soon as it can: a thread retries until all ``np`` workers have it. ``started`` gets horovodrun's pid."""
+    import signal
+    import threading
+    import time
+
+    delivered: dict[int, set[int]] = {}  # signal -> workers that got it
+    thread: list[threading.Thread] = []
+
+    def deliver() -> None:
+        while any(len(got) < np for got in delivered.values()):
+            for signum, got in list(delivered.items()):
+                for pid in _worker_pids(started[0]) if started else []:
+                    if pid not in got and _catches(pid, signum):
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signum)
+                        got.add(pid)
+            time.sleep(0.2)
+
     def forward(signum, frame):
-        for pid in _worker_pids(launcher_pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signum)
+        delivered.setdefault(signum, set())
+        if not thread or not thread[-1].is_alive():
+            thread.append(threading.Thread(target=deliver, daemon=True, name="scaleout-forward"))
+            thread[-1].start()
+
+    def interrupt(signum, frame):
+        if not started:
+            raise KeyboardInterrupt
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(started[0], signal.SIGINT)
 
     for name in StopRequest.SIGNALS:
         signal.signal(getattr(signal, name), forward)
+    signal.signal(signal.SIGINT, interrupt)
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (its SigCgt mask in /proc), i.e. will not die of it."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next(int(ln.split()[1], 16) for ln in f if ln.startswith("SigCgt:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return False
+    return bool(mask >> (signum - 1) & 1)
 
 
 def _worker_pids(root: int) -> list[int]:

@@ -7,6 +7,7 @@ checkpoint/metrics (rank 0 only). Lines that exist only because of distribution 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -155,7 +156,9 @@ class CheckpointWriter:
 
     def stopped(self, message: str) -> None:
         if self.chief:
-            write_text_atomic(self.run_dir / self.STOPPED, message + "\n")
+            # The checkpoint is written: if the marker cannot be, exit status 3 alone still requeues the job.
+            with contextlib.suppress(OSError):
+                write_text_atomic(self.run_dir / self.STOPPED, message + "\n")
 
 
 class Interruptions(tf.keras.callbacks.Callback):
@@ -171,9 +174,11 @@ class Interruptions(tf.keras.callbacks.Callback):
     """
 
     def __init__(
-        self, request, write, p: Plan, every_updates: int, interval, first_epoch: int, first_step: int
-    ):
+        self, request, write, p: Plan, every_updates: int, interval, first_epoch: int, first_step: int,
+        epochs: int,
+    ):  # fmt: skip
         super().__init__()
+        self.epochs = epochs
         self.request, self.write, self.p, self.every = request, write, p, every_updates
         self.kind, self.amount = interval or (None, 0)
         self.first_epoch, self.first_step = first_epoch, first_step
@@ -194,34 +199,40 @@ class Interruptions(tf.keras.callbacks.Callback):
             stop, timed = distributed.agree([float(self.request.number), float(timed)])
             due = due or bool(timed)
             if stop:
-                self._checkpoint(step)
-                raise self._preempted(self.write.path(self.epoch, step), step, stop)
+                message = self._stop_message(self.write.path(self.epoch, step), step, stop)
+                self._checkpoint(step, message)
+                raise distributed.Preempted(message)
         if due:
             self._checkpoint(step)
 
     def on_epoch_end(self, epoch, logs=None):
         self.last_checkpoint = time.monotonic()
+        if epoch + 1 >= self.epochs:  # the run is complete: finishing beats a requeue that has nothing to do
+            return
         (stop,) = distributed.agree([float(self.request.number)])  # after rank 0's checkpoint
         if stop:
-            raise self._preempted(self.write.path(epoch + 1, 0), 0, stop, epoch + 1)
+            message = self._stop_message(self.write.path(epoch + 1, 0), 0, stop, epoch + 1)
+            self.write.stopped(message)
+            distributed.agree([0.0])  # [horovod] the marker is there before any rank exits
+            raise distributed.Preempted(message)
 
-    def _checkpoint(self, step: int):
+    def _checkpoint(self, step: int, stop_message: str | None = None):
         distributed.average_model_state(self.model)
         self.write(self.epoch, {}, step)  # rank 0 writes
+        if stop_message:  # the job script's marker, before any rank exits (srun may end rank 0 early)
+            self.write.stopped(stop_message)
         distributed.agree([0.0])  # [horovod] barrier: the checkpoint is complete before anyone moves on
         self.last_checkpoint = time.monotonic()
 
-    def _preempted(self, path, step: int, number: float, epoch: int | None = None) -> Exception:
+    def _stop_message(self, path, step: int, number: float, epoch: int | None = None) -> str:
         epoch = self.epoch if epoch is None else epoch
         where = (
             f"epoch {epoch} step {step} of {self.p.steps_per_epoch}" if step else f"the end of epoch {epoch}"
         )
-        message = (  # the same on every rank (the agreed signal), so it is printed once
+        return (  # the same on every rank (the agreed signal), so it is printed once
             f"stopped by {self.request.name(number)} at {where}: checkpoint {path} is intact; a Slurm job requeues itself "
             f"(exit status {distributed.REQUEUE_EXIT_CODE}), else continue with `app train --run-dir {self.write.run_dir}`"
         )
-        self.write.stopped(message)
-        return distributed.Preempted(message)
 
 
 @dataclass(frozen=True)
@@ -293,6 +304,12 @@ def setup(cfg: Config, threads: int = 0) -> tuple[distributed.World, Reporter, s
     if cfg.run.deterministic_ops:  # bitwise-reproducible kernels: a resumed run equals an uninterrupted one
         tf.config.experimental.enable_op_determinism()
     reporter = Reporter(world.rank)
+    return world, reporter, set_precision(cfg, world, reporter)
+
+
+def set_precision(cfg: Config, world: distributed.World, reporter: Reporter) -> str:
+    """The precision policy for ``cfg`` on ``world``, set globally (called again when a resume changed the
+    accumulation steps, before any model is built)."""
     policy = resolve_precision(cfg.model.precision)
     if policy == "mixed_float16" and cfg.train.accumulation_steps > 1 and world.size > 1:
         # The loss-scale optimizer would update its scale at every micro-batch from each rank's own
@@ -310,11 +327,15 @@ def setup(cfg: Config, threads: int = 0) -> tuple[distributed.World, Reporter, s
             "with gradient accumulation); set model.precision=mixed_bfloat16 if the GPUs support it"
         )
     tf.keras.mixed_precision.set_global_policy(policy)
-    return world, reporter, policy
+    return policy
 
 
-def train_and_evaluate(cfg: Config, run_dir: Path, threads: int = 0) -> dict:
-    """Train ``cfg`` in ``run_dir`` (resuming from its latest valid checkpoint) and return the summary."""
+def train_and_evaluate(
+    cfg: Config, run_dir: Path, threads: int = 0, request: distributed.StopRequest | None = None
+) -> dict:
+    """Train ``cfg`` in ``run_dir`` (resuming from its latest valid checkpoint) and return the summary.
+    ``request``: the stop-signal handler, installed as early as the caller could."""
+    request = request or distributed.StopRequest().install()
     world, reporter, policy = setup(cfg, threads)
     run_dir = Path(run_dir)
     source = data.open_source(cfg.data, world.rank, world.size, cfg.run.seed)
@@ -330,7 +351,10 @@ def train_and_evaluate(cfg: Config, run_dir: Path, threads: int = 0) -> dict:
     state = checkpoint.read_state(found[1]) if found else {}
     found, state = distributed.broadcast_object((found, state))  # [horovod] rank 0 decides for every rank
     if found:
+        accumulation = cfg.train.accumulation_steps
         cfg = keep_global_batch(cfg, state, world, reporter)
+        if cfg.train.accumulation_steps != accumulation:  # the fp16 + accumulation guard sees the new value
+            policy = set_precision(cfg, world, reporter)
     p = plan(cfg, spec, world)
     start_epoch = found[0] if found else 0
     start_step = resume_step(state, p, reporter) if found else 0
@@ -354,7 +378,9 @@ def train_and_evaluate(cfg: Config, run_dir: Path, threads: int = 0) -> dict:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomic(run_dir / "config.yaml", dump(cfg))
         (run_dir / CheckpointWriter.STOPPED).unlink(missing_ok=True)
-        if (run_dir / "metrics.jsonl").exists():  # each epoch up to the checkpoint once, no torn line
+        if (
+            found or (run_dir / "metrics.jsonl").exists()
+        ):  # each epoch up to the checkpoint once, no torn line
             saved_row = state.get("metrics") or {}
             reconcile_metrics(
                 run_dir, start_epoch, saved_row if "epoch" in saved_row else None, reporter.note
@@ -363,7 +389,17 @@ def train_and_evaluate(cfg: Config, run_dir: Path, threads: int = 0) -> dict:
         reporter.note(f"nothing to do: {run_dir} already trained {start_epoch}/{cfg.train.epochs} epochs")
         return summarize(cfg, run_dir, world, p, policy) if world.is_chief else {}
 
-    request = distributed.StopRequest().install()  # SIGUSR1/SIGTERM from here on: stop at an agreed step
+    (stop,) = distributed.agree([float(request.number)])  # a stop asked for while starting up
+    if stop:
+        kept = f"checkpoint {found[1]} is intact" if found else "nothing was trained yet"
+        message = (
+            f"stopped by {request.name(stop)} before training started: {kept}; a Slurm job requeues itself (exit "
+            f"status {distributed.REQUEUE_EXIT_CODE}), else continue with `app train --run-dir {run_dir}`"
+        )
+        if world.is_chief:
+            CheckpointWriter(run_dir, model, 1, {}, True).stopped(message)
+        distributed.agree([0.0])  # [horovod] the marker is there before any rank exits
+        raise distributed.Preempted(message)
     write = CheckpointWriter(
         run_dir, model, cfg.run.keep_checkpoints,
         {"workers": world.size, "global_batch": p.global_batch, "steps_per_epoch": p.steps_per_epoch},
@@ -392,7 +428,9 @@ def train_and_evaluate(cfg: Config, run_dir: Path, threads: int = 0) -> dict:
         every = checkpoint_interval(cfg.run.checkpoint_every)
         return [
             *out,
-            Interruptions(request, write, p, cfg.run.stop_check_every, every, first_epoch, first_step),
+            Interruptions(
+                request, write, p, cfg.run.stop_check_every, every, first_epoch, first_step, cfg.train.epochs
+            ),
         ]
 
     # A mid-epoch resume first finishes the interrupted epoch (its remaining steps, the same batches an
@@ -458,8 +496,17 @@ def resume_step(state: dict, p: Plan, reporter: Reporter) -> int:
     """The step inside the interrupted epoch to continue from. With another number of steps per epoch (the
     workers changed) the same fraction of the epoch, on an update boundary; that epoch's data then differs."""
     step, saved_steps = int(state.get("step", 0)), int(state.get("steps_per_epoch", p.steps_per_epoch))
-    if not step or saved_steps == p.steps_per_epoch:
-        return step
+    if not step:
+        return 0
+    if saved_steps == p.steps_per_epoch:
+        # The same steps, but the accumulation may have changed with the workers: back to an update boundary
+        # (the few batches in between are trained again rather than split across two updates).
+        back = step - step % p.accumulation_steps
+        if back != step:
+            reporter.note(
+                f"continuing at step {back}, not {step}: the first update boundary of accumulation {p.accumulation_steps}"
+            )
+        return back
     converted = round(step / saved_steps * p.steps_per_epoch)
     converted -= converted % p.accumulation_steps
     converted = min(converted, p.steps_per_epoch - p.accumulation_steps)

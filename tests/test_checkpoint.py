@@ -203,3 +203,31 @@ def test_resume_rewrites_torn_metrics_files(tmp_path, torn):
     assert [json.loads(line)["epoch"] for line in lines] == [1, 2, 3]
     csv_rows = (tmp_path / "metrics.csv").read_text().splitlines()
     assert csv_rows == ["epoch,loss,val_accuracy", "1,0.5,0.6", "2,0.25,0.7", "3,0.1,0.9"]
+
+
+def test_a_skipped_damaged_checkpoint_is_moved_aside_by_the_next_save(tmp_path):
+    # keep 1: after falling back from a damaged epoch 2, the checkpoint written next must survive the prune.
+    v, ckpt = make(1.0)
+    checkpoint.save(tmp_path, ckpt, 1, {}, keep=3)
+    damaged = checkpoint.save(tmp_path, ckpt, 2, {}, keep=3)
+    (damaged / "state.json").write_text("{")
+    assert checkpoint.latest(tmp_path)[1].name == "epoch-0001"
+    new = checkpoint.save(tmp_path, ckpt, 1, {}, keep=1, step=100)
+    assert [p for _, p in checkpoint.list_checkpoints(tmp_path)] == [new]
+    assert checkpoint.latest(tmp_path)[1] == new
+    root = checkpoint.checkpoint_dir(tmp_path)
+    assert (
+        root / checkpoint.SUPERSEDED / "epoch-0002" / "state.json"
+    ).read_text() == "{"  # kept, not resumed
+
+
+def test_a_resume_on_more_workers_numbers_new_checkpoints_lower_yet_they_win(tmp_path):
+    # An epoch of 1200 steps per worker resumed on twice the workers continues at step 600 of 600.
+    v, ckpt = make(1.0)
+    checkpoint.save(tmp_path, ckpt, 2, {"steps_per_epoch": 1200}, keep=2, step=1200)
+    new = checkpoint.save(tmp_path, ckpt, 2, {"steps_per_epoch": 600}, keep=2, step=300)
+    assert checkpoint.latest(tmp_path)[1] == new
+    assert [p.name for _, p in checkpoint.list_checkpoints(tmp_path)] == [new.name]
+    twice = checkpoint.save(tmp_path, ckpt, 2, {"steps_per_epoch": 600}, keep=2, step=1200)  # same name again
+    assert checkpoint.latest(tmp_path)[1] == twice
+    assert len(list((checkpoint.checkpoint_dir(tmp_path) / checkpoint.SUPERSEDED).iterdir())) == 1

@@ -127,6 +127,8 @@ def test_resume_uses_saved_config_and_rejects_conflicts(tmp_path):
         f"--run-dir {run}: resuming with a different config (train.batch_size 24 (saved) vs 12 (given); "
         "train.base_lr 0.1 (saved) vs 0.5 (given)); drop those changes or start a new --run-dir"
     )
+    with pytest.raises(UsageError, match=r"run.seed 0 \(saved\) vs 7 \(given\)"):  # the data order
+        config.for_run([], ["run.seed=7"], {}, str(run))
 
 
 def test_new_run_dir_default(monkeypatch):

@@ -82,14 +82,19 @@ def rows(run: Path) -> list[int]:
     return [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
-def test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path, sig):
+@pytest.mark.parametrize(
+    "sig, target", [(signal.SIGUSR1, "one worker"), (signal.SIGTERM, "the launcher's group")]
+)
+def test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path, sig, target):
     whole, split = tmp_path / "whole", tmp_path / "split"
     run_app(["train", *RECIPE, "--epochs", "2", "--run-dir", str(whole), "--np", "2"])
     step = random.randint(1, 4)  # any step strictly inside the first epoch
     proc = start(["train", *RECIPE, "--epochs", "2", "--run-dir", str(split), "--np", "2"])
     wait_for(proc, f"epoch 1/2 step {step}/6")
-    os.kill(workers(proc)[1], sig)  # one rank alone gets the signal; all must stop at the same step
+    if target == "one worker":
+        os.kill(workers(proc)[1], sig)  # one rank alone gets the signal; all must stop at the same step
+    else:  # as a terminal's Ctrl-\\ or a Slurm step signals: `app --np` passes it on; horovodrun must not die
+        os.killpg(proc.pid, sig)
     code, out, _ = finish(proc)
     assert code == 3, out
     (line,) = [ln for ln in out.splitlines() if "stopped by" in ln]  # every rank says the same: said once
@@ -174,3 +179,54 @@ def test_a_stopped_worker_ends_the_job_within_the_stall_time_naming_it(tmp_path)
                 os.kill(stopped, sig)
     assert code != 0 and took < stall + 30, (took, out)
     assert f"Error: no training step for {stall} s: rank(s) 1 stopped responding" in out, out
+
+
+def test_a_hung_file_system_cannot_keep_the_watchdog_from_ending_a_stall(tmp_path):
+    # A FIFO where the heartbeat goes: opening it blocks, as a hung Lustre/NFS mount would.
+    (tmp_path / ".heartbeat").mkdir()
+    os.mkfifo(tmp_path / ".heartbeat" / "rank-0.tmp")
+    code = (
+        "import time; from app.distributed import Watchdog\n"
+        f"w = Watchdog({str(tmp_path)!r}, 0, 2, timeout=2).start(); w.progress(); time.sleep(30)"
+    )
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and time.monotonic() - t0 < 20, proc.stderr
+    assert proc.stderr.startswith("Error: no training step for 2 s: rank 0 saw no heartbeats"), proc.stderr
+    assert f"continue with `app train --run-dir {tmp_path}`" in proc.stderr
+
+
+@pytest.mark.parametrize("value", ["abc", "90.5", "-1", "1e3", "nan", "inf", "٩٠"])
+def test_bad_stall_times_are_refused(monkeypatch, value):
+    from app import distributed
+    from app.errors import UsageError
+
+    monkeypatch.setenv("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", value)
+    with pytest.raises(UsageError, match="HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=.*: whole seconds, 0 or more"):
+        distributed.stall_settings()
+
+
+def test_stall_times_default_and_accept_whole_seconds(monkeypatch):
+    from app import distributed
+
+    monkeypatch.setenv("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "")
+    monkeypatch.setenv("HOROVOD_STALL_CHECK_TIME_SECONDS", " 30 ")
+    assert distributed.stall_settings() == {
+        "HOROVOD_STALL_CHECK_TIME_SECONDS": 30,
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": 600,
+    }
+    assert os.environ["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] == "600"  # what Horovod then reads
+
+
+def test_a_stop_asked_for_while_starting_ends_with_status_3(tmp_path):
+    run = tmp_path / "run"
+    proc = start(["train", *RECIPE, "--epochs", "2", "--run-dir", str(run), "--np", "2"])
+    wait_for(proc, "+ ")  # `app --np` is about to start horovodrun: its workers do not exist yet
+    os.killpg(proc.pid, signal.SIGUSR1)
+    code, out, _ = finish(proc)
+    assert code == 3, out
+    (line,) = [ln for ln in out.splitlines() if "stopped by" in ln]
+    assert line.startswith("scaleout: stopped by SIGUSR1 before training started: nothing was trained yet"), (
+        out
+    )
+    assert (run / ".stopped").is_file() and not (run / "checkpoints").exists()

@@ -301,7 +301,7 @@ def test_runs_of_different_datasets_or_models_warn(tmp_path):
     assert code == 0 and "warning" not in text
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "0", "75", "-0.5"])
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "75", "-0.5", "٠.٧٥", "1_0", "0.5x"])
 def test_target_accuracy_must_be_a_fraction(tmp_path, value):
     run = make_run(tmp_path, "run", [0.5], 10.0, 2)
     code, text = report_cli(run, "--target-accuracy", value, "--out", tmp_path / "out")
