@@ -50,6 +50,87 @@ def stall_settings() -> dict[str, int]:
     return out
 
 
+# Where each launcher announces how many processes it started, innermost first: `app --np` (horovodrun) inside
+# a Slurm job sets HOROVOD_SIZE for its workers while SLURM_NTASKS still describes the job.
+LAUNCHER_SIZE_VARS = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS")
+# What says GPUs were given to this process: CUDA/ROCm's own masks, then Slurm's allocation.
+GPU_ALLOCATION_VARS = (
+    "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS",
+    "SLURM_GPUS_ON_NODE",
+)  # fmt: skip
+GPU_DEVICE_NODES = ("/dev/nvidia[0-9]*", "/dev/kfd")  # NVIDIA's per-GPU nodes; AMD's compute interface
+ALLOW_CPU_VAR = "SCALEOUT_ALLOW_CPU"
+
+
+def launched_size(env) -> tuple[str, int] | None:
+    """(variable, number of processes) as the launcher announced it, or None when nothing launched this one.
+
+    In a Slurm batch script (SLURM_PROCID set, no srun step) SLURM_NTASKS is what the job asked for: a lone
+    `app train` there would train alone while the job holds N tasks' GPUs.
+    """
+    for var in LAUNCHER_SIZE_VARS:
+        if env.get(var, "").strip().isdigit():
+            return var, int(env[var])
+    if "SLURM_PROCID" in env and env.get("SLURM_NTASKS", "").strip().isdigit():
+        return "SLURM_NTASKS", int(env["SLURM_NTASKS"])
+    return None
+
+
+def check_world_size(size: int, env) -> None:
+    """[horovod] Refuse a job whose launcher started N processes that did not join one Horovod job of N."""
+    launched = launched_size(env)
+    if launched is None or launched[1] == size:
+        return
+    var, n = launched
+    raise AppError(
+        f"{var}={n} processes were started, but Horovod joined {size}: the ranks did not find each other, so "
+        f"{n} separate trainings would run. Check the launcher's MPI plugin (srun --mpi=pmix or pmi2, as "
+        "`srun --mpi=list` shows), that the container keeps the launcher's environment (no --cleanenv), and "
+        "that the image's MPI matches the host's (`app info`)"
+    )
+
+
+def allocated_gpus(env, device_nodes) -> str | None:
+    """The variable (with its value) that says this process was given GPUs whose device files exist here."""
+    if not device_nodes:  # no GPU device here (a CPU node, or the test cluster's fake GPUs: plain files)
+        return None
+    for var in GPU_ALLOCATION_VARS[
+        :3
+    ]:  # a CUDA/ROCm mask, where set, decides: "" or -1 hides GPUs on purpose
+        if var in env:
+            value = env[var].strip()
+            return f"{var}={value}" if value and value != "NoDevFiles" and not value.startswith("-") else None
+    for var in GPU_ALLOCATION_VARS[3:]:
+        value = env.get(var, "").strip()
+        if value and not (var == "SLURM_GPUS_ON_NODE" and value == "0"):  # a count; the others list indices
+            return f"{var}={value}"
+    return None
+
+
+def check_gpus_seen(gpus_seen: int, env, device_nodes, build: dict) -> None:
+    """Refuse to train on the CPU of a GPU allocation: TensorFlow sees no GPU, but the job was given some."""
+    allocated = allocated_gpus(env, device_nodes)
+    if gpus_seen or allocated is None or env.get(ALLOW_CPU_VAR) == "1":
+        return
+    if not (build.get("is_cuda_build") or build.get("is_rocm_build")):
+        why = "this TensorFlow is a CPU-only build (use the image for this cluster, see README 'Images')"
+    else:
+        why = (
+            "the GPUs are not reachable inside the container or the driver is too old (Apptainer needs "
+            "--nv, or --rocm on AMD; Docker --gpus all)"
+        )
+    raise AppError(
+        f"GPUs were allocated ({allocated}, {device_nodes[0]}) but TensorFlow sees none: {why}; `app info` shows "
+        f"the build and devices. To train on the CPU on purpose, set {ALLOW_CPU_VAR}=1"
+    )
+
+
+def gpu_device_nodes() -> list[str]:
+    import glob
+
+    return sorted(p for pattern in GPU_DEVICE_NODES for p in glob.glob(pattern))
+
+
 @dataclass(frozen=True)
 class World:
     """Who this process is among the workers, and how they were started and talk."""
@@ -151,6 +232,9 @@ def init(threads: int = 0) -> World:
         os.environ.setdefault("HOROVOD_CYCLE_TIME", str(CPU_CYCLE_TIME_MS))
     stall_settings()  # [horovod] a stalled rank ends the job, not a 32-GPU wait
     h.init()  # [horovod] join the other workers
+    # Never a silent fallback: N launched processes that are N one-worker jobs, or GPUs left unused.
+    check_world_size(h.size(), os.environ)
+    check_gpus_seen(len(gpus), os.environ, gpu_device_nodes(), dict(tf.sysconfig.get_build_info()))
     if gpus:  # [horovod] one GPU per rank, chosen by local rank; memory grows instead of being grabbed
         for gpu in gpus:
             tf.config.experimental.set_memory_growth(gpu, True)

@@ -47,6 +47,7 @@ def collect() -> dict:
         "python": platform.python_version(),
         "executable": sys.executable,
         "tensorflow": tf.__version__,
+        "tensorflow_build": tensorflow_build(tf),
         "keras": {"flavour": flavour, "version": keras_version},
         "horovod": horovod_build(),
         "gpus": gpus,
@@ -55,6 +56,17 @@ def collect() -> dict:
         "cpu_bf16": cpu_has_avx512_bf16(),
         "tools": {name: shutil.which(name) for name in TOOLS},
         "tfds_data_dir": tfds_data_dir(),
+    }
+
+
+def tensorflow_build(tf) -> dict:
+    """What this TensorFlow was built for: a CPU-only build never sees a GPU, whatever the node has."""
+    info = dict(tf.sysconfig.get_build_info())
+    return {
+        "cuda": bool(info.get("is_cuda_build")),
+        "rocm": bool(info.get("is_rocm_build")),
+        "cuda_version": info.get("cuda_version"),
+        "cudnn_version": info.get("cudnn_version"),
     }
 
 
@@ -78,7 +90,13 @@ def render(info: dict, console) -> None:
     table.add_column(style="bold")
     table.add_column()
     table.add_row("Python", f"{info['python']} ({info['executable']})")
-    table.add_row("TensorFlow", info["tensorflow"])
+    build = info["tensorflow_build"]
+    built_for = (
+        f"CUDA {build['cuda_version']}, cuDNN {build['cudnn_version']}"
+        if build["cuda"]
+        else ("ROCm" if build["rocm"] else "CPU only")
+    )
+    table.add_row("TensorFlow", f"{info['tensorflow']} (built for {built_for})")
     table.add_row("Keras", f"{info['keras']['flavour']} {info['keras']['version']}")
     hvd = info["horovod"]
     if hvd["version"] is None:

@@ -514,7 +514,8 @@ def render(
         env = cluster.scratch["env"]
         stage = (
             "# Stage the dataset to node-local disk once per node, then read it from there.\n"
-            f'srun --ntasks-per-node=1 --ntasks="$SLURM_NNODES" cp -r -- "$DATA_DIR" "${env}/"\n'
+            f'srun --ntasks-per-node=1 --ntasks="$SLURM_NNODES" cp -r -- "$DATA_DIR" "${env}/" ||\n'
+            f'    {{ echo "Error: staging $DATA_DIR to ${env} failed on a node (see above); not training on part of it" >&2; exit 1; }}\n'
             f'DATA_DIR="${env}/$(basename -- "$DATA_DIR")"\n'
         )
     train_args = " ".join(

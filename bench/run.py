@@ -195,7 +195,8 @@ def faults_group(out, synthetic, steps, measured, rows) -> None:
     )[0]
     step_s = step["step_time_s"]
     text = sh([HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2", PY, "bench/faults.py", "agree", "50"])
-    agree_s = json.loads(next(ln for ln in text.splitlines() if ln.startswith('{"agree_s"')))["agree_s"]
+    line = next(ln for ln in text.splitlines() if '{"agree_s"' in ln)  # horovodrun prefixes "[0]<stdout>:"
+    agree_s = json.loads(line[line.index("{") :])["agree_s"]
     ckpt = json.loads(sh([PY, "bench/faults.py", "checkpoint", "3"]).strip().splitlines()[-1])
     from app.config import RunConfig
 

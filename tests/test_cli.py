@@ -106,6 +106,9 @@ def test_info_json_keys(info):
 
 def test_info_reports_pinned_stack(info):
     assert info["tensorflow"] == "2.18.1"
+    assert (
+        info["tensorflow_build"]["cuda"] is False and info["tensorflow_build"]["rocm"] is False
+    )  # tensorflow-cpu
     assert info["keras"]["flavour"] == "tf_keras"
     assert info["keras"]["version"].startswith("2.18.")
     hvd = info["horovod"]

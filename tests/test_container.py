@@ -31,6 +31,15 @@ _NOFILE = resource.getrlimit(resource.RLIMIT_NOFILE)
 LIMITS = ["--ulimit", f"nofile={_NOFILE[0]}:{_NOFILE[1]}", "--ulimit", "nproc=4096:4096"]
 
 
+def test_dockerfile_gpu_flavour_neither_reinstalls_held_nccl_nor_builds_a_cpu_only_image():
+    text = (ROOT / "Dockerfile").read_text()
+    args = dict(re.findall(r'^ARG (\w+)=("[^"]*"|\S*)$', text, re.M))
+    assert args["NCCL_PACKAGES"] == '""'  # the devel base holds NCCL: apt-get install would stop (exit 100)
+    assert "--allow-change-held-packages ${NCCL_PACKAGES}" in text
+    assert args["HOROVOD_GPU_OPERATIONS"] == "NCCL" and "tensorflow[and-cuda]" in args["TF_PACKAGE"]
+    assert "grep -q '\\[X\\] NCCL'" in text and "is_cuda_build" in text  # GPU flavour checked while building
+
+
 def test_singularity_def_sections_and_bootstrap():
     from spython.main.parse.parsers import SingularityParser
 

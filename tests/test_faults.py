@@ -177,6 +177,7 @@ def test_a_stopped_worker_ends_the_job_within_the_stall_time_naming_it(tmp_path)
         for sig in (signal.SIGKILL, signal.SIGCONT):
             with __import__("contextlib").suppress(ProcessLookupError):
                 os.kill(stopped, sig)
+    print(f"the job ended {took:.1f} s after SIGSTOP (stall time {stall} s)")  # README quotes it (-rP)
     assert code != 0 and took < stall + 30, (took, out)
     assert f"Error: no training step for {stall} s: rank(s) 1 stopped responding" in out, out
 

@@ -107,3 +107,18 @@ def test_usr1_checkpoints_requeues_and_resumes(cluster, tmp_path):
     assert (run / "summary.json").is_file(), text
     epochs = [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert epochs == [1, 2, 3]
+
+
+def test_tasks_that_did_not_join_one_job_are_refused(cluster, tmp_path):
+    # Two tasks without the PMIx plugin: each MPI process starts alone, Horovod's size is 1 on both.
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    env = {**cluster.env, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        ["srun", "--mpi=none", "-n", "2", "--gres=gpu:2", sys.executable, "-m", "app", "train", "-c", "tiny.yaml",
+         "--run-dir", str(tmp_path / "run")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "Error: SLURM_STEP_NUM_TASKS=2 processes were started, but Horovod joined 1" in out, out
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -1,0 +1,80 @@
+"""Never a silent fallback: N launched processes that joined as N one-worker jobs, or GPUs that were
+allocated and left unused (TensorFlow sees none), end the run before training with one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.distributed import allocated_gpus, check_gpus_seen, check_world_size, launched_size
+from app.errors import AppError
+
+CUDA_BUILD = {"is_cuda_build": True, "is_rocm_build": False}
+CPU_BUILD = {"is_cuda_build": False, "is_rocm_build": False}
+NODES = ["/dev/nvidia0", "/dev/nvidia1"]
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({}, None),
+        (
+            {"HOROVOD_SIZE": "2", "SLURM_NTASKS": "8", "SLURM_PROCID": "0"},
+            ("HOROVOD_SIZE", 2),
+        ),  # app --np in a job
+        ({"OMPI_COMM_WORLD_SIZE": "4"}, ("OMPI_COMM_WORLD_SIZE", 4)),
+        (
+            {"SLURM_STEP_NUM_TASKS": "32", "SLURM_NTASKS": "32", "SLURM_PROCID": "3"},
+            ("SLURM_STEP_NUM_TASKS", 32),
+        ),
+        ({"SLURM_NTASKS": "8", "SLURM_PROCID": "0"}, ("SLURM_NTASKS", 8)),  # a batch script without srun
+        ({"SLURM_NTASKS": "8"}, None),  # an salloc shell: nothing was launched
+        ({"PMI_SIZE": "x"}, None),
+    ],
+)
+def test_launched_size(env, expected):
+    assert launched_size(env) == expected
+
+
+def test_n_tasks_that_joined_as_one_are_refused():
+    check_world_size(32, {"SLURM_STEP_NUM_TASKS": "32"})
+    check_world_size(1, {})
+    with pytest.raises(AppError) as err:
+        check_world_size(1, {"SLURM_STEP_NUM_TASKS": "32", "SLURM_PROCID": "5"})
+    line = str(err.value)
+    assert line.startswith("SLURM_STEP_NUM_TASKS=32 processes were started, but Horovod joined 1")
+    assert "--mpi=" in line and "--cleanenv" in line and "\n" not in line
+
+
+@pytest.mark.parametrize(
+    "env, nodes, expected",
+    [
+        ({"CUDA_VISIBLE_DEVICES": "0,1"}, NODES, "CUDA_VISIBLE_DEVICES=0,1"),
+        ({"CUDA_VISIBLE_DEVICES": "0,1"}, [], None),  # fake GPUs (the test cluster), or a CPU node
+        ({"CUDA_VISIBLE_DEVICES": "-1", "SLURM_JOB_GPUS": "0"}, NODES, None),  # hidden on purpose
+        ({"CUDA_VISIBLE_DEVICES": "", "SLURM_JOB_GPUS": "0"}, NODES, None),
+        ({"SLURM_JOB_GPUS": "2,3"}, NODES, "SLURM_JOB_GPUS=2,3"),
+        ({"SLURM_GPUS_ON_NODE": "0"}, NODES, None),
+        ({"ROCR_VISIBLE_DEVICES": "0"}, ["/dev/kfd"], "ROCR_VISIBLE_DEVICES=0"),
+        ({}, NODES, None),
+    ],
+)
+def test_allocated_gpus(env, nodes, expected):
+    assert allocated_gpus(env, nodes) == expected
+
+
+@pytest.mark.parametrize(
+    "build, why",
+    [(CPU_BUILD, "this TensorFlow is a CPU-only build"), (CUDA_BUILD, "Apptainer needs --nv")],
+)
+def test_allocated_gpus_that_tensorflow_cannot_see_are_refused(build, why):
+    with pytest.raises(AppError) as err:
+        check_gpus_seen(0, {"SLURM_JOB_GPUS": "0"}, NODES, build)
+    line = str(err.value)
+    assert line.startswith("GPUs were allocated (SLURM_JOB_GPUS=0, /dev/nvidia0) but TensorFlow sees none: ")
+    assert why in line and "SCALEOUT_ALLOW_CPU=1" in line and "\n" not in line
+
+
+def test_gpus_seen_or_cpu_on_purpose_pass():
+    check_gpus_seen(1, {"SLURM_JOB_GPUS": "0"}, NODES, CUDA_BUILD)
+    check_gpus_seen(0, {"SLURM_JOB_GPUS": "0", "SCALEOUT_ALLOW_CPU": "1"}, NODES, CPU_BUILD)
+    check_gpus_seen(0, {}, [], CPU_BUILD)
