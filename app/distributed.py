@@ -69,9 +69,9 @@ def launched_size(env) -> tuple[str, int] | None:
     `app train` there would train alone while the job holds N tasks' GPUs.
     """
     for var in LAUNCHER_SIZE_VARS:
-        if env.get(var, "").strip().isdigit():
+        if re.fullmatch(r"[0-9]{1,9}", env.get(var, "").strip()):
             return var, int(env[var])
-    if "SLURM_PROCID" in env and env.get("SLURM_NTASKS", "").strip().isdigit():
+    if "SLURM_PROCID" in env and re.fullmatch(r"[0-9]{1,9}", env.get("SLURM_NTASKS", "").strip()):
         return "SLURM_NTASKS", int(env["SLURM_NTASKS"])
     return None
 
@@ -82,6 +82,11 @@ def check_world_size(size: int, env) -> None:
     if launched is None or launched[1] == size:
         return
     var, n = launched
+    if var == "SLURM_NTASKS":  # the batch script itself, not an srun step
+        raise AppError(
+            f"this Slurm job has {n} tasks (SLURM_NTASKS={n}) but `app` runs alone in its batch script: start "
+            f"it with `srun app ...` (app submit's job script does), or with --np {n} on one node"
+        )
     raise AppError(
         f"{var}={n} processes were started, but Horovod joined {size}: the ranks did not find each other, so "
         f"{n} separate trainings would run. Check the launcher's MPI plugin (srun --mpi=pmix or pmi2, as "
@@ -151,9 +156,16 @@ class World:
 def detected_launcher() -> str | None:
     """The launcher that started this process, if any (so `app train` joins rather than launches)."""
     for name, var in LAUNCHER_RANK_VARS.items():
-        if var in os.environ and (name != "srun" or int(os.environ.get("SLURM_NTASKS", "1")) > 1):
+        if var in os.environ and (name != "srun" or _srun_step_tasks() > 1):
             return name
     return None
+
+
+def _srun_step_tasks() -> int:
+    """Tasks of the srun step this process is in: 0 in a batch script (SLURM_PROCID is set there too, but
+    only srun sets SLURM_STEP_NUM_TASKS), so `app train --np N` in a batch script launches its N workers."""
+    value = os.environ.get("SLURM_STEP_NUM_TASKS", "").strip()
+    return int(value) if re.fullmatch(r"[0-9]{1,9}", value) else 0
 
 
 def rank_from_env() -> int:
@@ -557,19 +569,22 @@ def launch_local(np: int, argv: list[str]) -> int:
 
 
 def _run_horovodrun(cmd: list[str], env: dict, np: int) -> int:
-    started: list[int] = []  # horovodrun's pid, once there: the stop signals are taken from before its start
-    _forward_stop_signals(started, np)
+    # `app train` workers stop cleanly on SIGUSR1/SIGTERM: those are passed to them. Other commands'
+    # workers have no stop handler: every signal ends them through horovodrun, as Ctrl-C does.
+    command = next((a for a in cmd[cmd.index("app") + 1 :] if not a.startswith("-")), None)
+    forwarder = _Forwarder(np, stoppable=command == "train")
     print("+ " + shlex.join(cmd), file=sys.stderr, flush=True)
     # horovodrun prefixes every worker line with "[rank]<stream>:". Rank 0 speaks for the run, so its prefix
     # goes; other ranks keep theirs (they only speak when something is wrong). horovodrun's own traceback on
     # a failed worker becomes one line, and TensorFlow's start-up noise is dropped (see app.compat).
     from app.compat import _IMPORT_NOISE
 
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-        start_new_session=True, preexec_fn=_ignore_usr1,
-    )  # fmt: skip
-    started.append(proc.pid)
+    with _signals_held():  # a signal during the start waits until horovodrun's pid is known
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _HOROVODRUN_WRAPPER, *cmd], env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True,
+        )  # fmt: skip
+        forwarder.started(proc.pid)
     own: list[str] = []
     for line in proc.stdout:
         if _IMPORT_NOISE.search(line):
@@ -593,53 +608,104 @@ def _run_horovodrun(cmd: list[str], env: dict, np: int) -> int:
     return code
 
 
-def _ignore_usr1() -> None:
-    """horovodrun (started in its own session) ignores SIGUSR1: a signal sent to every process of a Slurm
-    step or cgroup would otherwise kill it, and it its workers. They inherit the disposition until their own
-    handler (:class:`StopRequest`) replaces it."""
-    import signal
+# horovodrun runs in its own session (so a signal to the terminal's or the Slurm task's process group reaches
+# `app --np` alone), ignores SIGUSR1 (a signal sent to every process of a Slurm step or cgroup would
+# otherwise kill it, and it its workers; they inherit the disposition until their own handler replaces it),
+# and dies with its launcher (PR_SET_PDEATHSIG: SIGKILL), whereupon Horovod's middlemen end the workers, so a
+# killed or hung-up `app --np` leaves nothing running. A small exec wrapper instead of preexec_fn, which is
+# unsafe once the launcher has threads.
+_HOROVODRUN_WRAPPER = """
+import ctypes, os, signal, sys
+signal.pthread_sigmask(signal.SIG_SETMASK, [])  # the launcher held its signals while starting this
+signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+parent = os.getppid()
+ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+if os.getppid() != parent:
+    sys.exit(1)
+os.execv(sys.argv[1], sys.argv[1:])
+"""
 
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+class _signals_held:
+    """Block the launcher's handled signals for a moment (they are delivered, not lost, when unblocked)."""
+
+    SIGNALS = ("SIGUSR1", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+
+    def __enter__(self):
+        import signal
+
+        self.old = signal.pthread_sigmask(signal.SIG_BLOCK, [getattr(signal, n) for n in self.SIGNALS])
+
+    def __exit__(self, *exc):
+        import signal
+
+        signal.pthread_sigmask(signal.SIG_SETMASK, self.old)
 
 
-def _forward_stop_signals(started: list[int], np: int) -> None:
-    """SIGUSR1/SIGTERM sent to `app --np` go to its workers, which stop cleanly at an agreed step (exit 3);
-    not to horovodrun, which would kill them at once. horovodrun runs in its own session, so a terminal's or
-    a process group's signal reaches `app --np` alone; Ctrl-C (SIGINT) is passed on to horovodrun, which
-    ends the workers. A signal that comes before every worker can take it (still starting) is delivered as
-    soon as it can: a thread retries until all ``np`` workers have it. ``started`` gets horovodrun's pid."""
-    import signal
-    import threading
-    import time
+class _Forwarder:
+    """The launcher's signal handling. SIGUSR1/SIGTERM for `app train` go to its workers, which stop cleanly
+    at an agreed step (exit 3), never to horovodrun, which would kill them; one that comes before every
+    worker can take it (still starting) is delivered as soon as it can, by one thread that retries until all
+    ``np`` workers have it, or for 5 minutes (then the workers are ended through horovodrun). Ctrl-C,
+    SIGHUP and SIGQUIT, and every signal for other commands, end the workers through horovodrun (SIGINT to
+    its process group). The handlers only note what came; the thread acts."""
 
-    delivered: dict[int, set[int]] = {}  # signal -> workers that got it
-    thread: list[threading.Thread] = []
+    PATIENCE_S = 300
 
-    def deliver() -> None:
-        while any(len(got) < np for got in delivered.values()):
-            for signum, got in list(delivered.items()):
-                for pid in _worker_pids(started[0]) if started else []:
+    def __init__(self, np: int, stoppable: bool):
+        import signal
+        import threading
+
+        self.np, self.stoppable = np, stoppable
+        self.pid: int | None = None
+        self.pending: dict[int, float] = {}  # stop signal -> when it came
+        self.end = False
+        self.wake = threading.Event()
+        threading.Thread(target=self._run, daemon=True, name="scaleout-forward").start()
+        for name in _signals_held.SIGNALS:
+            signal.signal(getattr(signal, name), self._note)
+
+    def started(self, pid: int) -> None:
+        self.pid = pid
+        self.wake.set()
+
+    def _note(self, signum, frame) -> None:  # a signal handler: no locks, no threads started here
+        import signal
+        import time
+
+        if self.stoppable and signum in (signal.SIGUSR1, signal.SIGTERM):
+            self.pending.setdefault(signum, time.monotonic())
+        else:
+            self.end = True
+        self.wake.set()
+
+    def _run(self) -> None:
+        import signal
+        import time
+
+        delivered: dict[int, set[int]] = {}
+        while True:
+            self.wake.wait(0.2 if self.pending else None)
+            self.wake.clear()
+            if self.pid is None:
+                continue
+            pending = dict(self.pending)  # a copy: the handler may add to it meanwhile
+            for signum, since in pending.items():
+                got = delivered.setdefault(signum, set())
+                for pid in _worker_pids(self.pid):
                     if pid not in got and _catches(pid, signum):
                         with contextlib.suppress(ProcessLookupError):
                             os.kill(pid, signum)
                         got.add(pid)
-            time.sleep(0.2)
-
-    def forward(signum, frame):
-        delivered.setdefault(signum, set())
-        if not thread or not thread[-1].is_alive():
-            thread.append(threading.Thread(target=deliver, daemon=True, name="scaleout-forward"))
-            thread[-1].start()
-
-    def interrupt(signum, frame):
-        if not started:
-            raise KeyboardInterrupt
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(started[0], signal.SIGINT)
-
-    for name in StopRequest.SIGNALS:
-        signal.signal(getattr(signal, name), forward)
-    signal.signal(signal.SIGINT, interrupt)
+                if len(got) >= self.np:
+                    self.pending.pop(signum, None)
+                elif time.monotonic() - since > self.PATIENCE_S:  # workers that never take it: end them
+                    self.pending.pop(signum, None)
+                    self.end = True
+            if self.end:
+                self.end = False
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.pid, signal.SIGINT)
 
 
 def _catches(pid: int, signum: int) -> bool:

@@ -518,12 +518,8 @@ def render(
             f'    {{ echo "Error: staging $DATA_DIR to ${env} failed on a node (see above); not training on part of it" >&2; exit 1; }}\n'
             f'DATA_DIR="${env}/$(basename -- "$DATA_DIR")"\n'
         )
-    train_args = " ".join(
-        [
-            *(f"-c {shlex.quote(c)}" for c in configs),
-            *(f"--set {shlex.quote(s)}" for s in sets),
-        ]
-    )
+    config_args = " ".join(f"-c {shlex.quote(c)}" for c in configs)
+    set_args = " ".join(f"--set {shlex.quote(s)}" for s in sets)
     values = {
         "cluster": cluster.name,
         "job_name": name,
@@ -544,7 +540,8 @@ def render(
         "stage_block": stage,
         "launcher_args": cluster.launcher.removeprefix("srun").strip(),
         "app": app,
-        "train_args": train_args,
+        "config_args": config_args,
+        "set_args": set_args,
     }
     script = string.Template(TEMPLATE.read_text(encoding="utf-8")).substitute(values)
     run_dir = Path(resume) if resume is not None else None

@@ -354,7 +354,13 @@ def train_and_evaluate(
         accumulation = cfg.train.accumulation_steps
         cfg = keep_global_batch(cfg, state, world, reporter)
         if cfg.train.accumulation_steps != accumulation:  # the fp16 + accumulation guard sees the new value
-            policy = set_precision(cfg, world, reporter)
+            try:
+                policy = set_precision(cfg, world, reporter)
+            except UsageError as exc:
+                raise UsageError(
+                    f"{exc}; this resume raised the accumulation to keep the global batch: resume on "
+                    f"{state.get('workers', 'the saved number of')} workers instead"
+                ) from None
     p = plan(cfg, spec, world)
     start_epoch = found[0] if found else 0
     start_step = resume_step(state, p, reporter) if found else 0

@@ -78,3 +78,34 @@ def test_gpus_seen_or_cpu_on_purpose_pass():
     check_gpus_seen(1, {"SLURM_JOB_GPUS": "0"}, NODES, CUDA_BUILD)
     check_gpus_seen(0, {"SLURM_JOB_GPUS": "0", "SCALEOUT_ALLOW_CPU": "1"}, NODES, CPU_BUILD)
     check_gpus_seen(0, {}, [], CPU_BUILD)
+
+
+def test_a_batch_script_running_app_alone_is_told_to_use_srun():
+    with pytest.raises(AppError) as err:
+        check_world_size(1, {"SLURM_NTASKS": "4", "SLURM_PROCID": "0"})
+    assert str(err.value).startswith("this Slurm job has 4 tasks (SLURM_NTASKS=4) but `app` runs alone")
+    assert "srun app" in str(err.value) and "--np 4" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "env, launcher",
+    [
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4"}, None),  # the batch script: --np launches
+        ({"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "4"}, "srun"),
+        ({"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1"}, None),  # srun -n1 --pty bash
+        ({"HOROVOD_RANK": "1", "SLURM_PROCID": "0"}, "horovodrun"),
+        ({"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "²"}, None),
+    ],
+)
+def test_which_launcher_started_this_process(monkeypatch, env, launcher):
+    from app.distributed import LAUNCHER_RANK_VARS, detected_launcher
+
+    for var in [*LAUNCHER_RANK_VARS.values(), "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS"]:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    assert detected_launcher() == launcher
+
+
+def test_launched_size_ignores_non_ascii_digits():
+    assert launched_size({"PMI_SIZE": "²"}) is None

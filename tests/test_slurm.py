@@ -110,9 +110,16 @@ def test_usr1_checkpoints_requeues_and_resumes(cluster, tmp_path):
 
 
 def test_tasks_that_did_not_join_one_job_are_refused(cluster, tmp_path):
-    # Two tasks without the PMIx plugin: each MPI process starts alone, Horovod's size is 1 on both.
+    # Two tasks started by plain srun, without MPI, with Horovod's Gloo controller: no launcher set up a
+    # rendezvous, so Horovod starts each task as a job of its own (size 1) and would train twice, silently.
+    # (OpenMPI without srun's PMIx plugin aborts by itself instead, which needs no guard.)
     (tmp_path / "tiny.yaml").write_text(TINY)
-    env = {**cluster.env, "PYTHONPATH": str(ROOT)}
+    env = {
+        **cluster.env,
+        "PYTHONPATH": str(ROOT),
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_CPU_OPERATIONS": "gloo",
+    }
     proc = subprocess.run(
         ["srun", "--mpi=none", "-n", "2", "--gres=gpu:2", sys.executable, "-m", "app", "train", "-c", "tiny.yaml",
          "--run-dir", str(tmp_path / "run")],

@@ -101,7 +101,8 @@ def _run_job(tmp_path: Path, restart: int, srun_exit: int, scontrol_exit: int = 
 def test_a_requeued_job_trains_from_the_saved_config_alone(tmp_path):
     code, out, argv, requeued = _run_job(tmp_path, restart=1, srun_exit=0)
     assert code == 0 and not requeued, out
-    assert "-c" not in argv and "--set" not in argv and argv[-2:] == ["--run-dir", "runs/synthetic-77"], argv
+    after = argv[argv.index("train") + 1 :]  # the saved config, and the --set values again
+    assert after == ["--set", "train.epochs=5", "--run-dir", "runs/synthetic-77"], argv
 
 
 @pytest.mark.parametrize("restart, saved", [(0, True), (1, False)])
@@ -705,7 +706,7 @@ def test_resume_continues_a_run_directory_in_a_new_job(tmp_path, name):
                         resume=str(run))  # fmt: skip
     assert job.run_dir == run and job.job_name == "synthetic"
     assert f"RUN_DIR={__import__('shlex').quote(str(run))}\n" in job.script
-    assert "TRAIN_ARGS=(--set train.epochs=120)\n" in job.script  # no -c: the saved config
+    assert "CONFIG_ARGS=()\nSET_ARGS=(--set train.epochs=120)\n" in job.script  # no -c: the saved config
     subprocess.run(["bash", "-n"], input=job.script, text=True, check=True)
 
 
