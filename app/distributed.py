@@ -35,18 +35,25 @@ CPU_CYCLE_TIME_MS = 20  # Horovod's coordination cycle on CPU-only workers (see 
 STALL_DEFAULTS = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "60", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "600"}
 
 
+def whole(value: str) -> int | None:
+    """``value`` as a count (ASCII digits only, at most 9: what launchers and Horovod's strtol agree on)."""
+    value = value.strip()
+    return int(value) if re.fullmatch(r"[0-9]{1,9}", value) else None
+
+
 def stall_settings() -> dict[str, int]:
     """Horovod's stall times from the environment (scaleout's defaults where unset or empty), checked: Horovod
     reads them with strtol, so '90.5' would silently be 90 and 'abc' 0 there."""
     out = {}
     for var, default in STALL_DEFAULTS.items():
         value = os.environ.get(var, "").strip() or default
-        if not re.fullmatch(r"[0-9]{1,9}", value):
+        seconds = whole(value)
+        if seconds is None:
             raise UsageError(
                 f"{var}={brief(value)}: whole seconds, 0 or more (unset it for scaleout's {default})"
             )
         os.environ[var] = value
-        out[var] = int(value)
+        out[var] = seconds
     return out
 
 
@@ -69,10 +76,10 @@ def launched_size(env) -> tuple[str, int] | None:
     `app train` there would train alone while the job holds N tasks' GPUs.
     """
     for var in LAUNCHER_SIZE_VARS:
-        if re.fullmatch(r"[0-9]{1,9}", env.get(var, "").strip()):
-            return var, int(env[var])
-    if "SLURM_PROCID" in env and re.fullmatch(r"[0-9]{1,9}", env.get("SLURM_NTASKS", "").strip()):
-        return "SLURM_NTASKS", int(env["SLURM_NTASKS"])
+        if (n := whole(env.get(var, ""))) is not None:
+            return var, n
+    if "SLURM_PROCID" in env and (n := whole(env.get("SLURM_NTASKS", ""))) is not None:
+        return "SLURM_NTASKS", n
     return None
 
 
@@ -164,8 +171,7 @@ def detected_launcher() -> str | None:
 def _srun_step_tasks() -> int:
     """Tasks of the srun step this process is in: 0 in a batch script (SLURM_PROCID is set there too, but
     only srun sets SLURM_STEP_NUM_TASKS), so `app train --np N` in a batch script launches its N workers."""
-    value = os.environ.get("SLURM_STEP_NUM_TASKS", "").strip()
-    return int(value) if re.fullmatch(r"[0-9]{1,9}", value) else 0
+    return whole(os.environ.get("SLURM_STEP_NUM_TASKS", "")) or 0
 
 
 def rank_from_env() -> int:
@@ -616,8 +622,14 @@ def _run_horovodrun(cmd: list[str], env: dict, np: int) -> int:
 # unsafe once the launcher has threads.
 _HOROVODRUN_WRAPPER = """
 import ctypes, os, signal, sys
-signal.pthread_sigmask(signal.SIG_SETMASK, [])  # the launcher held its signals while starting this
-signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+# The launcher held its signals while starting this: one sent to its process group before this process left
+# it (setsid) is pending here. Ignoring them while unblocking discards it (the launcher got it too).
+held = [signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT]
+for s in held:
+    signal.signal(s, signal.SIG_IGN)
+signal.pthread_sigmask(signal.SIG_SETMASK, [])
+for s in held[1:]:
+    signal.signal(s, signal.SIG_DFL)
 parent = os.getppid()
 ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
 if os.getppid() != parent:

@@ -161,6 +161,14 @@ class CheckpointWriter:
                 write_text_atomic(self.run_dir / self.STOPPED, message + "\n")
 
 
+def stop_message(number: float, when: str, kept: str, run_dir) -> str:
+    """The line of a clean stop: the same on every rank (the agreed signal), so it is printed once."""
+    return (
+        f"stopped by {distributed.StopRequest.name(number)} {when}: {kept}; a Slurm job requeues itself (exit "
+        f"status {distributed.REQUEUE_EXIT_CODE}), else continue with `app train --run-dir {run_dir}`"
+    )
+
+
 class Interruptions(tf.keras.callbacks.Callback):
     """A clean stop on SIGUSR1/SIGTERM, and ``run.checkpoint_every``'s checkpoints inside an epoch.
 
@@ -229,10 +237,7 @@ class Interruptions(tf.keras.callbacks.Callback):
         where = (
             f"epoch {epoch} step {step} of {self.p.steps_per_epoch}" if step else f"the end of epoch {epoch}"
         )
-        return (  # the same on every rank (the agreed signal), so it is printed once
-            f"stopped by {self.request.name(number)} at {where}: checkpoint {path} is intact; a Slurm job requeues itself "
-            f"(exit status {distributed.REQUEUE_EXIT_CODE}), else continue with `app train --run-dir {self.write.run_dir}`"
-        )
+        return stop_message(number, f"at {where}", f"checkpoint {path} is intact", self.write.run_dir)
 
 
 @dataclass(frozen=True)
@@ -398,10 +403,7 @@ def train_and_evaluate(
     (stop,) = distributed.agree([float(request.number)])  # a stop asked for while starting up
     if stop:
         kept = f"checkpoint {found[1]} is intact" if found else "nothing was trained yet"
-        message = (
-            f"stopped by {request.name(stop)} before training started: {kept}; a Slurm job requeues itself (exit "
-            f"status {distributed.REQUEUE_EXIT_CODE}), else continue with `app train --run-dir {run_dir}`"
-        )
+        message = stop_message(stop, "before training started", kept, run_dir)
         if world.is_chief:
             CheckpointWriter(run_dir, model, 1, {}, True).stopped(message)
         distributed.agree([0.0])  # [horovod] the marker is there before any rank exits

@@ -102,8 +102,9 @@ def test_usr1_checkpoints_requeues_and_resumes(cluster, tmp_path):
     cluster.wait(job)
     text = log.read_text()
     run = tmp_path / "runs" / f"longer-{job}"
-    assert "stopped by SIGUSR1 at epoch" in text and f"requeueing job {job}" in text, text
-    assert "restart 1" in text and "resumed from" in text and "epoch-0000-step-" in text, text
+    # Mid-epoch, or at the end of epoch 1 when the signal takes longer to come than the epoch's steps.
+    assert "stopped by SIGUSR1 at " in text and f"requeueing job {job}" in text, text
+    assert "restart 1" in text and "resumed from" in text, text
     assert (run / "summary.json").is_file(), text
     epochs = [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert epochs == [1, 2, 3]
