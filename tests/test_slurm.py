@@ -74,11 +74,13 @@ def test_test_only_asks_sbatch(cluster, tmp_path):
 
 
 LONGER = """\
-# longer: the Slurm requeue test. Three epochs of six steps, a stop agreed at every step.
+# longer: the Slurm requeue test. Three epochs of 60 steps (after the first compilation a step takes ~0.1 s:
+# enough steps that the signal, which takes seconds to arrive, still finds the run training), a stop agreed at
+# every step.
 data: {source: synthetic, num_classes: 10, image_size: 32, synthetic_examples: 64}
 model: {name: resnet20}
-train: {epochs: 3, batch_size: 8, steps_per_epoch: 6, warmup_epochs: 0}
-run: {log_every: 1, tensorboard: false, stop_check_every: 1}
+train: {epochs: 3, batch_size: 8, steps_per_epoch: 60, warmup_epochs: 0}
+run: {log_every: 1, tensorboard: false, stop_check_every: 1, evaluate: false}
 """
 
 
@@ -95,7 +97,7 @@ def test_usr1_checkpoints_requeues_and_resumes(cluster, tmp_path):
     job = proc.stdout.split()[2].rstrip(":")
     log = tmp_path / "logs" / f"longer-{job}.out"
     deadline = time.time() + 300
-    while "epoch 1/3 step 2/6" not in (log.read_text() if log.exists() else ""):
+    while "epoch 1/3 step 2/60" not in (log.read_text() if log.exists() else ""):
         assert time.time() < deadline, log.read_text() if log.exists() else "no log"
         time.sleep(0.5)
     subprocess.run(["scancel", "--signal=USR1", job], env=env, check=True)  # what --signal=USR1@600 sends
