@@ -400,19 +400,18 @@ def train_and_evaluate(
         reporter.note(f"nothing to do: {run_dir} already trained {start_epoch}/{cfg.train.epochs} epochs")
         return summarize(cfg, run_dir, world, p, policy) if world.is_chief else {}
 
-    (stop,) = distributed.agree([float(request.number)])  # a stop asked for while starting up
-    if stop:
-        kept = f"checkpoint {found[1]} is intact" if found else "nothing was trained yet"
-        message = stop_message(stop, "before training started", kept, run_dir)
-        if world.is_chief:
-            CheckpointWriter(run_dir, model, 1, {}, True).stopped(message)
-        distributed.agree([0.0])  # [horovod] the marker is there before any rank exits
-        raise distributed.Preempted(message)
     write = CheckpointWriter(
         run_dir, model, cfg.run.keep_checkpoints,
         {"workers": world.size, "global_batch": p.global_batch, "steps_per_epoch": p.steps_per_epoch},
         world.is_chief,
     )  # fmt: skip
+    (stop,) = distributed.agree([float(request.number)])  # a stop asked for while starting up
+    if stop:
+        kept = f"checkpoint {found[1]} is intact" if found else "nothing was trained yet"
+        message = stop_message(stop, "before training started", kept, run_dir)
+        write.stopped(message)  # rank 0's marker for the job script
+        distributed.agree([0.0])  # [horovod] the marker is there before any rank exits
+        raise distributed.Preempted(message)
     eval_ds = (
         data.eval_dataset(source, cfg.train.batch_size, cfg.train.eval_steps) if cfg.run.evaluate else None
     )
