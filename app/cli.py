@@ -170,6 +170,49 @@ def info(as_json: bool) -> None:
         info_stage.render(report, Console())
 
 
+@cli.command()
+@click.option(
+    "--megabytes",
+    type=Int(min=1),
+    default=100,
+    show_default=True,
+    help="Allreduce buffer size in MiB (100 is about ResNet-50's float32 gradients); at most 8192.",
+)
+@click.option("--iterations", type=Int(min=1), default=10, show_default=True, help="Timed allreduces.")
+@click.option("--threads", type=Int(min=0), default=0, show_default=True, help="CPU threads per worker.")
+@click.option(
+    "--np", "np_", type=Int(min=1), metavar="N", help="Start N local workers through horovodrun --gloo."
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (rank 0).")
+def doctor(megabytes, iterations, threads, np_, as_json):
+    """Check that this allocation is ready to train: build, GPUs, ranks, a timed allreduce, NCCL's network.
+
+    Run it as training runs: inside a job (`srun app doctor`, or `app submit --smoke`), or locally with --np.
+    Exits 1 naming the first problem.
+
+    \b
+    Example:
+      app doctor --np 2 --megabytes 10
+      srun --mpi=pmix apptainer exec --nv scaleout.sif app doctor
+    """
+    if megabytes > 8192:
+        raise UsageError(f"--megabytes {megabytes}: at most 8192 (one allreduce buffer in memory per rank)")
+    relaunch(np_)
+    from app import doctor as doctor_stage
+
+    report = doctor_stage.run(megabytes, iterations, threads)
+    if report["rank"] != 0:
+        failed = any(not c["ok"] for c in report["checks"])
+        sys.exit(1 if failed else 0)  # rank 0 speaks for every rank
+    if as_json:
+        click.echo(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        from rich.console import Console
+
+        doctor_stage.render(report, Console(width=None if sys.stdout.isatty() else 120))
+    doctor_stage.verdict(report)
+
+
 def config_options(func):
     """--config/--set and the options every command that builds a config shares."""
     options = [

@@ -236,8 +236,10 @@ def _single(h) -> bool:
     return not h.is_initialized() or h.size() == 1
 
 
-def init(threads: int = 0) -> World:
-    """Start Horovod and pin this process to one GPU (one rank per GPU), or share the CPU cores fairly."""
+def init(threads: int = 0, checks: bool = True) -> World:
+    """Start Horovod and pin this process to one GPU (one rank per GPU), or share the CPU cores fairly.
+
+    ``checks=False`` leaves the no-silent-fallback checks to the caller (`app doctor` reports them instead)."""
     import tensorflow as tf
 
     h = hvd()
@@ -251,8 +253,9 @@ def init(threads: int = 0) -> World:
     stall_settings()  # [horovod] a stalled rank ends the job, not a 32-GPU wait
     h.init()  # [horovod] join the other workers
     # Never a silent fallback: N launched processes that are N one-worker jobs, or GPUs left unused.
-    check_world_size(h.size(), os.environ)
-    check_gpus_seen(len(gpus), os.environ, gpu_device_nodes(), dict(tf.sysconfig.get_build_info()))
+    if checks:
+        check_world_size(h.size(), os.environ)
+        check_gpus_seen(len(gpus), os.environ, gpu_device_nodes(), dict(tf.sysconfig.get_build_info()))
     if gpus:  # [horovod] one GPU per rank, chosen by local rank; memory grows instead of being grabbed
         for gpu in gpus:
             tf.config.experimental.set_memory_growth(gpu, True)

@@ -1,0 +1,231 @@
+"""`app doctor`: is this allocation ready to train? The first command to run on a new cluster.
+
+Run it the way training runs (``srun app doctor`` inside a job, ``app submit --smoke``, or ``app doctor --np 2``
+on a workstation). Every rank checks itself, rank 0 prints one table and a verdict:
+
+1. build: TensorFlow's build (CUDA, ROCm or CPU only) and Horovod's (TensorFlow ops, controllers, NCCL/RCCL);
+2. devices: the GPUs TensorFlow sees on each rank against what the job was given (the same check that stops
+   `app train` from training on the CPU of a GPU allocation);
+3. world: Horovod's size against the launcher's task count (the check that stops N one-worker trainings),
+   the nodes and ranks per node as Horovod sees them;
+4. allreduce: one buffer of ``--megabytes`` (100 MB is about ResNet-50's float32 gradients) summed across the
+   ranks, checked element by element, timed over ``--iterations`` after two warm-up rounds, reported as
+   algorithm and bus bandwidth the way nccl-tests do (bus = algorithm x 2(n-1)/n, comparable across n);
+5. transport: which network NCCL/RCCL chose ("Using network IB", "Socket", "AWS Libfabric" for LUMI's OFI
+   plugin), read from NCCL's own log, which this command turns on (NCCL_DEBUG=INFO into a temporary file)
+   unless NCCL_DEBUG is already set; without NCCL the allreduce goes through Horovod's CPU operations.
+
+A failed check exits with status 1 after the table, naming the first problem and what to check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import re
+import shutil
+import socket
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+
+from app.errors import AppError
+
+WARMUP = 2
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def _nccl_log_dir() -> str | None:
+    """Turn on NCCL's INIT/NET log into a private folder, unless the user configured NCCL's logging."""
+    if "NCCL_DEBUG" in os.environ:
+        return None
+    folder = tempfile.mkdtemp(prefix="scaleout-doctor-")
+    os.environ.update(
+        NCCL_DEBUG="INFO",
+        NCCL_DEBUG_SUBSYS="INIT,NET",
+        NCCL_DEBUG_FILE=os.path.join(folder, "nccl.%h.%p.log"),  # NCCL expands %h (host) and %p (pid)
+    )
+    return folder
+
+
+_NETWORK = re.compile(r"Using network (.+)$")
+
+
+def nccl_network(folder: str | None) -> str | None:
+    """The network NCCL/RCCL said it uses ("IB", "Socket", "AWS Libfabric", ...), or None if it never ran."""
+    if folder is None:
+        return None
+    for path in sorted(glob.glob(os.path.join(folder, "nccl.*.log"))):
+        with contextlib.suppress(OSError), open(path, errors="replace") as f:
+            for line in f:
+                if m := _NETWORK.search(line.strip()):
+                    return m.group(1).strip()
+    return None
+
+
+def bandwidths(nbytes: int, seconds: float, size: int) -> tuple[float, float]:
+    """(algorithm, bus) bandwidth in GB/s of an allreduce of ``nbytes`` that took ``seconds`` on ``size`` ranks."""
+    if seconds <= 0:
+        return float("nan"), float("nan")
+    algorithm = nbytes / seconds / 1e9
+    return algorithm, algorithm * (2 * (size - 1) / size if size > 1 else 0.0)
+
+
+def run(megabytes: float, iterations: int, threads: int = 0) -> dict:
+    """Every check on this rank; rank 0's return value holds every rank's view (gathered)."""
+    nccl_dir = _nccl_log_dir()
+    from app import distributed as dist
+    from app.compat import import_tensorflow
+    from app.info import horovod_build, tensorflow_build
+
+    tf = import_tensorflow()
+    hvd_build, tf_build = horovod_build(), tensorflow_build(tf)
+    world = dist.init(threads, checks=False)  # the checks become rows below instead of ending the command
+    h = dist._hvd_tf()
+    checks: list[Check] = []
+
+    gpu_build = tf_build["cuda"] or tf_build["rocm"]
+    built_for = (
+        f"CUDA {tf_build['cuda_version']}" if tf_build["cuda"] else "ROCm" if tf_build["rocm"] else "CPU only"
+    )
+    problems = []
+    if hvd_build["version"] is None:
+        problems.append("Horovod is not importable")
+    elif gpu_build and not hvd_build["tensor_operations"]["nccl"]:
+        problems.append("Horovod has no NCCL/RCCL operations: GPU gradients would go through host memory")
+    checks.append(
+        Check(
+            "build",
+            not problems,
+            f"TensorFlow {tf.__version__} ({built_for}), Horovod {hvd_build['version']}"
+            + (f"; {problems[0]}" if problems else ""),
+        )
+    )
+
+    gpus = [d.name for d in tf.config.list_physical_devices("GPU")]
+    mine = {
+        "rank": world.rank,
+        "host": socket.gethostname(),
+        "local_rank": world.local_rank,
+        "gpus_seen": len(gpus),
+        "allocated": dist.allocated_gpus(os.environ, dist.gpu_device_nodes()),
+        "launched": dist.launched_size(os.environ),
+    }
+    device_problem = world_problem = None
+    try:
+        dist.check_gpus_seen(
+            len(gpus), os.environ, dist.gpu_device_nodes(), dict(tf.sysconfig.get_build_info())
+        )
+    except AppError as exc:
+        device_problem = str(exc)
+    try:
+        dist.check_world_size(world.size, os.environ)
+    except AppError as exc:
+        world_problem = str(exc)
+    ranks = dist.allgather_object({**mine, "device_problem": device_problem, "world_problem": world_problem})
+
+    bad = next((r for r in ranks if r["device_problem"]), None)
+    hosts: dict[str, list[dict]] = {}
+    for r in ranks:
+        hosts.setdefault(r["host"], []).append(r)
+    per_host = "; ".join(
+        f"{host}: {len(rs)} rank(s), GPUs seen {'/'.join(str(r['gpus_seen']) for r in rs)}"
+        for host, rs in hosts.items()
+    )
+    checks.append(
+        Check("devices", bad is None, f"rank {bad['rank']}: {bad['device_problem']}" if bad else per_host)
+    )
+    bad = next((r for r in ranks if r["world_problem"]), None)
+    launched = mine["launched"]
+    said = f"launcher: {launched[0]}={launched[1]}" if launched else "no launcher (one process)"
+    checks.append(
+        Check(
+            "world",
+            bad is None,
+            f"rank {bad['rank']}: {bad['world_problem']}"
+            if bad
+            else f"Horovod size {world.size} ({said}), {world.nodes} node(s), {world.local_size} rank(s) on "
+            f"this node, controller {world.controller}, launched by {world.launcher}",
+        )
+    )
+
+    # The allreduce: every rank contributes rank + 1, so every element must be n(n+1)/2 afterwards.
+    count = max(1, int(megabytes * 2**20 / 4))
+    device = "/GPU:0" if gpus else "/CPU:0"
+    with tf.device(device):
+        buffer = tf.fill([count], tf.constant(world.rank + 1, tf.float32))
+        for i in range(WARMUP):
+            h.allreduce(buffer, op=h.Sum, name=f"doctor.warmup.{i}").numpy()
+        h.allreduce(tf.constant(0.0), op=h.Sum, name="doctor.barrier").numpy()
+        start = time.perf_counter()
+        for i in range(iterations):
+            out = h.allreduce(buffer, op=h.Sum, name=f"doctor.timed.{i}")
+        result = out.numpy()
+        elapsed = (time.perf_counter() - start) / iterations
+    expected = world.size * (world.size + 1) / 2
+    wrong = int((result != expected).sum())
+    times = dist.allgather_object(elapsed)
+    slowest = max(times)
+    algorithm, bus = bandwidths(count * 4, slowest, world.size)
+    checks.append(
+        Check(
+            "allreduce",
+            wrong == 0,
+            f"{count * 4 / 2**20:g} MiB on {device}: {slowest * 1e3:.1f} ms per allreduce (slowest rank), "
+            f"algorithm {algorithm:.2f} GB/s, bus {bus:.2f} GB/s"
+            + (f"; {wrong} of {count} elements wrong (expected {expected:g})" if wrong else ""),
+        )
+    )
+
+    network = nccl_network(nccl_dir)
+    ops = hvd_build.get("tensor_operations", {}) if hvd_build["version"] else {}
+    if gpus and ops.get("nccl"):
+        transport = f"NCCL/RCCL, network: {network}" if network else "NCCL/RCCL (its log named no network)"
+    else:
+        cpu_ops = os.environ.get("HOROVOD_CPU_OPERATIONS") or world.controller
+        transport = f"Horovod CPU operations ({cpu_ops}); no NCCL on this path"
+    networks = dist.allgather_object(network)
+    mixed = len({n for n in networks if n}) > 1
+    checks.append(
+        Check(
+            "transport",
+            not mixed,
+            transport + (f"; ranks differ: {sorted({n for n in networks if n})}" if mixed else ""),
+        )
+    )
+    if nccl_dir is not None:
+        shutil.rmtree(nccl_dir, ignore_errors=True)
+    return {
+        "rank": world.rank,
+        "size": world.size,
+        "checks": [asdict(c) for c in checks],
+        "ranks": ranks,
+        "allreduce": {"bytes": count * 4, "seconds": slowest, "algorithm_gbps": algorithm, "bus_gbps": bus},
+        "network": network,
+    }
+
+
+def render(report: dict, console) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"scaleout doctor: {report['size']} rank(s)", title_justify="left")
+    table.add_column("check", style="bold")
+    table.add_column("")
+    table.add_column("detail", overflow="fold")
+    for c in report["checks"]:
+        table.add_row(c["name"], "[green]ok[/]" if c["ok"] else "[red]PROBLEM[/]", c["detail"])
+    console.print(table)
+
+
+def verdict(report: dict) -> None:
+    """Raise the first failed check as the command's one error line."""
+    failed = [c for c in report["checks"] if not c["ok"]]
+    if failed:
+        raise AppError(f"doctor: {failed[0]['name']}: {failed[0]['detail']}")

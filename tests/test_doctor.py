@@ -1,0 +1,74 @@
+"""`app doctor`: a real 2-worker allreduce checked and timed, the no-silent-fallback checks reported as
+problems (exit 1, one line), NCCL's network read from its own log format, and bad options refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.doctor import bandwidths, nccl_network
+from conftest import run_app
+
+
+def test_two_workers_pass_every_check_and_time_a_correct_allreduce():
+    proc = run_app(["doctor", "--np", "2", "--megabytes", "1", "--iterations", "2", "--json"])
+    report = json.loads(proc.stdout)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert list(checks) == ["build", "devices", "world", "allreduce", "transport"]
+    assert all(c["ok"] for c in checks.values()), checks
+    assert report["size"] == 2 and [r["rank"] for r in report["ranks"]] == [0, 1]
+    assert "Horovod size 2 (launcher: HOROVOD_SIZE=2)" in checks["world"]["detail"]
+    assert report["allreduce"]["bytes"] == 2**20 and report["allreduce"]["seconds"] > 0
+    assert "1 MiB on /CPU:0" in checks["allreduce"]["detail"] and "wrong" not in checks["allreduce"]["detail"]
+    assert "no NCCL on this path" in checks["transport"]["detail"]  # no GPU here: the CPU operations
+
+
+def test_a_job_whose_ranks_did_not_join_is_a_problem_named_on_one_line():
+    # The batch script of a 4-task job running `app doctor` without srun: Horovod's size is 1.
+    proc = run_app(
+        ["doctor", "--megabytes", "1", "--iterations", "1"],
+        expect=1,
+        env={"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "1"},
+    )
+    assert "PROBLEM" in proc.stdout  # the table still shows every check
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, proc.stderr
+    assert errors[0].startswith("Error: doctor: world: rank 0: this Slurm job has 4 tasks")
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--megabytes", "0"], "--megabytes"),
+        (["--megabytes", "nan"], "--megabytes"),
+        (["--megabytes", "9000"], "--megabytes 9000: at most 8192"),
+        (["--iterations", "-1"], "--iterations"),
+        (["--np", "0"], "--np"),
+    ],
+)
+def test_bad_options_are_usage_errors(args, expected):
+    proc = run_app(["doctor", *args], expect=2)
+    assert expected in proc.stderr and "Traceback" not in proc.stderr
+    assert len([ln for ln in proc.stderr.splitlines() if ln.strip()]) <= 3
+
+
+def test_the_network_nccl_chose_is_read_from_its_log(tmp_path):
+    # NCCL's own INFO format (host:pid:tid [device] NCCL INFO ...), as NCCL_DEBUG_FILE writes it.
+    (tmp_path / "nccl.node1.123.log").write_text(
+        "node1:123:456 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n"
+        "node1:123:456 [0] NCCL INFO NET/Plugin: Loaded net plugin AWS Libfabric (v6)\n"
+        "node1:123:456 [0] NCCL INFO Using network AWS Libfabric\n"
+    )
+    assert nccl_network(str(tmp_path)) == "AWS Libfabric"
+    (tmp_path / "nccl.node1.123.log").write_bytes(b"\xff\xfe binary \x00 garbage\n")
+    assert nccl_network(str(tmp_path)) is None
+    assert nccl_network(None) is None
+
+
+def test_bus_bandwidth_is_algorithm_bandwidth_times_2_n_minus_1_over_n():
+    assert bandwidths(10**9, 1.0, 1) == (1.0, 0.0)
+    algorithm, bus = bandwidths(10**9, 0.5, 4)
+    assert algorithm == 2.0 and bus == pytest.approx(3.0)
+    assert all(x != x for x in bandwidths(10**9, 0.0, 2))  # NaN, never a division by zero
