@@ -1,5 +1,6 @@
-"""Container images, for real: singularity.def parsed; the CPU flavour built with podman from a local Debian 12
-base made with debootstrap, then `app info` and a 2-worker training run inside it.
+"""Container images, for real: singularity.def parsed; the CPU flavour built with podman, in the Dockerfile's two
+stages (Horovod compiled in `builder`, its venv copied into a `runtime` without compilers), both from a local
+Debian 12 base made with debootstrap; then `app info` and a 2-worker training run inside it.
 
 Docker's engine and Apptainer cannot run on these machines; podman (with runc) can. The base image comes from
 the host's own apt source (read from /etc/apt, never written here), and the host's CA bundle and cached
@@ -51,6 +52,9 @@ def test_singularity_def_sections_and_bootstrap():
     assert recipe.fromHeader == "scaleout:gpu"
     assert recipe.cmd == 'exec app "$@"'  # %runscript
     assert "PATH=/opt/venv/bin:$PATH" in recipe.environ
+    # TensorFlow's warnings (e.g. a GPU it cannot use) stay visible, as in the Docker image and job scripts.
+    assert "TF_CPP_MIN_LOG_LEVEL=1" in recipe.environ and "TF_CPP_MIN_LOG_LEVEL=3" not in text
+    assert not re.search(r"mahti|puhti", text, re.I)  # retired in 2026
     assert any(label.startswith("org.opencontainers.image.version") for label in recipe.labels)
     assert any(label.startswith("org.opencontainers.image.revision") for label in recipe.labels)
     tests = "\n".join(recipe.install)  # spython turns %test into a script
@@ -101,8 +105,9 @@ def image(tmp_path_factory):
     cache.mkdir(parents=True, exist_ok=True)
     run([
         *PODMAN, "build", "--format", "docker", "--network", "host", "-t", IMAGE,
-        "--build-arg", f"BASE_IMAGE={BASE}", "--build-arg", "TF_PACKAGE=tensorflow-cpu==2.18.1",
-        "--build-arg", "HOROVOD_GPU_OPERATIONS=", "--build-arg", "NCCL_PACKAGES=",
+        "--build-arg", f"BUILDER_IMAGE={BASE}", "--build-arg", f"RUNTIME_IMAGE={BASE}",
+        "--build-arg", "TF_PACKAGE=tensorflow-cpu==2.18.1", "--build-arg", "TF_KERAS_VERSION=2.18.0",
+        "--build-arg", "HOROVOD_GPU_OPERATIONS=", "--build-arg", "HOROVOD_BUILD_CUDA_CC_LIST=",
         "--build-arg", "PIP_CERT=/run/host-ca.crt", "--build-arg", "SCALEOUT_WHEEL_CACHE=/wheels",
         "-v", "/etc/ssl/certs/ca-certificates.crt:/run/host-ca.crt:ro", "-v", f"{cache}:/wheels",
         str(ROOT),
@@ -120,6 +125,23 @@ def test_image_app_info(image):
         [*PODMAN, "run", "--rm", *LIMITS, "--entrypoint", "id", image, "-u"], timeout=120
     ).stdout.strip()
     assert user == "1000"  # not root
+
+
+def test_image_runtime_stage_has_no_compiler(image):
+    """Horovod was compiled in the builder stage; the image that ships has its library, not the toolchain."""
+    # (OpenMPI's mpicxx wrapper comes with openmpi-bin; without a compiler behind it, it compiles nothing.)
+    probe = (
+        "for t in g++ gcc cc c++ make nvcc cmake; do command -v $t; done; ls /usr/include/python3*/Python.h"
+    )
+    proc = subprocess.run(
+        [*PODMAN, "run", "--rm", *LIMITS, "--entrypoint", "sh", image, "-c", probe],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.stdout.strip() == "", f"build tools in the runtime image:\n{proc.stdout}"
+    assert "No such file" in proc.stderr  # the probe ran: ls found no Python headers
+    # The builder's layers (its compilers and headers) are not in the image; the runtime's apt layer is.
+    history = run([*PODMAN, "history", "--no-trunc", "--format", "{{.CreatedBy}}", image], timeout=120).stdout
+    assert "libopenmpi-dev" not in history and "libopenmpi3" in history
 
 
 def test_image_trains_on_two_workers(image, tmp_path):
@@ -153,3 +175,69 @@ def test_image_trains_on_two_workers(image, tmp_path):
     summary = json.loads((work / "run" / "summary.json").read_text())
     assert summary["workers"] == 2 and summary["launcher"] == "horovodrun"
     assert summary["replica_weight_spread"] < 1e-6
+
+
+def lumi_definition(**arguments: str) -> tuple[str, list[tuple[str, str]], str]:
+    """containers/lumi.def's (%post, %files, %environment), its {{ ARGS }} filled from %arguments and ``arguments``."""
+    text = (ROOT / "containers" / "lumi.def").read_text()
+    section = re.search(r"^%arguments\n(.*?)^%", text, re.M | re.S).group(1)
+    values = dict(line.strip().split("=", 1) for line in section.splitlines() if line.strip())
+    text = re.sub(r"\{\{ (\w+) \}\}", lambda m: {**values, **arguments}[m.group(1)], text)
+    body = {
+        name: re.search(rf"^%{name}.*?\n(.*?)^%", text, re.M | re.S).group(1)
+        for name in ("post", "files", "environment")
+    }
+    files = [tuple(line.split()) for line in body["files"].splitlines() if line.strip()]
+    return body["post"], files, body["environment"]
+
+
+def test_lumi_def_in_a_stand_in_for_lumis_container(image, tmp_path):
+    """containers/lumi.def's %files, %post and %environment, run by podman in a stand-in for LUMI's TensorFlow
+    container (Apptainer, proot and LUMI's .sif are not here): the CPU image with its venv as the "conda
+    environment" (an activate script puts it on PATH, a .pth shows its packages to the system Python, as a
+    conda environment's Python sees them) and scaleout removed from it. TensorFlow 2.18 CPU instead of 2.16
+    ROCm, which the def's own TF_VERSION, TF_KERAS_VERSION and GPU_BUILD arguments allow for, and python3-venv,
+    which a conda Python has built in. Then `app`, as
+    `singularity exec IMAGE app` finds it after %environment, runs from the new venv on that stand-in."""
+    standin = tmp_path / "standin"
+    standin.mkdir()
+    (standin / "Containerfile").write_text(f"""FROM {image}
+USER root
+RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends python3-venv >/dev/null \\
+    && rm -rf /var/lib/apt/lists/* \\
+    && /opt/venv/bin/python -m pip uninstall -y -q scaleout && rm -rf /opt/scaleout \\
+    && mkdir -p /opt/miniconda3/bin /usr/local/lib/python3.11/dist-packages \\
+    && echo 'export PATH=/opt/venv/bin:$PATH CONDA_PREFIX=/opt/venv CONDA_DEFAULT_ENV=$1' > /opt/miniconda3/bin/activate \\
+    && /opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \\
+        > /usr/local/lib/python3.11/dist-packages/standin-conda.pth
+""")
+    run([*PODMAN, "build", "--format", "docker", "-t", "localhost/scaleout:lumi-standin", str(standin)])
+    post, files, environment = lumi_definition(TF_VERSION="2.18", TF_KERAS_VERSION="2.18.0", GPU_BUILD="none")
+    context = tmp_path / "def"
+    context.mkdir()
+    (context / "post.sh").write_text(post)
+    for source, _ in files:
+        (shutil.copytree if (ROOT / source).is_dir() else shutil.copy)(ROOT / source, context / source)
+    copies = "\n".join(f"COPY {source} {dest}" for source, dest in files)
+    (context / "Containerfile").write_text(f"""FROM localhost/scaleout:lumi-standin
+ARG PIP_CERT
+{copies}
+COPY post.sh /tmp/post.sh
+RUN bash /tmp/post.sh
+""")
+    run([
+        *PODMAN, "build", "--format", "docker", "--network", "host", "-t", "localhost/scaleout:lumi-test",
+        "--build-arg", "PIP_CERT=/run/host-ca.crt", "-v", "/etc/ssl/certs/ca-certificates.crt:/run/host-ca.crt:ro",
+        str(context),
+    ], timeout=1200)  # fmt: skip
+    (tmp_path / "env.sh").write_text(environment)
+    probe = "PATH=/usr/bin:/bin; . /env.sh; command -v app; app info --json"
+    proc = run([
+        *PODMAN, "run", "--rm", *LIMITS, "--user", "1000", "-v", f"{tmp_path / 'env.sh'}:/env.sh:ro",
+        "--entrypoint", "bash", "localhost/scaleout:lumi-test", "-c", probe,
+    ], timeout=300)  # fmt: skip
+    where, _, report = proc.stdout.partition("\n")
+    assert where == "/opt/scaleout/bin/app"  # the wrapper that activates the conda environment first
+    info = json.loads(report)
+    assert info["tensorflow"] == "2.18.1" and info["keras"]["flavour"] == "tf_keras"
+    assert info["horovod"]["version"] == "0.28.1"  # the container's own Horovod, not a new build
