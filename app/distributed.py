@@ -251,6 +251,10 @@ def init(threads: int = 0, checks: bool = True) -> World:
         # 0.97 at 20 ms, ResNet-50 batch 32). Steps there take seconds, so 20 ms of extra latency is nothing.
         os.environ.setdefault("HOROVOD_CYCLE_TIME", str(CPU_CYCLE_TIME_MS))
     stall_settings()  # [horovod] a stalled rank ends the job, not a 32-GPU wait
+    launcher = detected_launcher() or "none"  # before join() below sets HOROVOD_RANK
+    from app import rendezvous
+
+    rendezvous.join()  # [horovod] plain srun (mpi: none): Slurm's ranks to Horovod's Gloo rendezvous
     h.init()  # [horovod] join the other workers
     # Never a silent fallback: N launched processes that are N one-worker jobs, or GPUs left unused.
     if checks:
@@ -271,7 +275,7 @@ def init(threads: int = 0, checks: bool = True) -> World:
         h.local_rank(),
         h.local_size(),
         h.cross_size(),
-        detected_launcher() or "none",
+        launcher,
         controller,
     )
 

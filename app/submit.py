@@ -1,12 +1,15 @@
 """`app submit`: render the sbatch script for N GPUs on a cluster profile, check it, submit it.
 
 Cluster profiles are data files (jobs/clusters/<name>.yaml): GPUs per node, how to request them, partitions
-and their limits, launcher, container runtime, node-local scratch. A user adds a cluster by adding a file.
+and their limits, how srun wires the ranks together (``mpi``: pmix, pmi2, or none for Horovod's Gloo
+rendezvous, see app/rendezvous.py), extra srun options, environment variables, container runtime and binds,
+node-local scratch. A user adds a cluster by adding a file. ``app submit --smoke`` renders the same job shape
+running `app doctor` instead of `app train`: the first job on a new cluster.
 
 No user string is pasted raw into shell. Values that land on ``#SBATCH`` lines or in names (job name,
 account, partition, time, image, every cluster profile value) must match a small safe character set and are
-refused with one line naming the input otherwise; the rest (config paths, ``--set`` items, the data folder)
-is shell-quoted and reaches ``app train`` as single, intact arguments.
+refused with one line naming the input otherwise; the rest (config paths, ``--set`` items, the data folder, a
+profile's environment values) is shell-quoted and reaches ``app train`` as single, intact arguments.
 Nothing here imports TensorFlow: it runs instantly on a login node.
 """
 
@@ -34,6 +37,7 @@ from app.errors import AppError, UsageError, one_line, show
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTERS = ROOT / "jobs" / "clusters"
 TEMPLATE = ROOT / "jobs" / "train.sbatch"
+SMOKE_TIME = "10"  # --smoke: `app doctor` takes a minute or two; ten leaves room for a slow container start
 SIGNAL_SECONDS = 600  # USR1 lead time for long jobs; shorter jobs get a tenth of their time (at least 60 s)
 MIN_TIME_SECONDS = 120  # shorter jobs cannot train, checkpoint on USR1 and exit before the limit
 MAX_STAGE_GB = 100_000  # --stage cap for profiles that do not state their node-local disk size (max_gb)
@@ -128,6 +132,8 @@ class Partition:
     max_nodes: int
     max_time: str
     max_gpus: int | None = None
+    min_gpus: int | None = None
+    test: bool = False  # a partition for short tests: `app submit --smoke` prefers it
 
 
 @dataclass(frozen=True)
@@ -137,7 +143,11 @@ class Cluster:
     gpu_request: str
     cpus_per_gpu: int
     partitions: tuple[Partition, ...]
-    launcher: str = "srun --mpi=pmix"
+    mpi: str = "pmix"
+    srun_args: tuple[str, ...] = ()
+    # Only for jobs that use every GPU of their nodes (and then with --exclusive): a CPU binding per GPU.
+    full_node_srun_args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()  # (name, value template) in the profile's order
     account_required: bool = False
     default_time: str = "01:00:00"
     gpu_type: str = ""
@@ -207,6 +217,40 @@ class _Profile:
             ) from None
         return self.match(key, out, pattern, "letters, digits and . _ : , / = - only")
 
+    def srun_args(self, raw: dict, key: str) -> tuple[str, ...]:
+        args = self.get(raw, key, "list", [])
+        for i, arg in enumerate(args):
+            if not isinstance(arg, str) or not SRUN_ARG.fullmatch(arg):
+                raise self.fail(f"{key}[{i}] {show(arg)}: {SRUN_ARG_HINT}")
+            own = SRUN_OWN.get(arg.split("=")[0])
+            if own:
+                raise self.fail(f"{key}[{i}] {show(arg)}: {own}")
+        return tuple(args)
+
+    def env(self, raw: dict) -> tuple[tuple[str, str], ...]:
+        env = self.get(raw, "env", "dict", {})
+        out = []
+        for name, value in env.items():
+            if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
+                raise self.fail(f"env name {show(name)}: an environment variable name (letters, digits, _)")
+            if name in ENV_RESERVED or name.startswith("SLURM"):
+                raise self.fail(f"env.{name}: set by the job script or its launcher; leave it out")
+            if isinstance(value, bool) or not isinstance(value, str | int):
+                raise self.fail(f"env.{name} must be a string (quote it in YAML), got {show(value)}")
+            value = str(value)
+            if "\0" in value:
+                raise self.fail(f"env.{name} {show(value)}: contains a NUL character")
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise self.fail(f"env.{name} {show(value)}: not valid UTF-8") from None
+            for m in PLACEHOLDER.finditer(value):
+                if m.group(1) not in ENV_PLACEHOLDERS:
+                    raise self.fail(f"env.{name} {show(value)}: unknown placeholder {{{m.group(1)}}}; use "
+                                    f"{', '.join('{' + k + '}' for k in ENV_PLACEHOLDERS)}")  # fmt: skip
+            out.append((name, value))
+        return tuple(out)
+
     def time(self, key: str, value: object) -> str:
         if not isinstance(value, str):
             raise self.fail(f'{key} must be a quoted Slurm time such as "04:00:00", got {show(value)}'
@@ -220,13 +264,38 @@ class _Profile:
 
 GRES = re.compile(r"--[a-z][a-z-]*=[A-Za-z0-9_:.,=-]+")
 GRES_VALUE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_:.,-]*")
-LAUNCHER = re.compile(r"srun( +-{1,2}[A-Za-z0-9][A-Za-z0-9_.,:=/+-]*)*")
 RUNTIME = re.compile(r"[a-z][a-z0-9_-]*")
 GPU_FLAG = re.compile(r"(-{1,2}[a-z][a-z0-9-]*)?")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 BIND = re.compile(r"/[A-Za-z0-9_./-]*(:/[A-Za-z0-9_./-]*)?")
-KEYS = ("name", "gpus_per_node", "gpu_request", "cpus_per_gpu", "partitions", "launcher", "account_required",
-        "default_time", "gpu_type", "arch", "container", "scratch")  # fmt: skip
+MPI = ("pmix", "pmi2", "none")  # srun --mpi=...; none: Horovod's Gloo rendezvous (app/rendezvous.py)
+# One long srun option, its value (if any) after "=": e.g. --cpu-bind=mask_cpu:0xfe,0xfe00 or --hint=nomultithread.
+SRUN_ARG = re.compile(r"--[a-z][a-z0-9-]*(=[A-Za-z0-9_.,:/+=@%-]+)?")
+SRUN_ARG_HINT = (
+    "one long srun option such as --cpu-bind=mask_cpu:0xfe,0xfe00 (letters, digits and . , : / + = @ % _ -)"
+)
+SRUN_OWN = {  # options app submit sets itself, with what to do instead
+    "--mpi": "set mpi: (pmix, pmi2 or none) instead",
+    **dict.fromkeys(("--help", "--usage", "--version", "--test-only"), "srun would start no task with it"),
+    **dict.fromkeys(("--kill-on-bad-exit", "--ntasks", "--ntasks-per-node", "--nodes", "--export", "--chdir"),
+                    "app submit sets it (the job's shape and environment)"),
+}  # fmt: skip
+# Placeholders an env value may use: the job's, and each task's own (expanded in the task, before the app starts).
+ENV_PLACEHOLDERS = {"job_id": '"${SLURM_JOB_ID}"', "user": '"${USER:-$(id -un)}"', "node_id": '"${SLURM_NODEID}"',
+                    "local_id": '"${SLURM_LOCALID}"', "proc_id": '"${SLURM_PROCID}"'}  # fmt: skip
+TASK_PLACEHOLDERS = ("node_id", "local_id", "proc_id")
+PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# Names an env entry may not set: the job script's own variables and the ones it manages, Slurm's, Horovod's
+# rank variables (the launcher's), and the shell's own behaviour.
+ENV_RESERVED = ("RUN_DIR", "DATA_DIR", "CONFIG_ARGS", "SET_ARGS", "status", "port", "rdv_out", "rdv_pid",
+                "PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "OMP_NUM_THREADS", "HOROVOD_RANK", "HOROVOD_SIZE",
+                "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE",
+                "HOROVOD_HOSTNAME", "HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT", "HOROVOD_CONTROLLER",
+                "HOROVOD_CPU_OPERATIONS", "IFS", "PATH", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS4", "CDPATH",
+                "GLOBIGNORE", "LD_PRELOAD", "LD_LIBRARY_PATH")  # fmt: skip
+KEYS = ("name", "gpus_per_node", "gpu_request", "cpus_per_gpu", "partitions", "mpi", "srun_args",
+        "full_node_srun_args", "env", "account_required", "default_time", "gpu_type", "arch", "container",
+        "scratch")  # fmt: skip
 
 
 def load_cluster(name: str) -> Cluster:
@@ -250,6 +319,10 @@ def load_cluster(name: str) -> Cluster:
         raise p.fail(
             f"must be a mapping with keys such as name, gpus_per_node, partitions; got {type(raw).__name__}"
         )
+    if "launcher" in raw:
+        raise p.fail(
+            "launcher was replaced by mpi (pmix, pmi2 or none) and srun_args (a list of srun options)"
+        )
     p.unknown(raw, KEYS)
     cname = p.match("name", p.get(raw, "name", "str"), SAFE, SAFE_HINT)
     gpn = p.get(raw, "gpus_per_node", "int")
@@ -257,8 +330,12 @@ def load_cluster(name: str) -> Cluster:
     p.fill("gpu_request", gpu_request, GRES, gpus=gpn)
     if "{gpus}" not in gpu_request:
         raise p.fail(f"gpu_request {show(gpu_request)} must contain {{gpus}}, e.g. --gres=gpu:a100:{{gpus}}")
-    launcher = p.match("launcher", p.get(raw, "launcher", "str", "srun --mpi=pmix"), LAUNCHER,
-                       "srun followed by options such as --mpi=pmix")  # fmt: skip
+    mpi = p.get(raw, "mpi", "str", "pmix")
+    if mpi not in MPI:
+        raise p.fail(f"mpi {show(mpi)}: one of pmix, pmi2 (what `srun --mpi=list` offers) or none (no MPI: "
+                     "Horovod's Gloo rendezvous)")  # fmt: skip
+    srun_args = {key: p.srun_args(raw, key) for key in ("srun_args", "full_node_srun_args")}
+    env = p.env(raw)
     default_time = p.time("default_time", raw.get("default_time", "01:00:00"))
     if parse_time(default_time) < MIN_TIME_SECONDS:
         raise p.fail(f"default_time {default_time} is shorter than 2 minutes")
@@ -272,7 +349,7 @@ def load_cluster(name: str) -> Cluster:
             raise p.fail(
                 f"partitions[{i}] must be a mapping such as {{name: gpu, max_nodes: 4, max_time: '1-00:00:00'}}"
             )
-        p.unknown(part, ("name", "max_nodes", "max_time", "max_gpus"), at)
+        p.unknown(part, ("name", "max_nodes", "max_time", "max_gpus", "min_gpus", "test"), at)
         if "max_time" not in part:
             raise p.fail(f"{at}max_time is missing")
         parts.append(
@@ -281,6 +358,8 @@ def load_cluster(name: str) -> Cluster:
                 max_nodes=p.get(part, "max_nodes", "int", prefix=at),
                 max_time=p.time(at + "max_time", part["max_time"]),
                 max_gpus=p.get(part, "max_gpus", "int", None, prefix=at),
+                min_gpus=p.get(part, "min_gpus", "int", None, prefix=at),
+                test=p.get(part, "test", "bool", False, prefix=at),
             )
         )
     container = p.get(raw, "container", "dict", {})
@@ -305,9 +384,13 @@ def load_cluster(name: str) -> Cluster:
     if scratch is not None:
         p.unknown(scratch, ("env", "gres", "max_gb"), "scratch.")
         p.match("scratch.env", p.get(scratch, "env", "str", prefix="scratch."), ENV_NAME,
-                "an environment variable name such as LOCAL_SCRATCH")  # fmt: skip
-        gres = p.get(scratch, "gres", "str", prefix="scratch.")
-        p.fill("scratch.gres", gres, GRES_VALUE, gb=1)
+                "an environment variable name such as LOCAL_SCRATCH or TMPDIR")  # fmt: skip
+        # No gres: the disk comes with every job ($TMPDIR on Roihu's GPU nodes), up to max_gb.
+        gres = p.get(scratch, "gres", "str", None, "scratch.")
+        if gres is not None:
+            p.fill("scratch.gres", gres, GRES_VALUE, gb=1)
+        if gres is None and "max_gb" not in scratch:
+            raise p.fail("scratch without gres needs max_gb: the node-local disk every job gets, in GB")
         p.get(scratch, "max_gb", "int", None, "scratch.")
     return Cluster(
         name=cname,
@@ -315,7 +398,10 @@ def load_cluster(name: str) -> Cluster:
         gpu_request=gpu_request,
         cpus_per_gpu=p.get(raw, "cpus_per_gpu", "int"),
         partitions=tuple(parts),
-        launcher=launcher,
+        mpi=mpi,
+        srun_args=srun_args["srun_args"],
+        full_node_srun_args=srun_args["full_node_srun_args"],
+        env=env,
         account_required=p.get(raw, "account_required", "bool", False),
         default_time=default_time,
         gpu_type=str(p.get(raw, "gpu_type", "str", "")),
@@ -330,13 +416,21 @@ def _nearest_multiples(n: int, step: int) -> str:
     return f"{low} or {high}" if low else f"{high}"
 
 
-def choose_partition(cluster: Cluster, nodes: int, gpus: int, time_s: int, wanted: str | None) -> Partition:
+def choose_partition(
+    cluster: Cluster, nodes: int, gpus: int, time_s: int, wanted: str | None, prefer_test: bool = False
+) -> Partition:
+    """``wanted``, if it fits; else the first partition that fits (a test partition first with ``prefer_test``)."""
+
     def fits(p: Partition) -> str | None:
         if nodes > p.max_nodes:
             return f"--gpus {gpus} needs {nodes} nodes; partition {p.name} on {cluster.name} allows at most {p.max_nodes} ({p.max_nodes * cluster.gpus_per_node} GPUs)"
         if p.max_gpus is not None and gpus > p.max_gpus:
             return (
                 f"--gpus {gpus} is above partition {p.name}'s maximum of {p.max_gpus} GPUs on {cluster.name}"
+            )
+        if p.min_gpus is not None and gpus < p.min_gpus:
+            return (
+                f"--gpus {gpus} is below partition {p.name}'s minimum of {p.min_gpus} GPUs on {cluster.name}"
             )
         if time_s > parse_time(p.max_time):
             return f"--time is above partition {p.name}'s limit of {p.max_time} on {cluster.name}"
@@ -353,6 +447,10 @@ def choose_partition(cluster: Cluster, nodes: int, gpus: int, time_s: int, wante
         if problem:
             raise UsageError(problem)
         return match[0]
+    if prefer_test:
+        test = next((p for p in cluster.partitions if p.test and fits(p) is None), None)
+        if test is not None:
+            return test
     problems = [fits(p) for p in cluster.partitions]
     for p, problem in zip(cluster.partitions, problems, strict=True):
         if problem is None:
@@ -377,6 +475,7 @@ class Job:
     log_dir: Path
     runs_dir: Path
     run_dir: Path | None = None  # set when the job continues an existing run
+    command: str = "train"  # or "doctor" (--smoke)
 
 
 def _check_plain(what: str, value: str, empty: str) -> str:
@@ -387,16 +486,83 @@ def _check_plain(what: str, value: str, empty: str) -> str:
     return value
 
 
+def _env_value(value: str) -> str:
+    """A profile's env value for the shell: literal text shell-quoted, placeholders as variable references."""
+    parts, at = [], 0
+    for m in PLACEHOLDER.finditer(value):
+        if m.start() > at:
+            parts.append(shlex.quote(value[at : m.start()]))
+        parts.append(ENV_PLACEHOLDERS[m.group(1)])
+        at = m.end()
+    if at < len(value) or not parts:
+        parts.append(shlex.quote(value[at:]))
+    return "".join(parts)
+
+
+def _environment(cluster: Cluster) -> tuple[str, str]:
+    """(lines exporting the profile's env in the job script, a prefix that sets each task's own before the app
+    starts): values using {node_id}, {local_id} or {proc_id} differ per task, so a shell in the task sets them."""
+    job = [(n, v) for n, v in cluster.env if not any(f"{{{t}}}" in v for t in TASK_PLACEHOLDERS)]
+    task = [(n, v) for n, v in cluster.env if (n, v) not in job]
+    lines = "".join(f"export {n}={_env_value(v)}\n" for n, v in job)
+    if lines:
+        lines = f"# From the profile jobs/clusters/{cluster.name}.yaml (env):\n{lines}"
+    prefix = ""
+    if task:
+        script = "".join(f"export {n}={_env_value(v)}; " for n, v in task) + 'exec "$@"'
+        prefix = f"bash -c {shlex.quote(script)} scaleout-task "
+    return lines, prefix
+
+
+RENDEZVOUS_WAIT_S = 120  # a container image on a parallel file system can take a minute to start
+
+
+def _rendezvous(app: str) -> str:
+    """The job script's part for ``mpi: none``: Horovod's rendezvous server in the background on this (the
+    first) node, stopped by the EXIT trap (also when the job requeues itself), and its address exported."""
+    return f"""
+# mpi: none. srun starts the ranks without MPI; they find each other through Horovod's own Gloo rendezvous
+# server (app rendezvous), started here on the first node and stopped when this script exits (also on a requeue).
+rdv_out=$(mktemp "${{TMPDIR:-/tmp}}/scaleout-rendezvous.XXXXXX") || {{ echo "Error: cannot create a file in ${{TMPDIR:-/tmp}} for Horovod's rendezvous port" >&2; exit 1; }}
+{app} rendezvous --hosts "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -)" --tasks-per-node "$SLURM_TASKS_PER_NODE" >"$rdv_out" &
+rdv_pid=$!
+trap 'kill "$rdv_pid" 2>/dev/null; rm -f -- "$rdv_out"' EXIT
+for _ in $(seq {RENDEZVOUS_WAIT_S * 10}); do
+    if [ -s "$rdv_out" ] || ! kill -0 "$rdv_pid" 2>/dev/null; then break; fi
+    sleep 0.1
+done
+port=$(head -n 1 "$rdv_out")
+case "$port" in
+    "" | *[!0-9]*)
+        if kill -0 "$rdv_pid" 2>/dev/null; then
+            echo "Error: Horovod's rendezvous server (app rendezvous) reported no port within {RENDEZVOUS_WAIT_S} s on $(uname -n); not starting the ranks" >&2
+        else
+            echo "Error: Horovod's rendezvous server (app rendezvous) ended before it listened (its error is above); not starting the ranks" >&2
+        fi
+        exit 1 ;;
+esac
+export HOROVOD_GLOO_RENDEZVOUS_ADDR="$(uname -n)" HOROVOD_GLOO_RENDEZVOUS_PORT="$port" HOROVOD_CONTROLLER=gloo HOROVOD_CPU_OPERATIONS=gloo
+"""
+
+
 def render(
     cluster: Cluster, gpus: int, configs: list[str], sets: list[str] = (), time_limit: str | None = None,
     account: str | None = None, partition: str | None = None, image: str | None = None,
     data_dir: str | None = None, stage_gb: int = 0, name: str | None = None,
     log_dir: Path = Path("logs"), runs_dir: Path = Path("runs"), python: str | None = None,
-    resume: str | None = None,
+    resume: str | None = None, smoke: bool = False,
 ) -> Job:  # fmt: skip
     """The sbatch script for ``gpus`` GPUs on ``cluster``; every check that can fail, fails here. With
-    ``resume`` (a run directory) the job continues that run with its saved config instead of starting one."""
+    ``resume`` (a run directory) the job continues that run with its saved config instead of starting one.
+    With ``smoke`` the same job shape runs `app doctor` (no config; ten minutes; a test partition if any)."""
     configs, sets = [str(c) for c in configs], list(sets)
+    if smoke:
+        for flag, given in (("-c/--config", configs), ("--set", sets), ("--resume", resume is not None),
+                            ("--data-dir", data_dir is not None), ("--stage", stage_gb)):  # fmt: skip
+            if given:
+                raise UsageError(
+                    f"{flag}: --smoke runs app doctor, which takes no config or data; drop {flag}"
+                )
     if resume is not None:
         check_text("--resume", resume)
         if configs:
@@ -442,39 +608,75 @@ def render(
             f"--gpus {gpus} is not a multiple of {gpn} GPUs per node on {cluster.name}; "
             f"use {_nearest_multiples(gpus, gpn)} (or at most {gpn} on one node)"
         )
-    time_limit = cluster.default_time if time_limit is None else time_limit
+    if time_limit is None:
+        time_limit = SMOKE_TIME if smoke else cluster.default_time
     time_s = parse_time(time_limit)
     if time_s < MIN_TIME_SECONDS:
         raise UsageError(
             f"--time {time_limit} is {_duration(time_s)}: too short for a job that trains and checkpoints "
             "before its limit; ask for at least 2 minutes (e.g. --time 10 for ten)"
         )
-    chosen = choose_partition(cluster, nodes, gpus, time_s, partition)
+    chosen = choose_partition(cluster, nodes, gpus, time_s, partition, prefer_test=smoke)
     if cluster.account_required and not account:
         raise UsageError(
             f"--account is required on {cluster.name} (your project, e.g. project_2001234); or set APP_SUBMIT_ACCOUNT"
         )
-    if not configs and resume is None:
-        raise UsageError(
-            "--config: name at least one experiment file, e.g. -c configs/resnet50_imagenet.yaml"
-        )
-    from app import config as config_module
-
-    options = {"data.data_dir": data_dir} if data_dir else {}
-    # Fails now rather than on the compute nodes. The config's checks include its name (config.SAFE), the
-    # job's default name.
-    if resume is None:
-        cfg = config_module.build(configs, sets, options)
+    if smoke:
+        name = "smoke" if name is None else name
     else:
-        if not (Path(resume) / "config.yaml").is_file():
+        if not configs and resume is None:
             raise UsageError(
-                f"--resume {show(resume)}: not a run directory (no config.yaml); pass the folder `app train` wrote"
+                "--config: name at least one experiment file, e.g. -c configs/resnet50_imagenet.yaml"
             )
-        cfg, _ = config_module.for_run(  # a resume's own checks: conflicts with the saved config
-            [], sets, options, resume, label="--resume", fresh="submit without --resume"
-        )
-    name = name if name is not None else cfg.name
+        from app import config as config_module
+
+        options = {"data.data_dir": data_dir} if data_dir else {}
+        # Fails now rather than on the compute nodes. The config's checks include its name (config.SAFE), the
+        # job's default name.
+        if resume is None:
+            cfg = config_module.build(configs, sets, options)
+        else:
+            if not (Path(resume) / "config.yaml").is_file():
+                raise UsageError(
+                    f"--resume {show(resume)}: not a run directory (no config.yaml); pass the folder `app train` wrote"
+                )
+            cfg, _ = config_module.for_run(  # a resume's own checks: conflicts with the saved config
+                [], sets, options, resume, label="--resume", fresh="submit without --resume"
+            )
+        name = name if name is not None else cfg.name
     tasks = min(gpus, gpn)
+    gres = cluster.gpu_request.format(gpus=tasks)
+    stage, staged_bind = "", []
+    if stage_gb:
+        if not cluster.scratch:
+            raise UsageError(f"--stage: {cluster.name} has no node-local scratch; drop --stage")
+        if not data_dir:
+            raise UsageError("--stage needs --data-dir: the folder to copy to node-local disk")
+        limit = cluster.scratch.get("max_gb")
+        if stage_gb > (limit or MAX_STAGE_GB):
+            has = (
+                f"a {cluster.name} GPU node has ({limit} GB)"
+                if limit
+                else f"any node has ({MAX_STAGE_GB} GB)"
+            )
+            raise UsageError(f"--stage {stage_gb}: more node-local disk than {has}; ask for less")
+        if cluster.scratch.get("gres"):  # requested per node; else every job has it ($TMPDIR on Roihu)
+            scratch_gres = cluster.scratch["gres"].format(gb=stage_gb)
+            gres = (
+                f"{gres},{scratch_gres}"
+                if gres.startswith("--gres=")
+                else f"{gres}\n#SBATCH --gres={scratch_gres}"
+            )
+        env = cluster.scratch["env"]
+        staged_bind = [f"${env}"]  # the container sees the staged copy at the same path
+        stage = (
+            "# Stage the dataset to node-local disk once per node, then read it from there.\n"
+            f'[ -n "${{{env}:-}}" ] || {{ echo "Error: {env} is not set on $(uname -n): no node-local disk to stage '
+            'to; drop --stage" >&2; exit 1; }\n'
+            f'srun --ntasks-per-node=1 --ntasks="$SLURM_NNODES" cp -r -- "$DATA_DIR" "${env}/" ||\n'
+            f'    {{ echo "Error: staging $DATA_DIR to ${env} failed on a node (see above); not training on part of it" >&2; exit 1; }}\n'
+            f'DATA_DIR="${env}/$(basename -- "$DATA_DIR")"\n'
+        )
     runtime = cluster.container.get("runtime", "native")
     if runtime == "native":
         if image is not None:
@@ -489,38 +691,23 @@ def render(
         binds = cluster.container.get("binds", [])
         gpu_flag = cluster.container.get("gpu_flag", "")
         # $PWD (the submit directory, where sbatch starts the job) holds the configs and receives runs/.
-        app = f'{runtime} exec {gpu_flag} --bind "{",".join([*binds, "$PWD"])}" {shlex.quote(image)} app'
-    gres = cluster.gpu_request.format(gpus=tasks)
-    stage = ""
-    if stage_gb:
-        if not cluster.scratch:
-            raise UsageError(f"--stage: {cluster.name} has no node-local scratch; drop --stage")
-        if not data_dir:
-            raise UsageError("--stage needs --data-dir: the folder to copy to node-local disk")
-        limit = cluster.scratch.get("max_gb")
-        if stage_gb > (limit or MAX_STAGE_GB):
-            has = (
-                f"a {cluster.name} GPU node has ({limit} GB)"
-                if limit
-                else f"any node has ({MAX_STAGE_GB} GB)"
-            )
-            raise UsageError(f"--stage {stage_gb}: more node-local disk than {has}; ask for less")
-        scratch_gres = cluster.scratch["gres"].format(gb=stage_gb)
-        gres = (
-            f"{gres},{scratch_gres}"
-            if gres.startswith("--gres=")
-            else f"{gres}\n#SBATCH --gres={scratch_gres}"
+        bind = ",".join([*binds, *staged_bind, "$PWD"])
+        app = " ".join(
+            x for x in (runtime, "exec", gpu_flag, f'--bind "{bind}"', shlex.quote(image), "app") if x
         )
-        env = cluster.scratch["env"]
-        stage = (
-            "# Stage the dataset to node-local disk once per node, then read it from there.\n"
-            f'srun --ntasks-per-node=1 --ntasks="$SLURM_NNODES" cp -r -- "$DATA_DIR" "${env}/" ||\n'
-            f'    {{ echo "Error: staging $DATA_DIR to ${env} failed on a node (see above); not training on part of it" >&2; exit 1; }}\n'
-            f'DATA_DIR="${env}/$(basename -- "$DATA_DIR")"\n'
-        )
+    full_node = tasks == gpn  # every GPU of each node: node-wide settings (CPU binding per GPU) apply
+    extra = cluster.full_node_srun_args if full_node else ()
+    srun_args = " ".join(shlex.quote(a) for a in (f"--mpi={cluster.mpi}", *cluster.srun_args, *extra))
+    env_block, task_env = _environment(cluster)
+    if smoke:
+        command, announce = "doctor", "app doctor (smoke test)"
+    else:
+        command = 'train "${CONFIG_ARGS[@]}" "${SET_ARGS[@]}" --run-dir "$RUN_DIR" ${DATA_DIR:+--data-dir "$DATA_DIR"}'
+        announce = "run dir $RUN_DIR, restart ${SLURM_RESTART_COUNT:-0}"
     config_args = " ".join(f"-c {shlex.quote(c)}" for c in configs)
     set_args = " ".join(f"--set {shlex.quote(s)}" for s in sets)
     values = {
+        "purpose": "smoke-test (app doctor)" if smoke else "training",
         "cluster": cluster.name,
         "job_name": name,
         "nodes": nodes,
@@ -530,6 +717,7 @@ def render(
         "time": time_limit,
         "partition": chosen.name,
         "account_line": f"#SBATCH --account={account}\n" if account else "",
+        "exclusive_line": "#SBATCH --exclusive\n" if extra else "",  # a binding needs the whole node
         "log_dir": str(log_dir),  # checked plain: #SBATCH lines are not shell, quotes would be kept
         "signal_seconds": signal_lead(time_s),
         "requeue_code": REQUEUE_EXIT_CODE,
@@ -537,15 +725,20 @@ def render(
         if resume is not None
         else f"{shlex.quote(str(runs_dir))}/{name}-$SLURM_JOB_ID",
         "data_dir": shlex.quote(data_dir) if data_dir else '""',
+        "env_block": env_block,
+        "announce": announce,
         "stage_block": stage,
-        "launcher_args": cluster.launcher.removeprefix("srun").strip(),
+        "rendezvous_block": _rendezvous(app) if cluster.mpi == "none" else "",
+        "srun_args": srun_args,
+        "task_env": task_env,
         "app": app,
+        "command": command,
         "config_args": config_args,
         "set_args": set_args,
     }
     script = string.Template(TEMPLATE.read_text(encoding="utf-8")).substitute(values)
     run_dir = Path(resume) if resume is not None else None
-    return Job(script, name, nodes, chosen.name, Path(log_dir), Path(runs_dir), run_dir)
+    return Job(script, name, nodes, chosen.name, Path(log_dir), Path(runs_dir), run_dir, command)
 
 
 def sbatch(job: Job, test_only: bool = False) -> str:

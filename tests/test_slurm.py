@@ -1,4 +1,5 @@
-"""`app submit` against a real Slurm: 2 Horovod ranks through srun --mpi=pmix, metrics and checkpoint written."""
+"""`app submit` against a real Slurm: 2 Horovod ranks through srun --mpi=pmix, and through plain srun with
+Horovod's Gloo rendezvous (mpi: none); metrics and checkpoint written."""
 
 from __future__ import annotations
 
@@ -61,6 +62,57 @@ def test_submit_runs_two_ranks_through_srun_pmix(cluster, tmp_path):
     assert "launcher srun, Horovod controller mpi" in log and log.count("scaleout: tiny") == 1
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 1
     assert (run / "checkpoints" / "epoch-0001" / "state.json").is_file()
+
+
+def test_submit_without_mpi_joins_two_ranks_through_gloo(cluster, tmp_path):
+    # Profile local-gloo (mpi: none): plain srun starts the ranks, the job script serves Horovod's Gloo
+    # rendezvous on the first node, each rank maps its Slurm variables to Horovod's and joins it.
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    scratch = tmp_path / "tmp"  # the job's $TMPDIR: the rendezvous port file lives there until the job ends
+    scratch.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "app", "submit", "--cluster", "local-gloo", "--gpus", "2", "-c", "tiny.yaml"],
+        cwd=tmp_path, env={**cluster.env, "PYTHONPATH": str(ROOT), "TMPDIR": str(scratch)},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.split()[2].rstrip(":")
+    cluster.wait(job)
+    log = (tmp_path / "logs" / f"tiny-{job}.out").read_text()
+    run = tmp_path / "runs" / f"tiny-{job}"
+    assert (run / "summary.json").is_file(), log
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["workers"], summary["launcher"], summary["horovod_controller"]) == (2, "srun", "gloo"), (
+        log
+    )
+    assert summary["replica_weight_spread"] < 1e-6
+    assert "launcher srun, Horovod controller gloo" in log and "Error" not in log, log
+    assert list(scratch.iterdir()) == [], "the job script's EXIT trap left the rendezvous port file"
+
+
+def test_smoke_job_runs_app_doctor_on_every_rank(cluster, tmp_path):
+    # app submit --smoke: the training job's shape (here mpi: none) running `app doctor`, no config needed.
+    proc = subprocess.run(
+        [sys.executable, "-m", "app", "submit", "--cluster", "local-gloo", "--gpus", "2", "--smoke"],
+        cwd=tmp_path, env={**cluster.env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.split()[2].rstrip(":")
+    assert proc.stdout.startswith(f"submitted job {job}: 1 node(s), 2 GPUs, partition debug")
+    cluster.wait(job)
+    log = (tmp_path / "logs" / f"smoke-{job}.out").read_text()
+    assert "scaleout doctor: 2 rank(s)" in log and "PROBLEM" not in log and "Error" not in log, log
+    for words in (
+        "Horovod size 2 (launcher: HOROVOD_SIZE=2)",
+        "controller gloo,",
+        "launched by srun",
+        "allreduce",
+    ):
+        assert words in log, log  # the table wraps its lines: each part on its own
+    state = subprocess.run(
+        ["scontrol", "show", "job", job], env=cluster.env, capture_output=True, text=True
+    ).stdout  # kept a while after the end by slurmctld (MinJobAge)
+    assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, state
 
 
 def test_test_only_asks_sbatch(cluster, tmp_path):
