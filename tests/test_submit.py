@@ -947,7 +947,7 @@ PLACEHOLDERS = "{job_id}, {user}, {node_id}, {local_id}, {proc_id}"
          "container.runtime 'apptainer $(id)': a command name such as apptainer, singularity or native"),
         (GOOD_PROFILE.replace('gpu_flag: "--nv"', 'gpu_flag: "--nv --bind /"'),
          "container.gpu_flag '--nv --bind /': one option such as --nv or --rocm, or empty"),
-        (GOOD_PROFILE.replace('image: "/projappl/{account}/scaleout-arm64.sif"', 'image: "/p/{account} x.sif"'),
+        (GOOD_PROFILE.replace('image: "/projappl/{account}/scaleout-ngc.sif"', 'image: "/p/{account} x.sif"'),
          "container.image '/p/project_0 x.sif': letters, digits and . _ : , / = - only"),
         (GOOD_PROFILE.replace('binds: ["/users", "/projappl",', 'binds: ["/a b", "/projappl",'),
          "container binds must be plain absolute paths (letters, digits and . _ / -), got '/a b'"),
