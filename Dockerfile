@@ -10,9 +10,11 @@
 # (PyPI's aarch64 TensorFlow is a CPU-only build that accepts the and-cuda extra regardless, so this file refuses
 # and-cuda on aarch64), LUMI's MI250X nodes containers/lumi.def.
 #
-# What the runtime stage needs, and why its gpu base is nvidia/cuda *base* (CUDA runtime only, ~0.25 GB):
-#  - libcudart.so.12: Horovod links the CUDA runtime shared (CMake's default); the base image has 12.5, the same
-#    CUDA the builder compiled against and TensorFlow 2.18.1 pins (nvidia-cuda-runtime-cu12==12.5.82).
+# What the runtime stage needs, and why its gpu base is nvidia/cuda *base* (~0.25 GB, no toolkit):
+#  - the CUDA runtime: Horovod 0.28.1 links it statically by default (cudart_static, with static NCCL), and
+#    TensorFlow's own comes from its pinned wheels; the base adds NVIDIA's container set-up (the NVIDIA_*
+#    variables the container toolkit reads, CUDA 12.5 compat libraries), the same CUDA the builder compiled
+#    against and TensorFlow 2.18.1 pins (nvidia-cuda-runtime-cu12==12.5.82).
 #  - NCCL: nothing; Horovod links libnccl_static.a from the devel base into its own library (HOROVOD_NCCL_LINK
 #    defaults to STATIC for CUDA). NVTX is header-only (nvtx3) in Horovod 0.28.1.
 #  - cuDNN, cuBLAS, cuFFT, NCCL for TensorFlow itself: the and-cuda extra's pinned PyPI wheels, inside the venv.

@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import socket
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -79,8 +80,28 @@ def bandwidths(nbytes: int, seconds: float, size: int) -> tuple[float, float]:
 
 
 def run(megabytes: float, iterations: int, threads: int = 0) -> dict:
-    """Every check on this rank; rank 0's return value holds every rank's view (gathered)."""
+    """Every check, the same on every rank (each rank's part is gathered), for rank 0 to print."""
     nccl_dir = _nccl_log_dir()
+    try:
+        report = _run(megabytes, iterations, threads, nccl_dir)
+    except BaseException:
+        if nccl_dir is not None:  # NCCL's own words on what failed are there, WARN lines included
+            print(f"scaleout doctor: NCCL's log of this rank is in {nccl_dir}", file=sys.stderr)
+        raise
+    if nccl_dir is not None:
+        shutil.rmtree(nccl_dir, ignore_errors=True)
+    return report
+
+
+def finish(failed: bool) -> None:
+    """[horovod] Every rank waits here until rank 0 has printed, then all exit with the same status: a rank
+    that left first with status 1 would make srun --kill-on-bad-exit end rank 0 before its table."""
+    from app import distributed as dist
+
+    dist.allgather_object(failed)
+
+
+def _run(megabytes: float, iterations: int, threads: int, nccl_dir: str | None) -> dict:
     from app import distributed as dist
     from app.compat import import_tensorflow
     from app.info import horovod_build, tensorflow_build
@@ -100,14 +121,16 @@ def run(megabytes: float, iterations: int, threads: int = 0) -> dict:
         problems.append("Horovod is not importable")
     elif gpu_build and not hvd_build["tensor_operations"]["nccl"]:
         problems.append("Horovod has no NCCL/RCCL operations: GPU gradients would go through host memory")
-    checks.append(
-        Check(
-            "build",
-            not problems,
-            f"TensorFlow {tf.__version__} ({built_for}), Horovod {hvd_build['version']}"
-            + (f"; {problems[0]}" if problems else ""),
-        )
-    )
+    mine_build = f"TensorFlow {tf.__version__} ({built_for}), Horovod {hvd_build['version']}"
+    builds = dist.allgather_object((mine_build, problems[0] if problems else None))
+    bad = next(((rank, b) for rank, b in enumerate(builds) if b[1]), None)
+    differ = len({b[0] for b in builds}) > 1  # ranks on nodes with different images or environments
+    detail = builds[0][0]
+    if bad:
+        detail += f"; rank {bad[0]}: {bad[1]}"
+    elif differ:
+        detail += "; ranks differ: " + ", ".join(sorted({b[0] for b in builds}))
+    checks.append(Check("build", not bad and not differ, detail))
 
     gpus = [d.name for d in tf.config.list_physical_devices("GPU")]
     mine = {
@@ -170,17 +193,21 @@ def run(megabytes: float, iterations: int, threads: int = 0) -> dict:
         result = out.numpy()
         elapsed = (time.perf_counter() - start) / iterations
     expected = world.size * (world.size + 1) / 2
-    wrong = int((result != expected).sum())
-    times = dist.allgather_object(elapsed)
-    slowest = max(times)
+    gathered = dist.allgather_object((elapsed, int((result != expected).sum())))
+    slowest = max(t for t, _ in gathered)
+    wrong_ranks = [(rank, w) for rank, (_, w) in enumerate(gathered) if w]  # every rank's result is checked
     algorithm, bus = bandwidths(count * 4, slowest, world.size)
+    wrong = (
+        f"; rank {wrong_ranks[0][0]}: {wrong_ranks[0][1]} of {count} elements wrong (expected {expected:g})"
+        if wrong_ranks
+        else ""
+    )
     checks.append(
         Check(
             "allreduce",
-            wrong == 0,
+            not wrong_ranks,
             f"{count * 4 / 2**20:g} MiB on {device}: {slowest * 1e3:.1f} ms per allreduce (slowest rank), "
-            f"algorithm {algorithm:.2f} GB/s, bus {bus:.2f} GB/s"
-            + (f"; {wrong} of {count} elements wrong (expected {expected:g})" if wrong else ""),
+            f"algorithm {algorithm:.2f} GB/s, bus {bus:.2f} GB/s" + wrong,
         )
     )
 
@@ -200,8 +227,6 @@ def run(megabytes: float, iterations: int, threads: int = 0) -> dict:
             transport + (f"; ranks differ: {sorted({n for n in networks if n})}" if mixed else ""),
         )
     )
-    if nccl_dir is not None:
-        shutil.rmtree(nccl_dir, ignore_errors=True)
     return {
         "rank": world.rank,
         "size": world.size,

@@ -93,7 +93,10 @@ def serve(hosts: list[str], spec: str, announce=_announce) -> None:
     port = server.start()  # a free port on every interface, as horovodrun --gloo uses it
     server.init(host_assignments(hosts, counts))
     announce(port)
-    stop.wait()
+    # A timed wait: the handler runs in the main thread only, and a signal the kernel hands to the server's
+    # thread would otherwise leave an untimed wait() asleep for good (seen: 1 hang in 5 starts).
+    while not stop.wait(POLL_S):
+        pass
     server.stop()
 
 

@@ -222,9 +222,17 @@ class _Profile:
         for i, arg in enumerate(args):
             if not isinstance(arg, str) or not SRUN_ARG.fullmatch(arg):
                 raise self.fail(f"{key}[{i}] {show(arg)}: {SRUN_ARG_HINT}")
-            own = SRUN_OWN.get(arg.split("=")[0])
+            option, has_value = arg.split("=")[0], "=" in arg
+            # srun takes any unambiguous abbreviation (--kill-on=0 is --kill-on-bad-exit=0): compare prefixes.
+            own = next((why for name, why in SRUN_OWN.items() if name.startswith(option)), None)
             if own:
                 raise self.fail(f"{key}[{i}] {show(arg)}: {own}")
+            if option not in SRUN_ALLOWED:
+                raise self.fail(f"{key}[{i}] {show(arg)}: not an srun option a profile may set; use one of "
+                                f"{', '.join(SRUN_ALLOWED)} (written in full)")  # fmt: skip
+            if SRUN_ALLOWED[option] is not None and SRUN_ALLOWED[option] != has_value:
+                form = f"{option}=VALUE" if SRUN_ALLOWED[option] else f"{option} without a value"
+                raise self.fail(f"{key}[{i}] {show(arg)}: write it as {form}")
         return tuple(args)
 
     def env(self, raw: dict) -> tuple[tuple[str, str], ...]:
@@ -233,7 +241,7 @@ class _Profile:
         for name, value in env.items():
             if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
                 raise self.fail(f"env name {show(name)}: an environment variable name (letters, digits, _)")
-            if name in ENV_RESERVED or name.startswith("SLURM"):
+            if name in ENV_RESERVED or name.startswith(ENV_RESERVED_PREFIXES):
                 raise self.fail(f"env.{name}: set by the job script or its launcher; leave it out")
             if isinstance(value, bool) or not isinstance(value, str | int):
                 raise self.fail(f"env.{name} must be a string (quote it in YAML), got {show(value)}")
@@ -293,6 +301,58 @@ ENV_RESERVED = ("RUN_DIR", "DATA_DIR", "CONFIG_ARGS", "SET_ARGS", "status", "por
                 "HOROVOD_HOSTNAME", "HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT", "HOROVOD_CONTROLLER",
                 "HOROVOD_CPU_OPERATIONS", "IFS", "PATH", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS4", "CDPATH",
                 "GLOBIGNORE", "LD_PRELOAD", "LD_LIBRARY_PATH")  # fmt: skip
+# Prefixes of names that steer Slurm (SLURM_*, SRUN_* and SBATCH_* input variables are srun/sbatch options by
+# another route), the container runtime (APPTAINER_CLEANENV would drop the rendezvous variables) or bash itself.
+ENV_RESERVED_PREFIXES = (
+    "SLURM",
+    "SRUN_",
+    "SBATCH_",
+    "SALLOC_",
+    "APPTAINER",
+    "SINGULARITY",
+    "BASH",
+    "HOROVOD_ELASTIC",
+)
+ENV_RESERVED += (
+    "PWD",
+    "OLDPWD",
+    "TMPDIR",
+    "HOME",
+    "USER",
+    "UID",
+    "EUID",
+    "PPID",
+    "EXECIGNORE",
+    "POSIXLY_CORRECT",
+    "FUNCNEST",
+    "HISTFILE",
+    "SHELL",
+    "TERM",
+    "LD_AUDIT",
+    "MPLCONFIGDIR",
+    "TF_CPP_MIN_LOG_LEVEL",
+)
+# The srun options a profile may add, written in full: True needs =VALUE, False takes none, None either. Anything
+# else could change the job's shape, where output goes, or what runs (--multi-prog, --pty, --output, --het-group).
+SRUN_ALLOWED = {
+    "--cpu-bind": True,
+    "--mem-bind": True,
+    "--gpu-bind": True,
+    "--hint": True,
+    "--distribution": True,
+    "--threads-per-core": True,
+    "--network": True,
+    "--gres-flags": True,
+    "--accel-bind": True,
+    "--mem": True,
+    "--mem-per-gpu": True,
+    "--exclusive": None,
+    "--overlap": False,
+    "--unbuffered": False,
+    "--label": False,
+    "--cpu-freq": True,
+    "--gpu-freq": True,
+}
 KEYS = ("name", "gpus_per_node", "gpu_request", "cpus_per_gpu", "partitions", "mpi", "srun_args",
         "full_node_srun_args", "env", "account_required", "default_time", "gpu_type", "arch", "container",
         "scratch")  # fmt: skip
@@ -327,7 +387,12 @@ def load_cluster(name: str) -> Cluster:
     cname = p.match("name", p.get(raw, "name", "str"), SAFE, SAFE_HINT)
     gpn = p.get(raw, "gpus_per_node", "int")
     gpu_request = p.get(raw, "gpu_request", "str")
-    p.fill("gpu_request", gpu_request, GRES, gpus=gpn)
+    for n in dict.fromkeys((gpn, 1)):  # every value a job can fill in (a format spec such as {gpus:,} would split at 1,000)
+        p.fill("gpu_request", gpu_request, GRES, gpus=n)
+        if gpu_request.format(gpus=10**6).count(",") != gpu_request.count(","):
+            raise p.fail(
+                f"gpu_request {show(gpu_request)}: a number with separators would split the gres list"
+            )
     if "{gpus}" not in gpu_request:
         raise p.fail(f"gpu_request {show(gpu_request)} must contain {{gpus}}, e.g. --gres=gpu:a100:{{gpus}}")
     mpi = p.get(raw, "mpi", "str", "pmix")
@@ -362,6 +427,8 @@ def load_cluster(name: str) -> Cluster:
                 test=p.get(part, "test", "bool", False, prefix=at),
             )
         )
+        if None not in (parts[-1].min_gpus, parts[-1].max_gpus) and parts[-1].min_gpus > parts[-1].max_gpus:
+            raise p.fail(f"{at}min_gpus {parts[-1].min_gpus} is above {at}max_gpus {parts[-1].max_gpus}")
     container = p.get(raw, "container", "dict", {})
     p.unknown(container, ("runtime", "gpu_flag", "image", "binds"), "container.")
     runtime = p.match("container.runtime", p.get(container, "runtime", "str", "native", "container."), RUNTIME,
@@ -388,7 +455,9 @@ def load_cluster(name: str) -> Cluster:
         # No gres: the disk comes with every job ($TMPDIR on Roihu's GPU nodes), up to max_gb.
         gres = p.get(scratch, "gres", "str", None, "scratch.")
         if gres is not None:
-            p.fill("scratch.gres", gres, GRES_VALUE, gb=1)
+            for gb in (1, 999, 10**6):  # {gb:,} would write 1,000 and split the gres list
+                if p.fill("scratch.gres", gres, GRES_VALUE, gb=gb).count(",") != gres.count(","):
+                    raise p.fail(f"scratch.gres {show(gres)}: use {{gb}} plainly (no format spec)")
         if gres is None and "max_gb" not in scratch:
             raise p.fail("scratch without gres needs max_gb: the node-local disk every job gets, in GB")
         p.get(scratch, "max_gb", "int", None, "scratch.")
@@ -527,6 +596,7 @@ rdv_out=$(mktemp "${{TMPDIR:-/tmp}}/scaleout-rendezvous.XXXXXX") || {{ echo "Err
 {app} rendezvous --hosts "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -)" --tasks-per-node "$SLURM_TASKS_PER_NODE" >"$rdv_out" &
 rdv_pid=$!
 trap 'kill "$rdv_pid" 2>/dev/null; rm -f -- "$rdv_out"' EXIT
+trap 'exit 143' TERM  # bash skips the EXIT trap when a signal kills it: exit instead (as it would, with 143)
 for _ in $(seq {RENDEZVOUS_WAIT_S * 10}); do
     if [ -s "$rdv_out" ] || ! kill -0 "$rdv_pid" 2>/dev/null; then break; fi
     sleep 0.1
@@ -548,7 +618,7 @@ export HOROVOD_GLOO_RENDEZVOUS_ADDR="$(uname -n)" HOROVOD_GLOO_RENDEZVOUS_PORT="
 def render(
     cluster: Cluster, gpus: int, configs: list[str], sets: list[str] = (), time_limit: str | None = None,
     account: str | None = None, partition: str | None = None, image: str | None = None,
-    data_dir: str | None = None, stage_gb: int = 0, name: str | None = None,
+    data_dir: str | None = None, stage_gb: int | None = None, name: str | None = None,
     log_dir: Path = Path("logs"), runs_dir: Path = Path("runs"), python: str | None = None,
     resume: str | None = None, smoke: bool = False,
 ) -> Job:  # fmt: skip
@@ -558,7 +628,7 @@ def render(
     configs, sets = [str(c) for c in configs], list(sets)
     if smoke:
         for flag, given in (("-c/--config", configs), ("--set", sets), ("--resume", resume is not None),
-                            ("--data-dir", data_dir is not None), ("--stage", stage_gb)):  # fmt: skip
+                            ("--data-dir", data_dir is not None), ("--stage", stage_gb is not None)):  # fmt: skip
             if given:
                 raise UsageError(
                     f"{flag}: --smoke runs app doctor, which takes no config or data; drop {flag}"
@@ -572,7 +642,7 @@ def render(
             )
     if gpus < 1:
         raise UsageError(f"--gpus {gpus}: must be >= 1")
-    if stage_gb < 0:
+    if stage_gb is not None and stage_gb < 1:
         raise UsageError(
             f"--stage {stage_gb}: GB of node-local disk to request, >= 1 (leave --stage out to read --data-dir in place)"
         )
@@ -647,7 +717,7 @@ def render(
     tasks = min(gpus, gpn)
     gres = cluster.gpu_request.format(gpus=tasks)
     stage, staged_bind = "", []
-    if stage_gb:
+    if stage_gb is not None:
         if not cluster.scratch:
             raise UsageError(f"--stage: {cluster.name} has no node-local scratch; drop --stage")
         if not data_dir:
@@ -678,6 +748,11 @@ def render(
             f'DATA_DIR="${env}/$(basename -- "$DATA_DIR")"\n'
         )
     runtime = cluster.container.get("runtime", "native")
+    if cluster.scratch and not cluster.scratch.get("gres") and not staged_bind and runtime != "native":
+        # Node-local disk every job gets ($TMPDIR on Roihu): TMPDIR points there inside the container too, so
+        # caches that follow TMPDIR (Matplotlib, Keras, XDG) need it bound, staged or not.
+        env = cluster.scratch["env"]
+        staged_bind = [f"${{{env}:-/tmp}}"]
     if runtime == "native":
         if image is not None:
             raise UsageError(
@@ -690,7 +765,13 @@ def render(
             _check_plain("--image", image, "")  # the profile's template filled with a checked account
         binds = cluster.container.get("binds", [])
         gpu_flag = cluster.container.get("gpu_flag", "")
-        # $PWD (the submit directory, where sbatch starts the job) holds the configs and receives runs/.
+        # $PWD (the submit directory, where sbatch starts the job) holds the configs and receives runs/. The
+        # bind list is split at commas and colons, so the directory must not hold them.
+        if re.search(r"[,:]", os.getcwd()):
+            raise UsageError(
+                f"the current directory {show(os.getcwd())} holds a comma or colon, which would split the "
+                "container's --bind list; submit from a directory without them"
+            )
         bind = ",".join([*binds, *staged_bind, "$PWD"])
         app = " ".join(
             x for x in (runtime, "exec", gpu_flag, f'--bind "{bind}"', shlex.quote(image), "app") if x

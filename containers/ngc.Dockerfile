@@ -7,7 +7,7 @@
 #
 # The base's TensorFlow, NCCL and MPI are used as they are: nothing here installs TensorFlow, and pip runs under
 # a constraints file of every package the base holds, so scaleout's dependencies cannot replace any of them.
-# Horovod: the base's own is reused when `horovodrun --check-build` shows TensorFlow and NCCL; otherwise
+# Horovod: the base's own is reused when `horovodrun --check-build` shows TensorFlow, Gloo and NCCL; otherwise
 # scripts/install-stack.sh builds 0.28.1 against the base's TensorFlow, CUDA and NCCL (linked shared, so Horovod
 # uses the base's NCCL and its network plugins), for the GH200's compute capability 9.0.
 # Verified here by parsing only (no aarch64 machine, no NGC registry): see tests/test_flavours.py.
@@ -52,8 +52,8 @@ COPY scripts/install-stack.sh /opt/scaleout/scripts/
 RUN if [ -z "${HOROVOD_BUILD_CUDA_CC_LIST}" ]; then unset HOROVOD_BUILD_CUDA_CC_LIST; fi \
     && check=$(python -m horovod.runner.launch --check-build 2>&1 || true) \
     && case "${check}" in \
-        *'[X] TensorFlow'*'[X] NCCL'*) echo "ngc: the base's Horovod has TensorFlow and NCCL: reusing it" ;; \
-        *) echo "ngc: no Horovod with TensorFlow and NCCL in the base: building one" ;; \
+        *'[X] TensorFlow'*'[X] Gloo'*'[X] NCCL'*) echo "ngc: the base's Horovod has TensorFlow, Gloo and NCCL: reusing it" ;; \
+        *) echo "ngc: no Horovod with TensorFlow, Gloo (mpi: none needs it) and NCCL in the base: building one" ;; \
     esac \
     && base_horovodrun=$(command -v horovodrun || true) \
     && if [ -n "${base_horovodrun}" ]; then ln -s "${base_horovodrun}" /opt/venv/bin/horovodrun; fi \

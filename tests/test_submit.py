@@ -97,7 +97,7 @@ def test_shape_of_a_multi_node_job():
     assert (job.nodes, job.partition) == (8, "gpularge")
     for line in ("#SBATCH --nodes=8", "#SBATCH --ntasks-per-node=4", "#SBATCH --gres=gpu:gh200:4", "#SBATCH --cpus-per-task=72",
                  "#SBATCH --output=logs/%x-%j.out", "#SBATCH --signal=USR1@600", "#SBATCH --requeue",
-                 "srun --kill-on-bad-exit=1 --mpi=none \\\n", 'apptainer exec --nv --bind "/users,/projappl,/scratch,/dataset,$PWD"'):  # fmt: skip
+                 "srun --kill-on-bad-exit=1 --mpi=none \\\n", 'apptainer exec --nv --bind "/users,/projappl,/scratch,/dataset,${TMPDIR:-/tmp},$PWD"'):  # fmt: skip
         assert line in job.script
     assert 'if [ "$status" -eq 3 ] || [ -e "$RUN_DIR/.stopped" ]; then' in job.script  # documented exit code
     assert "#SBATCH --exclusive" not in job.script and "--cpu-bind" not in job.script
@@ -236,6 +236,10 @@ def test_partition_choice_and_staging():
             "--stage 151: more node-local disk than a roihu GPU node has (150 GB); ask for less",
         ),
         (dict(cluster="roihu", gpus=0), "--gpus 0: must be >= 1"),
+        (
+            dict(cluster="roihu", gpus=4, stage_gb=0, data_dir="/scratch/p/x"),
+            "--stage 0: GB of node-local disk to request, >= 1 (leave --stage out to read --data-dir in place)",
+        ),
         (
             dict(cluster="roihu", gpus=4, stage_gb=100),
             "--stage needs --data-dir: the folder to copy to node-local disk",
@@ -934,6 +938,29 @@ PLACEHOLDERS = "{job_id}, {user}, {node_id}, {local_id}, {proc_id}"
         (GOOD_PROFILE + "srun_args: ['--ntasks=3']\n",
          "srun_args[0] --ntasks=3: app submit sets it (the job's shape and environment)"),
         (GOOD_PROFILE + "full_node_srun_args: ['--help']\n", "full_node_srun_args[0] --help: srun would start no task with it"),
+        # srun takes abbreviations: --kill-on=0 would undo --kill-on-bad-exit=1, --expor=NONE drop the rendezvous
+        (GOOD_PROFILE + "srun_args: ['--kill-on=0']\n",
+         "srun_args[0] --kill-on=0: app submit sets it (the job's shape and environment)"),
+        (GOOD_PROFILE + "srun_args: ['--mp=pmix']\n", "srun_args[0] --mp=pmix: set mpi: (pmix, pmi2 or none) instead"),
+        (GOOD_PROFILE + "srun_args: ['--expor=NONE']\n",
+         "srun_args[0] --expor=NONE: app submit sets it (the job's shape and environment)"),
+        (GOOD_PROFILE + "srun_args: ['--multi-prog']\n",
+         f"srun_args[0] --multi-prog: not an srun option a profile may set; use one of {', '.join(submit.SRUN_ALLOWED)} (written in full)"),
+        (GOOD_PROFILE + "srun_args: ['--output=/x']\n",
+         f"srun_args[0] --output=/x: not an srun option a profile may set; use one of {', '.join(submit.SRUN_ALLOWED)} (written in full)"),
+        (GOOD_PROFILE + "srun_args: ['--cpu-bind']\n", "srun_args[0] --cpu-bind: write it as --cpu-bind=VALUE"),
+        (GOOD_PROFILE + "srun_args: ['--overlap=1']\n", "srun_args[0] --overlap=1: write it as --overlap without a value"),
+        (GOOD_PROFILE + "env: {PWD: /x}\n", "env.PWD: set by the job script or its launcher; leave it out"),
+        (GOOD_PROFILE + "env: {TMPDIR: /x}\n", "env.TMPDIR: set by the job script or its launcher; leave it out"),
+        (GOOD_PROFILE + "env: {SRUN_CPUS_PER_TASK: 9}\n", "env.SRUN_CPUS_PER_TASK: set by the job script or its launcher; leave it out"),
+        (GOOD_PROFILE + "env: {APPTAINER_CLEANENV: 1}\n", "env.APPTAINER_CLEANENV: set by the job script or its launcher; leave it out"),
+        (GOOD_PROFILE + "env: {EXECIGNORE: srun}\n", "env.EXECIGNORE: set by the job script or its launcher; leave it out"),
+        (GOOD_PROFILE.replace("  max_gb: 150", '  gres: "nvme:{gb:,}"\n  max_gb: 150'),
+         "scratch.gres 'nvme:{gb:,}': use {gb} plainly (no format spec)"),
+        (GOOD_PROFILE.replace("gpu_request: \"--gres=gpu:gh200:{gpus}\"", "gpu_request: \"--gres=gpu:gh200:{gpus:,}\""),
+         "gpu_request '--gres=gpu:gh200:{gpus:,}': a number with separators would split the gres list"),
+        (GOOD_PROFILE.replace("max_gpus: 4,", "max_gpus: 4, min_gpus: 8,"),
+         "partitions[0].min_gpus 8 is above partitions[0].max_gpus 4"),
         (GOOD_PROFILE + "env: [A]\n", "env must be a mapping, got ['A']"),
         (GOOD_PROFILE + "env: {1A: x}\n", "env name 1A: an environment variable name (letters, digits, _)"),
         (GOOD_PROFILE + "env: {PATH: /x}\n", "env.PATH: set by the job script or its launcher; leave it out"),
@@ -961,6 +988,7 @@ PLACEHOLDERS = "{job_id}, {user}, {node_id}, {local_id}, {proc_id}"
     ],
 )  # fmt: skip
 def test_invalid_cluster_profiles_one_line(text, problem, monkeypatch, tmp_path):
+    assert text != GOOD_PROFILE, "the case's replace() found nothing to replace"
     (tmp_path / "bad.yaml").write_bytes(text if isinstance(text, bytes) else text.encode())
     monkeypatch.setattr(submit, "CLUSTERS", tmp_path)
     monkeypatch.chdir(tmp_path)
@@ -1113,3 +1141,14 @@ def test_resume_messages_name_submit_options(tmp_path):
     assert str(err.value) == (
         f"{run / 'config.yaml'}: the run's saved config is empty; restore it, or submit without --resume"
     )
+
+
+def test_a_submit_directory_with_a_comma_or_colon_is_refused_before_it_splits_the_bind_list(
+    monkeypatch, tmp_path
+):
+    folder = tmp_path / "a,b:c"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    with pytest.raises(UsageError) as err:
+        render("roihu", 4, configs=[str(submit.ROOT / "configs/synthetic.yaml")])
+    assert "holds a comma or colon, which would split the container's --bind list" in str(err.value)
