@@ -16,7 +16,7 @@ NP         ?= 2
 TRAIN_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: help install system-deps data test-data train test lint format clean image sif submit bench
+.PHONY: help install system-deps data test-data train test test-compat lint format clean image sif submit bench
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -50,6 +50,39 @@ train: install data ## quickstart: Fashion-MNIST, ResNet-20, 2 local CPU workers
 test: install test-data ## run the test suite (includes 2-process Horovod runs under horovodrun and mpirun)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
+# The oldest supported TensorFlow in a venv of its own, with its tf_keras and a Horovod built for it (cached in
+# ~/.cache/scaleout/wheels like the main venv's), running the core tests: Keras 2 under Horovod, the models,
+# 2 workers under mpirun and `app train --np 2` (Gloo), accumulation = more workers, a mid-epoch stop and
+# resume bit-identical to an uninterrupted run, the 2-worker benchmark, and the GPU-source compile check
+# against this TensorFlow's headers (~8 minutes on 2 cores).
+# Another version: make test-compat COMPAT_TF_VERSION=2.17.1 [COMPAT_PYTHON=python3.12].
+COMPAT_TF_VERSION ?= 2.16.1
+COMPAT_PYTHON     ?= $(PYTHON_SYS)
+COMPAT_VENV       ?= .venv-tf$(COMPAT_TF_VERSION)
+COMPAT_TESTS      ?= tests/test_compat.py tests/test_models.py tests/test_gpu_build.py \
+    "tests/test_distributed.py::test_two_workers_end_identical_with_lr_at_target[mpirun]" \
+    tests/test_distributed.py::test_np_launches_local_workers \
+    tests/test_distributed.py::test_accumulation_matches_more_workers \
+    "tests/test_faults.py::test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run[10-one worker]" \
+    tests/test_benchmark.py::test_tiny_benchmark_on_two_workers_writes_one_line_per_batch_size
+
+digits_stripped = $(subst .,,$(subst 0,,$(subst 1,,$(subst 2,,$(subst 3,,$(subst 4,,$(subst 5,,$(subst 6,,$(subst \
+    7,,$(subst 8,,$(subst 9,,$(1))))))))))))
+ifneq ($(filter test-compat,$(MAKECMDGOALS)),)
+$(if $(call digits_stripped,$(COMPAT_TF_VERSION)),$(error COMPAT_TF_VERSION=$(COMPAT_TF_VERSION) is not a version such as 2.17.1))
+endif
+
+$(COMPAT_VENV)/.installed: pyproject.toml scripts/install-stack.sh
+	@command -v mpicxx >/dev/null || $(MAKE) --no-print-directory system-deps
+	test -x $(COMPAT_VENV)/bin/python || $(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/python -m pip install -q --upgrade pip
+	$(COMPAT_VENV)/bin/python -m pip install -q "tensorflow-cpu==$(COMPAT_TF_VERSION)" -e ".[dev]"
+	scripts/install-stack.sh $(COMPAT_VENV)/bin/python
+	touch $@
+
+test-compat: $(COMPAT_VENV)/.installed test-data ## the core tests on TensorFlow 2.16.1 in .venv-tf2.16.1 (first time ~10 min)
+	$(COMPAT_VENV)/bin/pytest $(COMPAT_TESTS) $(PYTEST_ARGS)
+
 # The tests prepare their own TFDS folder from Debian's Fashion-MNIST files: nothing beside the clone needed.
 test-data:
 	@if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then :; \
@@ -70,24 +103,62 @@ bench: install ## scaleout against its peers, side by side, as ratios (bench/out
 	$(PY) -m pip install -q "scikit-image>=0.22"
 	$(PY) bench/run.py $(BENCH_ARGS)
 
-# Container images. FLAVOR=gpu: CUDA + NCCL (x86_64); FLAVOR=cpu: Debian 12 + tensorflow-cpu.
+# Container images, one row per flavour: `make image FLAVOR=...` builds the row's Dockerfile with the row's
+# build arguments, `make sif FLAVOR=...` turns the result into $(SIF) for Apptainer/Singularity.
+# tests/test_flavours.py checks every row against the ARGs of its Dockerfile (the gpu and ngc rows are also
+# their Dockerfiles' defaults) and the gpu row against TensorFlow's own CUDA pins.
+#   gpu   x86_64, CUDA 12.5: tensorflow[and-cuda] 2.18.1; builder nvidia/cuda devel, runtime nvidia/cuda base
+#   cpu   Debian 12, tensorflow-cpu 2.18.1, any architecture (the flavour CI builds and runs)
+#   ngc   aarch64 CUDA for Roihu's GH200 nodes: NVIDIA's NGC TensorFlow 25.02 (TensorFlow 2.17, Python 3.12)
+#   lumi  LUMI's own TensorFlow 2.16.1 + ROCm 6.2 + Horovod container, extended on LUMI by `make sif FLAVOR=lumi`
 FLAVOR     ?= gpu
+FLAVORS    := gpu cpu ngc lumi
+DOCKERFILE_gpu  := Dockerfile
+PLATFORM_gpu    := linux/amd64
+BUILD_ARGS_gpu  := BUILDER_IMAGE=nvidia/cuda:12.5.1-devel-ubuntu22.04 RUNTIME_IMAGE=nvidia/cuda:12.5.1-base-ubuntu22.04 \
+                   TF_PACKAGE=tensorflow[and-cuda]==2.18.1 TF_KERAS_VERSION=2.18.0 \
+                   HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_BUILD_CUDA_CC_LIST=70,80,90
+DOCKERFILE_cpu  := Dockerfile
+PLATFORM_cpu    :=
+BUILD_ARGS_cpu  := BUILDER_IMAGE=debian:12 RUNTIME_IMAGE=debian:12 \
+                   TF_PACKAGE=tensorflow-cpu==2.18.1 TF_KERAS_VERSION=2.18.0 \
+                   HOROVOD_GPU_OPERATIONS= HOROVOD_BUILD_CUDA_CC_LIST=
+DOCKERFILE_ngc  := containers/ngc.Dockerfile
+PLATFORM_ngc    := linux/arm64
+BUILD_ARGS_ngc  := BASE_IMAGE=nvcr.io/nvidia/tensorflow:25.02-tf2-py3 TF_VERSION=2.17 TF_KERAS_VERSION=2.17.0 \
+                   HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_BUILD_CUDA_CC_LIST=90
+# lumi: the base .sif defaults to the one containers/lumi.def names (LUMI's EasyBuild copy of the container).
+DEF_lumi        := containers/lumi.def
+LUMI_BASE_SIF   ?=
+BUILD_ARGS_lumi := $(if $(LUMI_BASE_SIF),BASE_SIF=$(LUMI_BASE_SIF))
 ENGINE     ?= $(firstword $(shell command -v docker podman 2>/dev/null))
 IMAGE      ?= scaleout:$(FLAVOR)
-CPU_ARGS   := --build-arg BASE_IMAGE=debian:12 --build-arg TF_PACKAGE=tensorflow-cpu==2.18.1 --build-arg HOROVOD_GPU_OPERATIONS=
+SIF        ?= scaleout-$(FLAVOR).sif
 IMAGE_ARGS ?=
+# One line naming the bad input and the fix; make stops with status 2.
+check_flavor = $(if $(filter $(FLAVORS),$(FLAVOR)),,$(error FLAVOR=$(FLAVOR) is not a flavour; use one of: $(FLAVORS)))$(if \
+    $(findstring ',$(IMAGE)$(SIF)$(LUMI_BASE_SIF)),$(error IMAGE, SIF and LUMI_BASE_SIF cannot contain a single quote))
+build_args = $(foreach a,$(BUILD_ARGS_$(FLAVOR)),--build-arg '$(a)')
 
-image: ## build the container image (FLAVOR=gpu|cpu) with docker or podman
+image: ## build the container image FLAVOR=gpu|cpu|ngc with docker or podman (lumi: see `make sif`)
+	$(check_flavor)$(if $(filter lumi,$(FLAVOR)),$(error FLAVOR=lumi extends LUMI's own container on LUMI: run `make sif FLAVOR=lumi` there))
 	@test -n "$(ENGINE)" || { echo "image: neither docker nor podman is installed" >&2; exit 1; }
-	$(ENGINE) build -t $(IMAGE) $(if $(findstring podman,$(ENGINE)),--format docker) $(if $(filter cpu,$(FLAVOR)),$(CPU_ARGS)) \
+	$(ENGINE) build -t '$(IMAGE)' -f $(DOCKERFILE_$(FLAVOR)) $(if $(PLATFORM_$(FLAVOR)),--platform $(PLATFORM_$(FLAVOR))) \
+	    $(if $(findstring podman,$(ENGINE)),--format docker) $(build_args) \
 	    --build-arg GIT_REVISION=$$(git rev-parse --short HEAD 2>/dev/null || echo unknown) $(IMAGE_ARGS) .
 
-sif: ## build scaleout.sif for Apptainer/Singularity from the image (run `make image` first)
-	@APPT=$$(command -v apptainer || command -v singularity) || { echo "sif: install Apptainer or Singularity" >&2; exit 1; }; \
-	if command -v docker >/dev/null; then $$APPT build scaleout.sif singularity.def; \
-	else podman save $(IMAGE) -o scaleout.tar && \
-	     sed -e 's/^Bootstrap: docker-daemon/Bootstrap: docker-archive/' -e 's|^From: .*|From: scaleout.tar|' singularity.def > .archive.def && \
-	     $$APPT build scaleout.sif .archive.def && rm -f .archive.def scaleout.tar; fi
+sif: ## build scaleout-FLAVOR.sif for Apptainer: from `make image`, or on LUMI from its container (FLAVOR=lumi)
+	$(check_flavor)
+	@APPT=$$(command -v apptainer || command -v singularity) || { echo "sif: install Apptainer or Singularity (on LUMI: singularity is there)" >&2; exit 1; }; \
+	if [ "$(FLAVOR)" = lumi ]; then \
+	    if [ "$$(id -u)" != 0 ] && ! command -v proot >/dev/null; then \
+	        echo "sif: an unprivileged build needs proot: on LUMI run 'module load LUMI systools' (or PRoot) first" >&2; exit 1; fi; \
+	    set -x; $$APPT build $(build_args) '$(SIF)' $(DEF_lumi); \
+	elif command -v docker >/dev/null; then \
+	    sed -e 's|^From: .*|From: $(IMAGE)|' singularity.def > .sif.def && $$APPT build '$(SIF)' .sif.def && rm -f .sif.def; \
+	else podman save '$(IMAGE)' -o .sif.tar && \
+	     sed -e 's/^Bootstrap: docker-daemon/Bootstrap: docker-archive/' -e 's|^From: .*|From: .sif.tar|' singularity.def > .sif.def && \
+	     $$APPT build '$(SIF)' .sif.def && rm -f .sif.def .sif.tar; fi
 
 # make submit GPUS=32 CLUSTER=roihu CONFIG=configs/resnet50_imagenet.yaml ACCOUNT=project_2001234 [SUBMIT_ARGS=--dry-run]
 GPUS       ?= 4
@@ -99,5 +170,5 @@ submit: install ## submit a training job: make submit GPUS=32 CLUSTER=roihu CONF
 	$(APP) submit --gpus $(GPUS) --cluster $(CLUSTER) -c $(CONFIG) $(if $(ACCOUNT),--account $(ACCOUNT)) $(SUBMIT_ARGS)
 
 clean: ## remove the venv, caches and run outputs (the cached Horovod wheel stays in ~/.cache/scaleout)
-	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info runs
+	rm -rf $(VENV) .venv-tf* .pytest_cache .ruff_cache build *.egg-info runs
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -3,7 +3,7 @@
 TensorFlow 2.16+ ships Keras 3 as ``keras``; Horovod 0.28.1 (the last release) only supports Keras 2, and its
 Keras modules do ``from keras import backend``. So before TensorFlow or Horovod is imported we:
 
-1. set ``TF_USE_LEGACY_KERAS=1`` so that ``tf.keras`` is ``tf_keras`` (Keras 2.18), and
+1. set ``TF_USE_LEGACY_KERAS=1`` so that ``tf.keras`` is ``tf_keras`` (Keras 2.16-2.18, matching TensorFlow), and
 2. make the module name ``keras`` (and every ``keras.*`` submodule) resolve to ``tf_keras`` through a
    meta-path alias. The alias imports nothing until someone imports ``keras``, so ``app --help`` stays instant.
 
@@ -18,9 +18,11 @@ import importlib
 import importlib.abc
 import importlib.util
 import os
+import random
 import re
 import sys
 import tempfile
+import types
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 # TensorFlow's C++ start-up chatter (oneDNN notices, "Unable to register cuDNN factory" on CPU builds) is
@@ -75,10 +77,34 @@ def import_tensorflow():
     flavour, version = keras_flavour(tf)
     if flavour != "tf_keras" or not version.startswith("2."):
         raise KerasError(
-            f"tf.keras is {flavour} {version}, but Horovod 0.28.1 needs Keras 2: install tf_keras==2.18.0 "
+            # tf_keras 2.X.0 is the match of TensorFlow 2.X (2.16-2.18 are supported)
+            f"tf.keras is {flavour} {version}, but Horovod 0.28.1 needs Keras 2: install "
+            f"tf_keras=={'.'.join(tf.__version__.split('.')[:2])}.0 "
             "and set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported (make install does both)"
         )
+    _seed_generator_takes_float_bounds()
     return tf
+
+
+class _IntBoundsRandom(random.Random):
+    """``random.Random`` whose ``randint`` accepts the integral float bound tf_keras passes (``1e9``)."""
+
+    def randint(self, a, b):
+        return super().randint(int(a), int(b))
+
+
+def _seed_generator_takes_float_bounds() -> None:
+    """Python 3.12: tf_keras 2.16-2.18 fail to build any layer after ``set_random_seed`` (tf_keras draws each
+    initializer's seed with ``generator.randint(1, 1e9)``, and 3.12's ``randrange`` refuses floats). The
+    generator ``set_random_seed`` makes becomes one that converts the bounds: the same numbers as on 3.11."""
+    if sys.version_info < (3, 12):
+        return
+    tf_utils = importlib.import_module("tf_keras.src.utils.tf_utils")
+    if getattr(tf_utils.random, "Random", None) is random.Random:  # once; a later tf_keras may differ
+        shim = types.ModuleType("random")
+        shim.__dict__.update(random.__dict__)
+        shim.Random = _IntBoundsRandom
+        tf_utils.random = shim
 
 
 # What the CPU build of TensorFlow 2.18 prints at import no matter the log level: CUDA plugins registering
