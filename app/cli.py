@@ -201,15 +201,18 @@ def doctor(megabytes, iterations, threads, np_, as_json):
     from app import doctor as doctor_stage
 
     report = doctor_stage.run(megabytes, iterations, threads)
-    if report["rank"] != 0:
-        failed = any(not c["ok"] for c in report["checks"])
-        sys.exit(1 if failed else 0)  # rank 0 speaks for every rank
-    if as_json:
-        click.echo(json.dumps(report, indent=2, sort_keys=True))
-    else:
-        from rich.console import Console
+    failed = any(not c["ok"] for c in report["checks"])  # the same on every rank: the checks are gathered
+    if report["rank"] == 0:  # rank 0 speaks for every rank
+        if as_json:
+            click.echo(json.dumps(report, indent=2, sort_keys=True))
+        else:
+            from rich.console import Console
 
-        doctor_stage.render(report, Console(width=None if sys.stdout.isatty() else 120))
+            doctor_stage.render(report, Console(width=None if sys.stdout.isatty() else 120))
+        sys.stdout.flush()
+    doctor_stage.finish(failed)
+    if report["rank"] != 0:
+        sys.exit(1 if failed else 0)
     doctor_stage.verdict(report)
 
 
@@ -456,7 +459,7 @@ def report(inputs, out, target_accuracy):
 @cli.command()
 @click.option("--gpus", type=Int(), required=True, help="Total GPUs (one worker each).")
 @click.option(
-    "--cluster", required=True, help="A profile in jobs/clusters/ (mahti, puhti, roihu, lumi, local)."
+    "--cluster", required=True, help="A profile in jobs/clusters/ (roihu, lumi, local, local-gloo)."
 )
 @click.option(
     "-c", "--config", "configs", multiple=True, metavar="FILE", help="Experiment YAML (repeatable)."
@@ -473,12 +476,14 @@ def report(inputs, out, target_accuracy):
     "--stage",
     "stage_gb",
     type=Int(),
-    default=0,
-    help="Copy --data-dir to node-local disk first (GB to request).",
+    default=None,
+    help="Copy --data-dir to node-local disk first (GB to request, >= 1).",
 )
 @click.option("--resume", "resume", metavar="RUN_DIR",
               help="Continue this run directory (its saved config and latest checkpoint) in a new job.")  # fmt: skip
 @click.option("--name", help="Job name (default: the config's name).")
+@click.option("--smoke", is_flag=True,
+              help="Run `app doctor` in the same job shape instead of training (no -c; 10 min; a test partition).")  # fmt: skip
 @click.option("--dry-run", is_flag=True, help="Print the rendered script; submit nothing.")
 @click.option("--test-only", is_flag=True, help="Ask sbatch --test-only whether and when it would run.")
 def submit(
@@ -494,13 +499,15 @@ def submit(
     stage_gb,
     resume,
     name,
+    smoke,
     dry_run,
     test_only,
 ):
     """Submit a training job for N GPUs to a Slurm cluster (one task per GPU).
 
     Near its time limit the job checkpoints and requeues itself; a run that stopped for good (cancelled,
-    failed, out of requeues) continues in a new job with --resume RUN_DIR.
+    failed, out of requeues) continues in a new job with --resume RUN_DIR. On a new cluster, first submit
+    --smoke: the same nodes, tasks, container, environment and launch running `app doctor`.
 
     \b
     Example:
@@ -508,12 +515,13 @@ def submit(
                  --data-dir /scratch/project_2001234/imagenet --time 12:00:00
       app submit --cluster lumi --gpus 8 -c configs/synthetic.yaml --account project_465000001 --dry-run
       app submit --cluster roihu --gpus 32 --account project_2001234 --resume runs/resnet50_imagenet-4242
+      app submit --cluster lumi --gpus 16 --account project_465000001 --smoke
     """
     from app import submit as submit_stage
 
     job = submit_stage.render(
         submit_stage.load_cluster(cluster), gpus, list(configs), list(sets), time_limit, account, partition,
-        image, data_dir, stage_gb, name, resume=resume,
+        image, data_dir, stage_gb, name, resume=resume, smoke=smoke,
     )  # fmt: skip
     if dry_run:  # exactly the script sbatch would get (click.echo would strip escape sequences off a pipe)
         sys.stdout.write(job.script)
@@ -524,7 +532,30 @@ def submit(
         return
     click.echo(f"submitted job {answer}: {job.nodes} node(s), {gpus} GPUs, partition {job.partition}")
     click.echo(f"  log:     {job.log_dir}/{job.job_name}-{answer}.out")
-    click.echo(f"  run dir: {job.run_dir or f'{job.runs_dir}/{job.job_name}-{answer}'}")
+    if job.command == "train":
+        click.echo(f"  run dir: {job.run_dir or f'{job.runs_dir}/{job.job_name}-{answer}'}")
+
+
+@cli.command()
+@click.option(
+    "--hosts", required=True, metavar="NODE,...", help="The job's nodes, in Slurm's node-list order."
+)
+@click.option("--tasks-per-node", "spec", required=True, metavar="COUNTS",
+              help="Slurm's SLURM_TASKS_PER_NODE for those nodes, e.g. 4 or 2(x3),1.")  # fmt: skip
+def rendezvous(hosts, spec):
+    """Serve Horovod's Gloo rendezvous for ranks that plain srun starts (a profile's mpi: none).
+
+    Prints the port it listens on, then serves until stopped (SIGTERM). The job script of `app submit` runs it
+    in the background on the job's first node; each rank joins it in `hvd.init()` (see app/rendezvous.py).
+
+    \b
+    Example:
+      app rendezvous --hosts "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -)" \\
+                     --tasks-per-node "$SLURM_TASKS_PER_NODE" > port.txt &
+    """
+    from app import rendezvous as rendezvous_stage
+
+    rendezvous_stage.serve(hosts.split(","), spec)
 
 
 @cli.group()
