@@ -387,7 +387,9 @@ def load_cluster(name: str) -> Cluster:
     cname = p.match("name", p.get(raw, "name", "str"), SAFE, SAFE_HINT)
     gpn = p.get(raw, "gpus_per_node", "int")
     gpu_request = p.get(raw, "gpu_request", "str")
-    for n in dict.fromkeys((gpn, 1)):  # every value a job can fill in (a format spec such as {gpus:,} would split at 1,000)
+    for n in dict.fromkeys(
+        (gpn, 1)
+    ):  # every value a job can fill in (a format spec such as {gpus:,} would split at 1,000)
         p.fill("gpu_request", gpu_request, GRES, gpus=n)
         if gpu_request.format(gpus=10**6).count(",") != gpu_request.count(","):
             raise p.fail(
