@@ -204,7 +204,10 @@ stamp="$prefix/.horovod-build-key"
 own_key=""
 [[ ! -f $stamp ]] || own_key=$(<"$stamp")
 if [[ -n $horovod && -z $own_key ]]; then
-    why=$(check_build_lacks "${needed[@]}")
+    why=""
+    # Only the Horovod scaleout is tested with: another release is replaced, not kept.
+    [[ $horovod == "$HOROVOD_VERSION" ]] || why="it is $horovod, not $HOROVOD_VERSION"
+    [[ -n $why ]] || why=$(check_build_lacks "${needed[@]}")
     [[ -n $why ]] || why=$(load_error)
     if [[ -z $why ]]; then
         gloo=$(check_build_lacks Gloo)
@@ -334,13 +337,18 @@ if [[ -z $wheel ]]; then
     mkdir -p "$cache"
     # Move into place atomically so an interrupted build never leaves a half-written cached wheel.
     tmp=$(mktemp "$cache/.tmp.XXXXXX")
-    cp "$built" "$tmp" && chmod 644 "$tmp" && mv "$tmp" "$cache/$(basename "$built")"
+    { cp "$built" "$tmp" && chmod 644 "$tmp" && mv "$tmp" "$cache/$(basename "$built")"; } ||
+        { rm -f "$tmp"; fail "cannot store the built wheel in $(q "$cache") (disk full or not writable?)"; }
     wheel="$cache/$(basename "$built")"
 else
     say "using the cached wheel $(q "$wheel")"
 fi
 
-"$PYTHON" -m pip install -q --no-deps --force-reinstall "$wheel"
+if ! out=$("$PYTHON" -m pip install -q --no-deps --force-reinstall "$wheel" 2>&1); then
+    rm -f "$wheel"  # a damaged cached wheel is never offered again: the next run builds a fresh one
+    out=$(grep -v '^[[:space:]]*$' <<<"$out" | tail -n 1)
+    fail "pip could not install $(q "$wheel") (${out:0:300}); removed it from the cache, run again to rebuild"
+fi
 # Horovod's runtime dependencies (its wheel was installed with --no-deps to keep TensorFlow untouched);
 # setuptools because horovodrun imports distutils, which Python 3.12 has only through setuptools.
 "$PYTHON" -m pip install -q cloudpickle psutil pyyaml packaging setuptools

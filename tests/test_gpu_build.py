@@ -119,7 +119,16 @@ def horovod_source(tensorflow) -> Path:
         )
         (sdist,) = Path(tmp).glob("horovod-*.tar.gz")
         with tarfile.open(sdist) as tar:
-            tar.extractall(tmp, filter="data")
+            if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4 (Debian 12's 3.11.2 has no filters)
+                tar.extractall(tmp, filter="data")
+            else:  # the same refusal by hand: no member may leave the folder or be a link
+                for member in tar.getmembers():
+                    inside = os.path.realpath(os.path.join(tmp, member.name)).startswith(
+                        os.path.realpath(tmp) + os.sep
+                    )
+                    if not inside or member.issym() or member.islnk():
+                        raise AssertionError(f"{sdist.name}: unsafe member {member.name!r}")
+                tar.extractall(tmp)
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(Path(tmp) / f"horovod-{version}", folder)  # complete or absent, never half there
     return folder

@@ -51,7 +51,8 @@ elif [ "$1 $2" = "-m pip" ]; then
         for a in "$@"; do
             case $a in
             tf_keras==*) echo "${a#tf_keras==}" > "$state/tf_keras" ;;
-            *.whl) v=${a##*/horovod-}; echo "${v%%-*}" > "$state/horovod"; echo "$a" > "$state/installed-wheel" ;;
+            *.whl) if [ "$(cat "$a")" != wheel ]; then echo "ERROR: Wheel '$a' is invalid" >&2; exit 1; fi
+                   v=${a##*/horovod-}; echo "${v%%-*}" > "$state/horovod"; echo "$a" > "$state/installed-wheel" ;;
             esac
         done
     elif [ "$1" = wheel ]; then
@@ -433,7 +434,35 @@ def test_an_unsuitable_preinstalled_horovod_is_replaced_and_the_line_says_why(st
         assert not (stack.prefix / ".horovod-build-key").exists()
 
 
+def test_a_preinstalled_horovod_of_another_release_is_replaced(stack):
+    stack.preinstall("0.26.1")
+    proc = stack.run()
+    assert (
+        "horovod 0.26.1 is installed but it is 0.26.1, not 0.28.1; installing horovod 0.28.1 over it"
+        in proc.stdout
+    )
+    assert stack.builds() == 1
+
+
 # --- Failures after the decision ---------------------------------------------------------------------------------
+
+
+def test_a_damaged_cached_wheel_is_removed_so_the_next_run_rebuilds(stack):
+    stack.run()  # builds and caches the wheel
+    (wheel,) = stack.cache.rglob("horovod-*.whl")
+    wheel.write_text("corrupt")
+    for left in (
+        stack.prefix / ".horovod-build-key",
+        stack.state / "horovod",
+        stack.state / "installed-wheel",
+    ):
+        left.unlink()  # a new venv, with the same cache
+    proc = stack.run(expect=1)
+    assert proc.stderr.strip().splitlines()[-1].startswith("install-stack: pip could not install ")
+    assert "removed it from the cache, run again to rebuild" in proc.stderr
+    assert not wheel.exists()
+    stack.run()
+    assert stack.builds() == 2
 
 
 def test_a_failed_build_caches_nothing_and_stamps_nothing(stack):
