@@ -67,7 +67,10 @@ def test_install_is_idempotent():
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "install-stack: horovod 0.28.1 is already installed by this script for this environment" in proc.stdout
+    assert (
+        "install-stack: horovod 0.28.1 is already installed by this script for this environment"
+        in proc.stdout
+    )
     assert "building" not in proc.stdout
 
 
