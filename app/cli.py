@@ -170,6 +170,13 @@ def info(as_json: bool) -> None:
         info_stage.render(report, Console())
 
 
+# Shared by every command that starts workers (config_options, doctor): one definition, one help text.
+THREADS_OPTION = click.option("--threads", type=Int(min=0), default=0, show_default=True,
+                              help="CPU threads per worker (0: the node's cores shared among its workers).")  # fmt: skip
+NP_OPTION = click.option("--np", "np_", type=Int(min=1), metavar="N",
+                         help="Start N local workers through horovodrun --gloo (one workstation).")  # fmt: skip
+
+
 @cli.command()
 @click.option(
     "--megabytes",
@@ -179,10 +186,8 @@ def info(as_json: bool) -> None:
     help="Allreduce buffer size in MiB (100 is about ResNet-50's float32 gradients); at most 8192.",
 )
 @click.option("--iterations", type=Int(min=1), default=10, show_default=True, help="Timed allreduces.")
-@click.option("--threads", type=Int(min=0), default=0, show_default=True, help="CPU threads per worker.")
-@click.option(
-    "--np", "np_", type=Int(min=1), metavar="N", help="Start N local workers through horovodrun --gloo."
-)
+@THREADS_OPTION
+@NP_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (rank 0).")
 def doctor(megabytes, iterations, threads, np_, as_json):
     """Check that this allocation is ready to train: build, GPUs, ranks, a timed allreduce, NCCL's network.
@@ -226,10 +231,8 @@ def config_options(func):
         click.option("--data-dir", help="TFDS data dir or ImageNet TFRecord folder (data.data_dir)."),
         click.option("--seed", type=Int(),
                      help="Seed for weights, data order and augmentation, 0..2147483647 (run.seed)."),
-        click.option("--threads", type=Int(min=0), default=0, show_default=True,
-                     help="CPU threads per worker (0: the node's cores shared among its workers)."),
-        click.option("--np", "np_", type=Int(min=1), metavar="N",
-                     help="Start N local workers through horovodrun --gloo (one workstation)."),
+        THREADS_OPTION,
+        NP_OPTION,
     ]  # fmt: skip
     for option in reversed(options):
         func = option(func)

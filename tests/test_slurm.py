@@ -41,15 +41,24 @@ def cluster(tmp_path_factory):
         c.stop()
 
 
-def test_submit_runs_two_ranks_through_srun_pmix(cluster, tmp_path):
-    (tmp_path / "tiny.yaml").write_text(TINY)
+def submit_job(cluster, cwd, *args: str, env: dict | None = None, said: str = "") -> str:
+    """`app submit ARGS` from ``cwd`` on the test cluster; its job id (the submit must succeed, and its line
+    go on with ``said``)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "app", "submit", "--cluster", "local", "--gpus", "2", "-c", "tiny.yaml"],
-        cwd=tmp_path, env={**cluster.env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60,
+        [sys.executable, "-m", "app", "submit", *args],
+        cwd=cwd, env={**cluster.env, "PYTHONPATH": str(ROOT), **(env or {})}, capture_output=True, text=True,
+        timeout=60,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     job = proc.stdout.split()[2].rstrip(":")
-    assert proc.stdout.startswith(f"submitted job {job}: 1 node(s), 2 GPUs, partition debug")
+    assert proc.stdout.startswith(f"submitted job {job}: {said}"), proc.stdout
+    return job
+
+
+def test_submit_runs_two_ranks_through_srun_pmix(cluster, tmp_path):
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    job = submit_job(cluster, tmp_path, "--cluster", "local", "--gpus", "2", "-c", "tiny.yaml",
+                     said="1 node(s), 2 GPUs, partition debug")  # fmt: skip
     cluster.wait(job)
     log = (tmp_path / "logs" / f"tiny-{job}.out").read_text()
     run = tmp_path / "runs" / f"tiny-{job}"
@@ -70,13 +79,8 @@ def test_submit_without_mpi_joins_two_ranks_through_gloo(cluster, tmp_path):
     (tmp_path / "tiny.yaml").write_text(TINY)
     scratch = tmp_path / "tmp"  # the job's $TMPDIR: the rendezvous port file lives there until the job ends
     scratch.mkdir()
-    proc = subprocess.run(
-        [sys.executable, "-m", "app", "submit", "--cluster", "local-gloo", "--gpus", "2", "-c", "tiny.yaml"],
-        cwd=tmp_path, env={**cluster.env, "PYTHONPATH": str(ROOT), "TMPDIR": str(scratch)},
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    job = proc.stdout.split()[2].rstrip(":")
+    job = submit_job(cluster, tmp_path, "--cluster", "local-gloo", "--gpus", "2", "-c", "tiny.yaml",
+                     env={"TMPDIR": str(scratch)})  # fmt: skip
     cluster.wait(job)
     log = (tmp_path / "logs" / f"tiny-{job}.out").read_text()
     run = tmp_path / "runs" / f"tiny-{job}"
@@ -92,13 +96,8 @@ def test_submit_without_mpi_joins_two_ranks_through_gloo(cluster, tmp_path):
 
 def test_smoke_job_runs_app_doctor_on_every_rank(cluster, tmp_path):
     # app submit --smoke: the training job's shape (here mpi: none) running `app doctor`, no config needed.
-    proc = subprocess.run(
-        [sys.executable, "-m", "app", "submit", "--cluster", "local-gloo", "--gpus", "2", "--smoke"],
-        cwd=tmp_path, env={**cluster.env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    job = proc.stdout.split()[2].rstrip(":")
-    assert proc.stdout.startswith(f"submitted job {job}: 1 node(s), 2 GPUs, partition debug")
+    job = submit_job(cluster, tmp_path, "--cluster", "local-gloo", "--gpus", "2", "--smoke",
+                     said="1 node(s), 2 GPUs, partition debug")  # fmt: skip
     cluster.wait(job)
     log = (tmp_path / "logs" / f"smoke-{job}.out").read_text()
     assert "scaleout doctor: 2 rank(s)" in log and "PROBLEM" not in log and "Error" not in log, log
@@ -141,12 +140,7 @@ def test_usr1_checkpoints_requeues_and_resumes(cluster, tmp_path):
 
     (tmp_path / "longer.yaml").write_text(LONGER)
     env = {**cluster.env, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "app", "submit", "--cluster", "local", "--gpus", "2", "-c", "longer.yaml"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    job = proc.stdout.split()[2].rstrip(":")
+    job = submit_job(cluster, tmp_path, "--cluster", "local", "--gpus", "2", "-c", "longer.yaml")
     log = tmp_path / "logs" / f"longer-{job}.out"
     deadline = time.time() + 300
     while "epoch 1/3 step 2/60" not in (log.read_text() if log.exists() else ""):
