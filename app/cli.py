@@ -612,6 +612,176 @@ def imagenet_to_tfrecord(src, dest, train_shards, validation_shards, labels_file
     )
 
 
+# ------------------------------------------------------------------------------ app study (issue 9)
+
+
+class StudyGroup(click.Group):
+    """`app study KIND`: an unknown kind is one line naming the kinds there are."""
+
+    def resolve_command(self, ctx, args):
+        name = args[0] if args else None
+        if name is not None and not name.startswith("-") and self.get_command(ctx, name) is None:
+            import difflib
+
+            kinds = [c for c in self.list_commands(ctx) if c != "status"]
+            near = difflib.get_close_matches(name, kinds, n=1)
+            hint = f"; did you mean '{near[0]}'?" if near else ""
+            raise UsageError(
+                f"unknown study kind {brief(name)}: the kinds are {', '.join(kinds)} "
+                f"(and `app study status STUDY_DIR`){hint}"
+            )
+        return super().resolve_command(ctx, args)
+
+
+@cli.group(cls=StudyGroup)
+def study() -> None:
+    """Answer one of the reference study's questions with one command: plan the runs, run them, report.
+
+    A study lives in one folder (studies/<name>/): its plan (study.json), an ordinary `app train` run
+    directory per run, and the report. Run the same command again to continue an interrupted study.
+
+    \b
+    Example:
+      app study large-batch -c configs/study_fashion_mnist.yaml --k 1,8 --seeds 1
+      app study status studies/study_fashion_mnist
+    """
+
+
+def _ks(ctx, param, value: str | None) -> list[int] | None:
+    from app.study import parse_ks
+
+    if value is None:
+        return None
+    try:
+        return parse_ks(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"{brief(value)}: {exc}") from None
+
+
+@study.command("large-batch")
+@click.option("-c", "--config", "configs", multiple=True, metavar="FILE",
+              help="The baseline's experiment YAML (repeatable): k = 1, on one worker.")  # fmt: skip
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override one key of the baseline's config (repeatable).")  # fmt: skip
+@click.option("--k", "ks", required=True, callback=_ks, metavar="K,K,...",
+              help="Multiples of the baseline's global batch to compare with it, e.g. 1,8,32 (1 is the baseline).")  # fmt: skip
+@click.option("--seeds", type=Int(min=1), default=1, show_default=True,
+              help="Seeds per variant (run.seed 1..N): the table shows mean ± std over them.")  # fmt: skip
+@click.option("--name", help="The study's folder name under --out (default: the config's name).")
+@click.option("--np", "np_", type=Int(min=1), default=1, show_default=True, metavar="N",
+              help="At most N local workers per run (horovodrun --gloo); accumulation makes up the rest of k.")  # fmt: skip
+@click.option("--out", type=click.Path(path_type=Path), default=Path("studies"), show_default=True,
+              help="Folder that holds the study folders.")  # fmt: skip
+@click.option("--data-dir", help="TFDS data dir or ImageNet TFRecord folder (data.data_dir) of every run.")
+@click.option("--threads", type=Int(min=0), default=0, show_default=True,
+              help="CPU threads per worker of each run (0: the node's cores shared among its workers).")  # fmt: skip
+@click.option(
+    "--dry-run", is_flag=True, help="Print the plan and each run's `app train` command; run nothing."
+)
+def study_large_batch(configs, sets, ks, seeds, name, np_, out, data_dir, threads, dry_run):
+    """RQ3: does accuracy hold at large batches? Goyal et al.'s Table 1 and Figure 2, run locally.
+
+    The config is the baseline (k = 1) on one worker. For each k > 1: k x its global batch at equal epochs,
+    with the LR unscaled, scaled without warmup, scaled with a constant warmup and with a gradual warmup
+    (train.warmup_epochs). Runs go one after another as `app train` processes under
+    studies/<name>/runs/<variant>-k<k>-s<seed>; run the same command again to continue (finished runs are
+    skipped, others resume). The report goes to studies/<name>/report/.
+
+    \b
+    Example:
+      app study large-batch -c configs/study_fashion_mnist.yaml --k 1,8 --seeds 1
+      app study large-batch -c configs/study_fashion_mnist.yaml --k 1,8,32 --seeds 3 --name fm-3seeds
+      app study large-batch -c configs/study_fashion_mnist.yaml --k 1,8 --np 2 --dry-run
+    """
+    import shlex
+
+    from rich.console import Console
+
+    from app import config
+    from app import study as study_stage
+
+    if detected_launcher() and not dry_run:  # every rank would run the whole study into the same folder
+        raise UsageError(
+            f"app study starts its own `app train` processes: run it once, not under {detected_launcher()}"
+        )
+    options = {"data.data_dir": data_dir} if data_dir else {}
+    cfg = config.build(configs, sets, options)
+    name = name or cfg.name
+    examples, where = study_stage.train_examples(cfg)
+    plan = study_stage.plan_large_batch(cfg, ks, seeds, np_, name, examples, where)
+    folder = out / name
+    command = ["app", "study", "large-batch", *(a for c in configs for a in ("-c", c)),
+               *(a for s in sets for a in ("--set", s)), "--k", ",".join(map(str, plan.ks)), "--seeds", str(seeds),
+               "--name", name, "--np", str(np_), "--out", str(out),
+               *(["--data-dir", data_dir] if data_dir else []), *(["--threads", str(threads)] if threads else [])]  # fmt: skip
+    again = shlex.join(command)
+    new = study_stage.prepare(folder, plan, cfg, command, write=not dry_run)
+    if examples is None:
+        click.echo(
+            f"note: the training examples could not be counted ({where}): k is not checked against them"
+        )
+    else:
+        click.echo(f"{examples:,} training examples ({where})")
+    if dry_run:
+        for run in plan.runs:
+            updates = "?" if run.updates is None else f"{run.updates:,}"
+            click.echo(f"{run.name}: {run.workers} worker(s) x {run.accumulation_steps} accumulation x "
+                       f"{run.batch_size} = {run.global_batch}, LR {run.lr:g}, warmup {run.warmup}, {updates} updates")  # fmt: skip
+            click.echo("  " + shlex.join(["app", *study_stage.train_args(folder, run, data_dir, threads)]))
+        left = len(plan.runs) if new else len(study_stage.todo(folder, plan))
+        click.echo(
+            f"{len(plan.runs)} runs; would {'create' if new else 'continue'} {folder}: {left} to train"
+        )
+        return
+    click.echo(f"{'created' if new else 'continuing'} {folder}: {len(plan.runs)} runs ({again})")
+    failed = study_stage.run_local(folder, plan, data_dir, threads, click.echo, again)
+    from app import study_report
+
+    study_report.write_report(folder, plan, Console(width=None if sys.stdout.isatty() else 120))
+    if failed:
+        raise AppError(
+            f"{len(failed)} run(s) failed: {', '.join(failed)} (their output is above); fix the cause and run "
+            f"`{again}` again: finished runs are kept, failed ones resume"
+        )
+
+
+@study.command("status")
+@click.argument("study_dir", type=click.Path(path_type=Path))
+def study_status(study_dir):
+    """Show each planned run of a study: pending, running, partial (epochs done), done or failed.
+
+    Read from the study folder's files alone (study.json, the run directories, attempts.jsonl).
+
+    \b
+    Example:
+      app study status studies/study_fashion_mnist
+    """
+    from collections import Counter
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from app import study as study_stage
+
+    plan = study_stage.load_plan(study_dir)
+    found = study_stage.states(study_dir, plan)
+    console = Console(width=None if sys.stdout.isatty() else 120, highlight=False)
+    table = Table(title=f"{plan.kind} study {plan.name}: k {','.join(map(str, plan.ks))}, {plan.seeds} seed(s)",
+                  title_justify="left")  # fmt: skip
+    for column in ("run", "k", "workers x accumulation", "global batch", "state", "epochs", "detail"):
+        table.add_column(column, justify="left" if column in ("run", "state", "detail") else "right")
+    for run, state in zip(plan.runs, found, strict=True):
+        table.add_row(run.name, str(run.k), f"{run.workers} x {run.accumulation_steps}", f"{run.global_batch:,}",
+                      state.state, f"{state.epochs_done}/{run.epochs}", one_line(state.detail))  # fmt: skip
+    console.print(table)
+    counts = Counter(s.state for s in found)
+    order = ("done", "running", "partial", "failed", "pending")
+    console.print(", ".join(f"{counts[s]} {s}" for s in order if counts[s]) + f" of {len(found)} runs")
+
+
+# ------------------------------------------------------------------------------ end of app study
+
+
 def main() -> None:
     """The `app` command. Click's own usage errors (a bad option value, a missing argument) become one line
     too, like every other bad input, with where to find help instead of the usage block."""

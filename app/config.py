@@ -27,6 +27,7 @@ MODELS = ("resnet50", "resnet18", "resnet20", "resnet32", "resnet56")
 SOURCES = ("tfds", "imagenet", "synthetic")
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 SCHEDULES = ("step", "cosine", "constant")
+WARMUPS = ("gradual", "constant")  # Goyal et al.'s two warmups (see app.schedule)
 # The experiment's name names its run directory (runs/<name>-<date>) and, through app submit, its Slurm job:
 # letters, digits and . _ + - only, never a path, never an option. One definition, used by submit too.
 SAFE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
@@ -78,7 +79,10 @@ class TrainConfig:
     base_lr: float = 0.1  # the learning rate for a global batch of reference_batch images
     reference_batch: int = 256
     scale_lr: bool = True  # linear scaling rule: lr = base_lr * global_batch / reference_batch
-    warmup_epochs: float = 5.0  # gradual warmup from base_lr to the scaled lr (0: none)
+    warmup_epochs: float = 5.0  # warmup from base_lr to the scaled lr (0: none)
+    # gradual: a linear ramp from base_lr to the scaled lr; constant: base_lr for warmup_epochs, then the
+    # scaled lr at once (Goyal et al. compare both; gradual is their recipe)
+    warmup: str = "gradual"
     schedule: str = "step"  # after warmup: step | cosine | constant
     decay_epochs: list[int] = field(default_factory=lambda: [30, 60, 80])
     decay_factor: float = 0.1
@@ -514,6 +518,7 @@ def validate(cfg: Config, origins: dict[str, str] | None = None) -> None:
     one_of(m.name, MODELS, "model.name")
     one_of(m.precision, PRECISIONS, "model.precision")
     one_of(t.schedule, SCHEDULES, "train.schedule")
+    one_of(t.warmup, WARMUPS, "train.warmup")
     need(t.batch_size > 0, "train.batch_size", f"must be > 0, got {t.batch_size}")
     need(t.accumulation_steps >= 1, "train.accumulation_steps", f"must be >= 1, got {t.accumulation_steps}")
     need(t.epochs > 0, "train.epochs", f"must be > 0, got {t.epochs}")

@@ -1,4 +1,5 @@
-"""The learning-rate schedule: linear scaling, Goyal et al.'s gradual warmup, then step decay or cosine.
+"""The learning-rate schedule: linear scaling, Goyal et al.'s warmup (gradual or constant), then step decay or
+cosine.
 
 Defined by the *global* batch, not by the number of workers. Horovod's own ``LearningRateWarmupCallback``
 ramps from ``lr / hvd.size()`` to ``lr``; that equals Goyal's ramp (from the reference LR at batch 256 to
@@ -13,6 +14,10 @@ warmup takes the curve at the step's *end* (progress ``(step + 1) / steps_per_ep
 does), so the last warmup step trains at exactly the target LR; step decay and cosine take it at the step's
 *start*, so a decay at epoch ``d`` begins with the first step of epoch ``d + 1`` (step ``d x
 steps_per_epoch``, counting from 0), and cosine's last step trains at a small LR above 0, not at 0.
+
+Goyal et al.'s two warmups (``train.warmup``): ``gradual`` (the default) ramps linearly from the reference LR
+to the scaled one; ``constant`` trains at the reference LR for the whole warmup and then jumps to the scaled
+LR at its first step after it. Both end at the same step, so everything after the warmup is the same.
 """
 
 from __future__ import annotations
@@ -30,13 +35,14 @@ class Schedule:
     decay_epochs: tuple[int, ...]
     decay_factor: float
     epochs: int
+    warmup: str = "gradual"  # gradual: linear ramp start_lr -> target_lr; constant: start_lr, then a jump
 
     def multiplier(self, epoch: float) -> float:
         """LR / target_lr at fractional ``epoch`` (progress after the step)."""
         w = self.warmup_epochs
         if w > 0 and epoch < w:
             start = self.start_lr / self.target_lr
-            return start + (1.0 - start) * epoch / w
+            return start if self.warmup == "constant" else start + (1.0 - start) * epoch / w
         if self.kind == "step":
             return self.decay_factor ** sum(1 for d in self.decay_epochs if epoch >= d)
         if self.kind == "cosine":
@@ -52,7 +58,7 @@ class Schedule:
         warm = round(self.warmup_epochs * steps_per_epoch)
         if step < warm:
             start = self.start_lr / self.target_lr
-            return start + (1.0 - start) * (step + 1) / warm
+            return start if self.warmup == "constant" else start + (1.0 - start) * (step + 1) / warm
         if self.kind == "step":
             return self.decay_factor ** sum(1 for d in self.decay_epochs if step >= d * steps_per_epoch)
         if self.kind == "cosine":
@@ -76,6 +82,7 @@ def make_schedule(cfg, workers: int) -> Schedule:
         decay_epochs=tuple(t.decay_epochs),
         decay_factor=t.decay_factor,
         epochs=t.epochs,
+        warmup=t.warmup,
     )
 
 

@@ -270,6 +270,8 @@ def header(reporter: Reporter, cfg: Config, spec: data.Spec, world: distributed.
     t = cfg.train
     if not t.warmup_epochs:
         warmup = "none"
+    elif s.start_lr < s.target_lr and t.warmup == "constant":  # Goyal's constant warmup (app study)
+        warmup = f"{t.warmup_epochs:g} epochs constant at {s.start_lr:.5g}, then {s.target_lr:.5g}"
     elif s.start_lr < s.target_lr:
         warmup = f"{t.warmup_epochs:g} epochs from {s.start_lr:.5g} to {s.target_lr:.5g}"
     else:  # the LR was not scaled up (global batch <= the reference batch, or scale_lr false)

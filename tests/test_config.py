@@ -90,6 +90,14 @@ def test_base_chain(tmp_path):
         (["data.source=synthetic"], "data.num_classes: must be set (> 0) for synthetic data"),
         (["data.source=imagenet"], "data.data_dir: must name the ImageNet TFRecord folder"),
         (["train.decay_epochs=[60, 30]"], "train.decay_epochs: must be strictly increasing positive epochs"),
+        (
+            ["train.warmup=linear"],
+            "train.warmup: unknown value 'linear' (choose from gradual, constant)",
+        ),
+        (
+            ["train.warmup=constnat"],
+            "train.warmup: unknown value 'constnat' (choose from gradual, constant); did you mean 'constant'?",
+        ),
         (["oops"], "--set 'oops': expected KEY=VALUE"),
     ],
 )
@@ -634,3 +642,19 @@ def test_control_characters_never_reach_the_terminal_raw(tmp_path):
         code == 2
         and out == f"Error: --config {tmp_path}/a\\nb.yaml: no such file; the shipped configs are in configs/"
     )
+
+
+def test_warmup_kind_defaults_to_gradual_and_is_fixed_on_resume(tmp_path):
+    assert config.build().train.warmup == "gradual"
+    assert config.build([], ["train.warmup=constant"]).train.warmup == "constant"
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(
+        config.dump(config.build([], ["train.warmup_epochs=1", "train.epochs=4"]))
+    )
+    with pytest.raises(UsageError, match=r"train.warmup 'gradual' \(saved\) vs 'constant' \(given\)"):
+        config.for_run([], ["train.warmup=constant"], {}, str(run))
+    # A config saved before train.warmup existed resumes with the gradual warmup it trained with.
+    old = {k: v for k, v in config.build().to_dict()["train"].items() if k != "warmup"}
+    (run / "config.yaml").write_text(yaml.safe_dump({**config.build().to_dict(), "train": old}))
+    assert config.load_run_config(run / "config.yaml").train.warmup == "gradual"

@@ -118,3 +118,31 @@ def test_step_lr_agrees_with_the_curve_inside_epochs():
     assert s.step_lr(10 * 100 + 50, 100) == pytest.approx(s.lr(10.5))
     assert s.step_lr(30 * 100, 100) == pytest.approx(s.lr(30.0))  # the first step of epoch 31: decayed
     assert s.step_lr(30 * 100 - 1, 100) == pytest.approx(s.lr(29.99))  # the last step of epoch 30: not yet
+
+
+def test_gradual_is_the_default_warmup():
+    assert make_schedule(cfg(batch_size=256, warmup_epochs=5, epochs=90), 32).warmup == "gradual"
+
+
+@pytest.mark.parametrize("spe", [1, 3, 7, 100, 313])
+def test_constant_warmup_holds_the_reference_lr_then_jumps(spe, monkeypatch):
+    # Goyal et al.'s constant warmup: 0.1 (the reference LR) for the 2 warmup epochs, then 0.4 at once; after
+    # the warmup it is the same schedule as the gradual warmup's.
+    c = cfg(batch_size=256, warmup_epochs=2, epochs=4, decay_epochs="[3]", warmup="constant")
+    s = make_schedule(c, 4)
+    lrs = horovod_lrs(s, spe, 4, monkeypatch)
+    warm = 2 * spe
+    assert lrs[:warm] == pytest.approx([0.1] * warm)
+    assert lrs[warm:] == pytest.approx([0.4] * spe + [0.04] * spe)
+    gradual = horovod_lrs(make_schedule(cfg(batch_size=256, warmup_epochs=2, epochs=4, decay_epochs="[3]"), 4),
+                          spe, 4, monkeypatch)  # fmt: skip
+    assert lrs[warm:] == gradual[warm:]
+    assert (s.lr(0.0), s.lr(1.99), s.lr(2.0)) == pytest.approx((0.1, 0.1, 0.4))
+
+
+def test_constant_warmup_without_scaling_is_flat():
+    # Global batch 128 < 256: nothing to warm up to; the constant warmup holds the target as the gradual one.
+    s = make_schedule(
+        cfg(batch_size=64, warmup_epochs=1, epochs=3, schedule="constant", warmup="constant"), 2
+    )
+    assert s.lr(0.0) == s.lr(0.5) == s.lr(2.0) == pytest.approx(0.05)

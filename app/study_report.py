@@ -1,0 +1,484 @@
+"""The large-batch study's report (RQ3): Goyal et al.'s Table 1 and Figure 2 from a study folder.
+
+Reads the plan (study.json) and what `app train` wrote in each run directory: metrics.jsonl (per epoch:
+``accuracy``, the training top-1 averaged over the epoch's steps, and ``val_accuracy``), summary.json (the
+run finished) and the newest checkpoint's state.json (steps per epoch, for the updates a run made). Writes
+``report/large_batch.md`` and ``.csv`` (the table), ``large_batch_runs.csv`` (one row per run) and
+``large_batch.png`` (training error vs epoch, each variant against the baseline). Pure functions from
+loaded results to rows, lines and the figure, so they are tested on hand-made files. No TensorFlow.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app import report
+from app.errors import UsageError
+from app.study import LABELS, VARIANTS, RunPlan, StudyPlan, run_dir, states
+
+# Verdicts: a variant whose mean error is within this many percentage points of the baseline's (or within
+# the sum of the two standard deviations over seeds, if larger) "matches" it. Run-to-run noise of one seed
+# is a few tenths of a point on small datasets; Goyal et al.'s ImageNet standard deviations are 0.1-0.2.
+TOLERANCE_PP = 0.5
+# The few-updates warning. Linear scaling says k small steps ~ one step k times larger; it cannot say
+# anything when the large-batch run has too few steps to converge at all: then every variant fails and the
+# table measures the budget, not the batch. ~200 updates is where that starts for a ResNet from scratch
+# (the issue's example: 84 updates at batch 4096 failed for every variant); a warmup needs enough steps to be
+# a ramp: under 10 updates it raises the LR by more than a tenth of the way at each one.
+MIN_UPDATES = 200
+MIN_WARMUP_UPDATES = 10
+
+
+@dataclass
+class RunResult:
+    run: RunPlan
+    state: str
+    epochs_done: int
+    train_error: list[float | None] = field(default_factory=list)  # % per epoch, from `accuracy`
+    val_error: list[float | None] = field(default_factory=list)  # % per epoch, from `val_accuracy`
+    updates_per_epoch: int | None = None
+    time_s: float = 0.0
+
+    @property
+    def final_error(self) -> float | None:
+        """Validation top-1 error (%) after the last epoch of a finished run."""
+        return self.val_error[-1] if self.state == "done" and self.val_error else None
+
+    @property
+    def updates(self) -> int | None:
+        return None if self.updates_per_epoch is None else self.updates_per_epoch * self.epochs_done
+
+    @property
+    def planned_updates(self) -> int | None:
+        per = self.updates_per_epoch if self.updates_per_epoch is not None else self.run.updates_per_epoch
+        return None if per is None else per * self.run.epochs
+
+    @property
+    def warmup_updates(self) -> int | None:
+        per = self.updates_per_epoch if self.updates_per_epoch is not None else self.run.updates_per_epoch
+        return None if per is None or self.run.warmup == "none" else round(self.run.warmup_epochs * per)
+
+
+def _error(row: dict, key: str) -> float | None:
+    value = row.get(key)
+    return None if value is None else 100.0 * (1.0 - float(value))
+
+
+def updates_per_epoch(run_path: Path, batch_size: int) -> int | None:
+    """Optimizer steps per epoch as the run made them: its newest checkpoint's state.json (steps per epoch
+    of each worker, workers, global batch); None without one."""
+    found = []
+    for path in (Path(run_path) / "checkpoints").glob("epoch-*/state.json"):
+        m = re.fullmatch(r"epoch-(\d+)(?:-step-(\d+))?", path.parent.name)
+        if m:
+            found.append((int(m.group(1)), int(m.group(2) or 0), path))
+    for *_, path in sorted(found, reverse=True):
+        try:
+            state = json.loads(report.read_text(path, "JSON file"))
+            steps, workers, global_batch = (
+                int(state[k]) for k in ("steps_per_epoch", "workers", "global_batch")
+            )
+        except (UsageError, ValueError, TypeError, KeyError):
+            continue
+        if global_batch > 0:
+            return steps * workers * batch_size // global_batch
+    return None
+
+
+def collect(folder: Path, plan: StudyPlan, note=None) -> list[RunResult]:
+    """Every planned run with its state and curves (runs not started yet have empty curves)."""
+    out = []
+    for run, state in zip(plan.runs, states(folder, plan), strict=True):
+        path = run_dir(folder, run)
+        rows = report.read_metrics(path, note) if state.state != "pending" else []
+        out.append(
+            RunResult(
+                run, state.state, len(rows), [_error(r, "accuracy") for r in rows],
+                [_error(r, "val_accuracy") for r in rows], updates_per_epoch(path, run.batch_size),
+                sum(float(r.get("epoch_time_s", 0.0)) for r in rows),
+            )
+        )  # fmt: skip
+    return out
+
+
+# ------------------------------------------------------------------------------------------ table
+
+
+@dataclass
+class Cell:
+    """One row of the table: a variant at one k, over its seeds."""
+
+    variant: str
+    k: int
+    results: list[RunResult]
+
+    @property
+    def run(self) -> RunPlan:
+        return self.results[0].run
+
+    @property
+    def errors(self) -> list[float]:
+        return [e for r in self.results if (e := r.final_error) is not None]
+
+    @property
+    def mean(self) -> float | None:
+        return statistics.fmean(self.errors) if self.errors else None
+
+    @property
+    def std(self) -> float | None:
+        """The sample standard deviation over seeds (n - 1), as Goyal et al. report; None for one seed."""
+        return statistics.stdev(self.errors) if len(self.errors) > 1 else None
+
+    @property
+    def updates(self) -> str:
+        known = sorted({u for r in self.results if (u := r.planned_updates) is not None})
+        return "?" if not known else f"{known[0]:,}" if len(known) == 1 else f"{known[0]:,}-{known[-1]:,}"
+
+
+def cells(results: list[RunResult]) -> list[Cell]:
+    """Table order: the baseline, then for each k its variants in Goyal et al.'s order."""
+    out: dict[tuple[str, int], Cell] = {}
+    for r in sorted(results, key=lambda r: (r.run.k, VARIANTS.index(r.run.variant), r.run.seed)):
+        out.setdefault((r.run.variant, r.run.k), Cell(r.run.variant, r.run.k, [])).results.append(r)
+    return list(out.values())
+
+
+def warmup_text(run: RunPlan) -> str:
+    if run.warmup == "none":
+        return "none"
+    if run.warmup == "constant":
+        return f"constant {run.start_lr:g} for {run.warmup_epochs:g} epochs"
+    return f"gradual {run.start_lr:g} -> {run.lr:g} over {run.warmup_epochs:g} epochs"
+
+
+def error_text(cell: Cell) -> str:
+    if cell.mean is None:
+        return "-"
+    return f"{cell.mean:.2f}" + (f" ± {cell.std:.2f}" if cell.std is not None else "")
+
+
+COLUMNS = ("k", "global batch", "variant", "LR", "warmup", "top-1 error (%)", "vs baseline (pp)", "updates",
+           "seeds done")  # fmt: skip
+CSV_COLUMNS = ("k", "global_batch", "variant", "workers", "accumulation_steps", "lr", "warmup", "warmup_start_lr",
+               "warmup_epochs", "top1_error_mean", "top1_error_std", "vs_baseline_pp", "updates", "seeds_done",
+               "seeds_planned")  # fmt: skip
+
+
+def _delta(cell: Cell, base: Cell | None) -> float | None:
+    if cell.variant == "baseline" or base is None or base.mean is None or cell.mean is None:
+        return None
+    return cell.mean - base.mean
+
+
+def table_rows(table: list[Cell]) -> tuple[list[list[str]], list[list[str]]]:
+    """(Markdown rows, CSV rows) of the table."""
+    base = next((c for c in table if c.variant == "baseline"), None)
+    md, rows = [], []
+    for c in table:
+        r, delta = c.run, _delta(c, base)
+        md.append([
+            str(c.k), f"{r.global_batch:,}", LABELS[c.variant], f"{r.lr:g}", warmup_text(r), error_text(c),
+            "-" if delta is None else f"{delta:+.2f}", c.updates, f"{len(c.errors)}/{len(c.results)}",
+        ])  # fmt: skip
+        rows.append([
+            c.k, r.global_batch, c.variant, r.workers, r.accumulation_steps, r.lr, r.warmup,
+            "" if r.warmup == "none" else r.start_lr, r.warmup_epochs if r.warmup != "none" else 0,
+            "" if c.mean is None else round(c.mean, 4), "" if c.std is None else round(c.std, 4),
+            "" if delta is None else round(delta, 4), c.updates.replace(",", ""), len(c.errors), len(c.results),
+        ])  # fmt: skip
+    return md, rows
+
+
+RUN_COLUMNS = ("run", "state", "epochs", "workers x accumulation", "updates", "warmup updates",
+               "final top-1 error (%)", "best top-1 error (%)", "training time (s)")  # fmt: skip
+
+
+def run_rows(results: list[RunResult]) -> list[list[str]]:
+    rows = []
+    for r in results:
+        vals = [v for v in r.val_error if v is not None]
+        updates = r.updates if r.state != "done" else r.planned_updates
+        rows.append([
+            r.run.name, r.state, f"{r.epochs_done}/{r.run.epochs}",
+            f"{r.run.workers} x {r.run.accumulation_steps}",
+            "?" if updates is None else f"{updates:,}",
+            "-" if r.run.warmup == "none" else "?" if r.warmup_updates is None else f"{r.warmup_updates:,}",
+            "-" if r.final_error is None else f"{r.final_error:.2f}", f"{min(vals):.2f}" if vals else "-",
+            f"{r.time_s:,.0f}",
+        ])  # fmt: skip
+    return rows
+
+
+# --------------------------------------------------------------------------------------- verdicts
+
+VERDICT_ORDER = ("gradual-warmup", "constant-warmup", "no-warmup", "unscaled")
+PHRASES = {
+    "gradual-warmup": "scaled LR + gradual warmup",
+    "constant-warmup": "constant warmup",
+    "no-warmup": "without warmup",
+    "unscaled": "LR unscaled",
+}
+
+
+def compare(cell: Cell, base: Cell) -> tuple[float, bool]:
+    """(error difference in pp, whether it is within the tolerance: ``TOLERANCE_PP`` or the two standard
+    deviations together, the larger)."""
+    delta = cell.mean - base.mean
+    return delta, abs(delta) <= max(TOLERANCE_PP, (cell.std or 0.0) + (base.std or 0.0))
+
+
+def verdicts(table: list[Cell]) -> list[str]:
+    """One line per k > 1 in words, then which k the recipe (scaled LR + gradual warmup) holds up to."""
+    base = next((c for c in table if c.variant == "baseline"), None)
+    if base is None or base.mean is None:
+        return ["the baseline (k=1) has not finished: nothing to compare yet"]
+    lines = [
+        f"baseline (k=1, batch {base.run.global_batch:,}, LR {base.run.lr:g}): top-1 error {error_text(base)}%"
+    ]
+    held = []
+    for k in sorted({c.k for c in table if c.k > 1}):
+        at_k = {c.variant: c for c in table if c.k == k}
+        parts = []
+        for variant in VERDICT_ORDER:
+            cell = at_k.get(variant)
+            if cell is None:
+                continue
+            if cell.mean is None:
+                parts.append(f"{PHRASES[variant]} not finished")
+                continue
+            delta, within = compare(cell, base)
+            if within:
+                parts.append(f"{PHRASES[variant]} within {abs(delta):.1f} pp of the baseline")
+            else:
+                parts.append(f"{PHRASES[variant]} {abs(delta):.1f} pp {'worse' if delta > 0 else 'better'}")
+            if variant == "gradual-warmup" and within:
+                held.append(k)
+        few = fewest_updates(at_k.values())
+        tail = (
+            f" (only {few:,} updates per run: see the warning)"
+            if few is not None and few < MIN_UPDATES
+            else ""
+        )
+        batch = next(iter(at_k.values())).run.global_batch
+        lines.append(f"k={k} (batch {batch:,}): " + "; ".join(parts) + tail)
+    lines += summary_line(table, held)
+    if base.std is None:
+        lines.append(f"one seed per variant: differences under ~{TOLERANCE_PP} pp may be run-to-run noise "
+                     "(--seeds 3 gives a standard deviation)")  # fmt: skip
+    return lines
+
+
+def fewest_updates(table) -> int | None:
+    """The fewest updates any run of these cells makes (as planned, or as its checkpoints say)."""
+    return min((u for c in table for r in c.results if (u := r.planned_updates) is not None), default=None)
+
+
+def summary_line(table: list[Cell], held: list[int]) -> list[str]:
+    """Up to which k the recipe (scaled LR + gradual warmup) keeps the baseline's accuracy. Only k whose runs
+    made enough updates count: with too few, every variant fails and nothing is said about the rule."""
+    base = next(c for c in table if c.variant == "baseline")
+    gradual = {c.k: c for c in table if c.variant == "gradual-warmup" and c.mean is not None}
+    if not gradual:
+        return []
+    judged = [
+        k
+        for k in sorted(gradual)
+        if (fewest_updates([c for c in table if c.k == k]) or MIN_UPDATES) >= MIN_UPDATES
+    ]
+    if not judged:
+        return [
+            "too few updates at every k to judge the linear scaling rule here (see the warnings): train more epochs"
+        ]
+    held = [k for k in judged if k in held]
+    if held and held == judged[: len(held)]:
+        top = held[-1]
+        rest = "" if top == judged[-1] else f", not at k={judged[len(held)]}"
+        return [f"the linear scaling rule with gradual warmup keeps the baseline's accuracy up to k={top} "
+                f"(batch {top * base.run.global_batch:,}) here{rest}"]  # fmt: skip
+    if not held:
+        return ["the linear scaling rule with gradual warmup does not keep the baseline's accuracy at any k "
+                "judged here"]  # fmt: skip
+    return [f"scaled LR + gradual warmup is within the tolerance at k={', '.join(map(str, held))} only"]
+
+
+def warnings(results: list[RunResult]) -> list[str]:
+    """Runs with too few updates for their result to speak for the batch size (see ``MIN_UPDATES``), or a
+    warmup too short to be a ramp; one line per k and number of updates."""
+    few: dict[tuple[int, int], list[str]] = {}
+    short: dict[tuple[int, int], list[str]] = {}
+    for r in results:
+        updates, warm = r.planned_updates, r.warmup_updates
+        if updates is not None and updates < MIN_UPDATES:
+            few.setdefault((r.run.k, updates), []).append(r.run.name)
+        elif warm is not None and warm < MIN_WARMUP_UPDATES:
+            short.setdefault((r.run.k, warm), []).append(r.run.name)
+    lines = [
+        f"warning: {', '.join(names)} make{'s' if len(names) == 1 else ''} only {updates:,} updates (fewer than "
+        f"{MIN_UPDATES}): too few for any LR rule to converge, so the error measures the budget, not the batch; "
+        "train more epochs"
+        for (k, updates), names in few.items()
+    ]
+    lines += [
+        f"warning: the warmup of {', '.join(names)} is only {warm} updates (fewer than {MIN_WARMUP_UPDATES}): "
+        "hardly a ramp; train more epochs or lengthen train.warmup_epochs"
+        for (k, warm), names in short.items()
+    ]
+    return lines
+
+
+def notes(plan: StudyPlan) -> list[str]:
+    base = plan.runs[0]
+    accumulated = any(r.accumulation_steps > 1 for r in plan.runs)
+    out = [
+        "top-1 error: 100 - the validation top-1 accuracy after the last epoch, in %; mean ± the sample standard "
+        "deviation over seeds (n - 1, shown from 2 seeds); vs baseline: the difference of the means in percentage "
+        "points (positive: worse than the baseline)",
+        f"every run trains {base.epochs} epochs (equal epochs, so k x larger batches make k x fewer updates); "
+        f"global batch = k x {base.global_batch} = workers x accumulation steps x {base.batch_size} images",
+        "the LR of the scaled variants is k x the baseline's (Goyal et al.'s linear scaling rule); a constant "
+        "warmup trains at the baseline's LR and then jumps to k x; a gradual warmup ramps linearly, per update",
+        f"a verdict says 'within' when the difference is at most {TOLERANCE_PP} pp, or the two standard "
+        "deviations together where those are larger",
+        f"updates: optimizer steps per run; fewer than {MIN_UPDATES} gets a warning (the linear scaling rule "
+        "assumes many steps; with too few every variant fails, whatever its LR)",
+        "the figure shows the training error: 100 - the training top-1 accuracy averaged over each epoch's "
+        "steps (augmented data, batch norm in training mode), as `app train` logs it, mean over seeds",
+        "momentum: Keras's SGD keeps the LR inside its velocity (v = m v - lr g) and no momentum correction is "
+        "applied, so after a constant warmup's jump the step grows to k x over about 1 / (1 - m) updates, "
+        "not at once",
+    ]
+    if accumulated:
+        out.append(
+            f"gradient accumulation (train.accumulation_steps) reaches the global batch on fewer workers: each "
+            f"micro-batch of {base.batch_size} images is normalised by its own batch-norm statistics, as on k x "
+            "more GPUs with that many images each (the batch-norm batch stays per micro-batch, not the global "
+            "batch); the moving averages are updated once per micro-batch"
+        )
+    return out
+
+
+# ------------------------------------------------------------------------------------------ figure
+
+
+def _mean_curve(results: list[RunResult]) -> tuple[list[int], list[float]]:
+    """Epochs and the mean training error over the seeds that have a value at that epoch."""
+    length = max((len(r.train_error) for r in results), default=0)
+    epochs, means = [], []
+    for i in range(length):
+        values = [
+            r.train_error[i] for r in results if i < len(r.train_error) and r.train_error[i] is not None
+        ]
+        if values:
+            epochs.append(i + 1)
+            means.append(statistics.fmean(values))
+    return epochs, means
+
+
+def plot(results: list[RunResult], path: Path) -> Path:
+    """Goyal et al.'s Figure 2: training error vs epoch, one panel per variant and k > 1, each against the
+    baseline."""
+    plt = report._pyplot()
+    from matplotlib.ticker import MaxNLocator
+
+    ks = sorted({r.run.k for r in results if r.run.k > 1})
+    variants = VARIANTS[1:]
+    fig, axes = plt.subplots(len(ks), len(variants), figsize=(3.4 * len(variants), 2.9 * len(ks)),
+                             squeeze=False, sharey=True)  # fmt: skip
+    base = [r for r in results if r.run.variant == "baseline"]
+    be, bm = _mean_curve(base)
+    for row, k in enumerate(ks):
+        for col, variant in enumerate(variants):
+            ax = axes[row][col]
+            own = [r for r in results if r.run.k == k and r.run.variant == variant]
+            ax.plot(be, bm, ".-", color="black", lw=1.2, label=f"baseline (k=1, {base[0].run.global_batch})")
+            e, m = _mean_curve(own)
+            if e:
+                ax.plot(e, m, ".-", color="C3", lw=1.2, label=f"k={k} ({own[0].run.global_batch})")
+            else:
+                ax.text(0.5, 0.5, "not run yet", transform=ax.transAxes, ha="center", color="grey")
+            ax.set_title(f"k={k}: {LABELS[variant]}", fontsize=9)
+            ax.grid(alpha=0.3)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_xlabel("epoch", fontsize=8)
+            if col == 0:
+                ax.set_ylabel("training error (%)", fontsize=8)
+            ax.legend(fontsize=7)
+    fig.suptitle(
+        "Training error vs epoch, each variant against the baseline (Goyal et al., Figure 2)", fontsize=10
+    )
+    fig.tight_layout()
+    report._save_figure(plt, fig, path)
+    return path
+
+
+# ------------------------------------------------------------------------------------------ output
+
+
+def _csv(path: Path, columns, rows) -> Path:
+    try:
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            writer.writerow(columns)
+            writer.writerows(rows)
+    except OSError as exc:
+        raise report._write_failed(path, exc) from None
+    return path
+
+
+def markdown(plan: StudyPlan, md_rows, runs, lines, warns) -> str:
+    def table(columns, rows):
+        return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
+                *("| " + " | ".join(r) + " |" for r in rows)]  # fmt: skip
+
+    ks = ", ".join(str(k) for k in plan.ks)
+    out = [
+        f"# Large-batch study {plan.name}: does accuracy hold at large batches?",
+        "",
+        f"k = {ks}, {plan.seeds} seed(s) per variant, at most {plan.max_workers} worker(s) per run; "
+        f"{plan.config.get('model.name')} on {plan.config.get('data.name') if plan.config.get('data.source') == 'tfds' else plan.config.get('data.source')}.",
+        "",
+        *table(COLUMNS, md_rows),
+        "",
+        *(f"- {ln}" for ln in [*lines, *warns]),
+        "",
+        "![training error vs epoch](large_batch.png)",
+        "",
+        "## Runs",
+        "",
+        *table(RUN_COLUMNS, runs),
+        "",
+        "## How to read it",
+        "",
+        *(f"- {ln}" for ln in notes(plan)),
+    ]
+    return "\n".join(out) + "\n"
+
+
+def write_report(folder: Path, plan: StudyPlan, console) -> list[Path]:
+    """Everything the report writes into ``folder``/report; prints the table and the verdicts."""
+    out = Path(folder) / "report"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{out}: cannot create the report folder ({exc.strerror or exc})") from None
+    results = collect(folder, plan, lambda message: console.print(f"note: {message}"))
+    table = cells(results)
+    md_rows, csv_rows = table_rows(table)
+    runs = run_rows(results)
+    lines, warns = verdicts(table), warnings(results)
+    md = out / "large_batch.md"
+    report.write_text(md, markdown(plan, md_rows, runs, lines, warns))
+    written = [md, _csv(out / "large_batch.csv", CSV_COLUMNS, csv_rows)]
+    written.append(_csv(out / "large_batch_runs.csv", RUN_COLUMNS, runs))
+    written.append(plot(results, out / "large_batch.png"))
+    report.print_table(console, f"Large-batch study {plan.name} (top-1 error, Goyal et al.'s Table 1)", COLUMNS,
+                       md_rows)  # fmt: skip
+    for line in [*lines, *warns]:
+        console.print(line, highlight=False)
+    console.print(f"wrote {', '.join(str(p) for p in written)}")
+    return written

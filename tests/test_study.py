@@ -1,0 +1,588 @@
+"""`app study large-batch`: the plan (pure, no TensorFlow), the study folder, status from files, the report on
+hand-made metrics, bad input, and one tiny real study end to end with an interruption and a resume."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from app import config, study, study_report
+from app.errors import UsageError
+from conftest import ROOT, run_app
+
+FASHION = str(ROOT / "configs" / "study_fashion_mnist.yaml")
+
+
+def fashion(*sets: str) -> config.Config:
+    return config.build([FASHION], list(sets))
+
+
+def plan(ks=(1, 8), seeds=1, np_=1, examples=60000, cfg=None, name="s") -> study.StudyPlan:
+    return study.plan_large_batch(cfg or fashion(), list(ks), seeds, np_, name, examples, "test")
+
+
+def app_main(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
+    """`app ARGS` in this process, through main() as the command line runs it: (status, stdout, stderr)."""
+    from app.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["app", *args])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    out = capsys.readouterr()
+    return exit_.value.code, out.out, out.err
+
+
+# ------------------------------------------------------------------------------------------- plan
+
+
+def test_plan_is_goyals_table_1_grid_on_one_worker():
+    p = plan()
+    assert [r.name for r in p.runs] == [
+        "baseline-k1-s1", "unscaled-k8-s1", "no-warmup-k8-s1", "constant-warmup-k8-s1", "gradual-warmup-k8-s1",
+    ]  # fmt: skip
+    base, unscaled, none, constant, gradual = p.runs
+    assert (base.global_batch, base.lr, base.warmup, base.workers, base.accumulation_steps) == (
+        128,
+        0.1,
+        "none",
+        1,
+        1,
+    )
+    for r in (unscaled, none, constant, gradual):  # k x 128 from accumulation, the batch-norm batch unchanged
+        assert (r.global_batch, r.workers, r.accumulation_steps, r.batch_size, r.epochs) == (
+            1024,
+            1,
+            8,
+            128,
+            10,
+        )
+    assert unscaled.lr == pytest.approx(0.1) and none.lr == constant.lr == gradual.lr == pytest.approx(0.8)
+    assert (none.warmup, constant.warmup, gradual.warmup) == ("none", "constant", "gradual")
+    assert constant.start_lr == gradual.start_lr == pytest.approx(0.1) and gradual.warmup_epochs == 2
+    # Equal epochs: 60,000 // 128 = 468 micro-batches per epoch; k = 8 makes 58 updates of them.
+    assert (base.updates, gradual.updates) == (4680, 580)
+    assert "train.warmup=constant" in constant.sets and "train.scale_lr=false" in unscaled.sets
+    assert "train.warmup_epochs=0" in none.sets and "run.seed=1" in base.sets
+
+
+def test_the_runs_configs_give_the_planned_lr_and_warmup():
+    # Each run's --set overrides on top of the study's config build the config `app train` will train.
+    from app.schedule import make_schedule
+
+    p, cfg = plan(), fashion()
+    for run in p.runs:
+        run_cfg = config.build(sets=list(run.sets), base=config.flat(cfg))
+        s = make_schedule(run_cfg, run.workers)
+        assert run_cfg.global_batch(run.workers) == run.global_batch
+        assert (s.target_lr, s.start_lr, s.warmup) == pytest.approx(
+            (run.lr, run.start_lr, run_cfg.train.warmup)
+        )
+    constant = config.build(sets=list(p.runs[3].sets), base=config.flat(cfg))
+    s = make_schedule(constant, 1)
+    assert (
+        s.step_lr(0, 468) == s.step_lr(2 * 468 - 1, 468) == pytest.approx(0.1)
+    )  # the warmup: the baseline's LR
+    assert s.step_lr(2 * 468, 468) == pytest.approx(0.8)  # then the jump
+
+
+@pytest.mark.parametrize(
+    ("np_", "expected"),
+    [(1, (1, 8)), (2, (2, 4)), (3, (2, 4)), (8, (8, 1)), (16, (8, 1))],
+)
+def test_workers_then_accumulation_make_up_k(np_, expected):
+    gradual = plan(np_=np_).runs[-1]
+    assert (gradual.workers, gradual.accumulation_steps) == expected
+    assert gradual.global_batch == 1024 and plan(np_=np_).runs[0].workers == 1
+
+
+def test_a_baseline_with_accumulation_spreads_over_workers_too():
+    # The config's accumulation is part of the baseline: 2 x 64 = 128 per update, on 2 workers with --np 2.
+    p = plan(
+        np_=2, cfg=fashion("train.batch_size=64", "train.accumulation_steps=2", "train.reference_batch=128")
+    )
+    assert [(r.workers, r.accumulation_steps, r.global_batch) for r in p.runs[:2]] == [
+        (2, 1, 128),
+        (2, 8, 1024),
+    ]
+    assert p.runs[0].lr == pytest.approx(0.1) and p.runs[-1].lr == pytest.approx(0.8)
+
+
+def test_lr_per_reference_batch_is_normalised_to_the_baseline():
+    # resnet50_imagenet style: 0.1 per 256 images; a baseline of 128 trains at 0.05, unscaled k=4 at 0.05 too.
+    p = plan(ks=(1, 4), cfg=fashion("train.base_lr=0.1", "train.reference_batch=256"))
+    assert [round(r.lr, 6) for r in p.runs] == [0.05, 0.05, 0.2, 0.2, 0.2]
+    assert p.runs[-1].start_lr == pytest.approx(0.05)
+
+
+def test_capped_epochs_stay_equal_in_images():
+    p = plan(ks=(1, 8), np_=2, cfg=fashion("train.steps_per_epoch=16"))
+    base, gradual = p.runs[0], p.runs[-1]
+    assert "train.steps_per_epoch=16" in base.sets and "train.steps_per_epoch=8" in gradual.sets  # 2 workers
+    assert (base.updates_per_epoch, gradual.updates_per_epoch) == (16, 2)  # 16 x 128 images per epoch both
+    with pytest.raises(UsageError) as err:
+        plan(ks=(1, 8), cfg=fashion("train.steps_per_epoch=12"))
+    assert str(err.value) == (
+        "train.steps_per_epoch 12: at k=8 an epoch of 12 x 128 images is not a whole number of updates of "
+        "1024; for equal epochs use a multiple of 8"
+    )
+
+
+def test_k_beyond_the_dataset_is_refused_and_the_largest_named():
+    assert plan(ks=(1, 468)).runs[-1].updates_per_epoch == 1
+    with pytest.raises(UsageError) as err:
+        plan(ks=(1, 8, 469))
+    assert str(err.value) == (
+        "--k 469: a global batch of 60,032 (469 x 128) is more than the 60,000 training examples of "
+        "fashion_mnist; the largest k is 468"
+    )
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["train.warmup_epochs=0"], "train.warmup_epochs is 0: the warmup variants need a length"),
+        (["run.evaluate=false"], "run.evaluate is false: the study compares validation error"),
+        (
+            ["model.precision=mixed_float16"],
+            "model.precision mixed_float16: at k=8 the runs use several workers",
+        ),
+    ],
+)
+def test_configs_the_study_cannot_use(sets, message):
+    with pytest.raises(UsageError, match=message):
+        plan(cfg=fashion(*sets), np_=2)
+    if "precision" in sets[0]:  # on one worker, or on k workers without accumulation, it is fine
+        assert plan(cfg=fashion(*sets), np_=1).runs and plan(cfg=fashion(*sets), np_=8).runs
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("1,8", [1, 8]), ("8", [1, 8]), (" 32, 1 ,8", [1, 8, 32]), ("+2", [1, 2])],
+)
+def test_k_lists(text, expected):
+    assert study.parse_ks(text) == expected
+
+
+def test_train_args_are_an_argv_with_hostile_paths_kept_whole(tmp_path):
+    folder = tmp_path / "a b$(touch x)'\"\nc"
+    run = plan(np_=2).runs[-1]
+    args = study.train_args(folder, run, data_dir="/d; rm -rf ~", threads=1)
+    assert args[:3] == ["train", "-c", str(folder / "config.yaml")]
+    assert args[args.index("--run-dir") + 1] == str(folder / "runs" / "gradual-warmup-k8-s1")
+    assert args[args.index("--np") + 1] == "2" and args[args.index("--data-dir") + 1] == "/d; rm -rf ~"
+    assert [a for a in args if a.startswith("train.")] == [s for s in run.sets if s.startswith("train.")]
+
+
+def test_train_examples_without_tensorflow(tmp_path):
+    info = tmp_path / "fashion_mnist" / "3.0.1" / "dataset_info.json"
+    info.parent.mkdir(parents=True)
+    info.write_text(json.dumps({"splits": [{"name": "test", "shardLengths": ["10000"]},
+                                           {"name": "train", "shardLengths": ["30000", "30000"]}]}))  # fmt: skip
+    assert study.train_examples(fashion(f"data.data_dir={tmp_path}")) == (60000, str(info))
+    assert (
+        study.train_examples(fashion(f"data.data_dir={tmp_path}", "data.train_split=train[:50%]"))[0] is None
+    )
+    synthetic = fashion("data.source=synthetic", "data.num_classes=10", "data.synthetic_examples=1000")
+    assert study.train_examples(synthetic) == (1000, "data.synthetic_examples")
+    (tmp_path / "counts.json").write_text(json.dumps({"train-00000-of-00002": 7, "train-00001-of-00002": 5,
+                                                      "validation-00000-of-00001": 3}))  # fmt: skip
+    imagenet = fashion("data.source=imagenet", f"data.data_dir={tmp_path}")
+    assert study.train_examples(imagenet) == (12, str(tmp_path / "counts.json"))
+
+
+# ----------------------------------------------------------------------------------- study folder
+
+
+def make_run(folder: Path, run: study.RunPlan, val: list[float], train=None, done=True, state_json=None):
+    """A run directory as `app train` leaves it: metrics.jsonl (and summary.json when finished)."""
+    path = study.run_dir(folder, run)
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text("{}\n")
+    train = train or [v - 0.02 for v in val]
+    rows = [{"epoch": i + 1, "loss": 0.5, "accuracy": t, "val_accuracy": v, "epoch_time_s": 2.0}
+            for i, (t, v) in enumerate(zip(train, val, strict=True))]  # fmt: skip
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if done:
+        (path / "summary.json").write_text(
+            json.dumps({"epochs": len(rows), "global_batch": run.global_batch})
+        )
+    if state_json is not None:
+        ckpt = path / "checkpoints" / f"epoch-{len(rows):04d}"
+        ckpt.mkdir(parents=True)
+        (ckpt / "state.json").write_text(json.dumps(state_json))
+    return path
+
+
+def new_study(tmp_path, p=None) -> tuple[Path, study.StudyPlan]:
+    p = p or plan()
+    folder = tmp_path / "studies" / p.name
+    assert study.prepare(folder, p, fashion(), ["app", "study"]) is True
+    return folder, p
+
+
+def test_prepare_writes_the_plan_and_takes_the_same_plan_again(tmp_path):
+    folder, p = new_study(tmp_path)
+    assert study.load_plan(folder) == p
+    assert config.load_yaml(folder / "config.yaml")["train.batch_size"] == 128
+    assert study.prepare(folder, plan(), fashion(), ["app"]) is False  # the same study: continue it
+    # Another data_dir is the same study (data moved); the runs get the new one.
+    assert study.prepare(folder, plan(cfg=fashion("data.data_dir=/elsewhere")), fashion(), ["app"]) is False
+
+
+@pytest.mark.parametrize(
+    ("other", "says"),
+    [
+        (lambda: plan(ks=(1, 8, 32)), "--k [1, 8] there vs [1, 8, 32] now"),
+        (lambda: plan(seeds=2), "--seeds 1 there vs 2 now"),
+        (lambda: plan(np_=2), "--np 1 there vs 2 now"),
+        (lambda: plan(cfg=fashion("train.epochs=6")), "train.epochs 10 there vs 6 now"),
+    ],
+)
+def test_a_different_plan_is_refused_and_nothing_is_overwritten(tmp_path, other, says):
+    folder, _ = new_study(tmp_path)
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    with pytest.raises(UsageError) as err:
+        study.prepare(folder, other(), fashion(), ["app"])
+    assert f"holds a different study ({says}" in str(err.value) and "pass another --name" in str(err.value)
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
+
+
+def test_a_folder_that_is_not_a_study_is_refused(tmp_path):
+    folder = tmp_path / "s"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="not empty and not a study"):
+        study.prepare(folder, plan(), fashion(), ["app"])
+    (folder / "study.json").write_text("{not json")
+    with pytest.raises(UsageError, match="study.json: not a study plan"):
+        study.prepare(folder, plan(), fashion(), ["app"])
+
+
+def test_status_and_what_is_left_to_train_come_from_the_files(tmp_path, monkeypatch, capsys):
+    folder, p = new_study(tmp_path, plan(ks=(1, 2, 4)))
+    runs = {r.name: r for r in p.runs}
+    make_run(folder, runs["baseline-k1-s1"], [0.9] * 10)
+    make_run(folder, runs["unscaled-k2-s1"], [0.9] * 3, done=False)  # interrupted after epoch 3
+    make_run(folder, runs["no-warmup-k2-s1"], [0.9] * 2, done=False)
+    make_run(folder, runs["constant-warmup-k2-s1"], [0.9], done=False)
+    study._record(folder, "no-warmup-k2-s1", 1)  # its last attempt failed
+    study._record(folder, "constant-warmup-k2-s1", 3)  # stopped by a signal: resumable
+    study._record(folder, "no-warmup-k4-s1", study.INTERRUPTED)  # Ctrl-C before its first epoch ended
+    got = {r.name: s for r, s in zip(p.runs, study.states(folder, p), strict=True)}
+    assert got["baseline-k1-s1"] == study.RunState("done", 10)
+    assert got["unscaled-k2-s1"] == study.RunState("partial", 3)
+    assert got["no-warmup-k2-s1"] == study.RunState("failed", 2, "exit status 1")
+    assert got["constant-warmup-k2-s1"] == study.RunState("partial", 1, "stopped")
+    assert got["gradual-warmup-k2-s1"] == study.RunState("pending", 0)
+    assert got["no-warmup-k4-s1"] == study.RunState("partial", 0, "interrupted")
+    left = [r.name for r, _ in study.todo(folder, p)]
+    assert left == [r.name for r in p.runs[1:]]  # everything but the finished baseline, in order
+    with study._Lock(folder) as lock:  # an `app study` training a run right now
+        lock.current("unscaled-k2-s1")
+        assert study.states(folder, p)[1] == study.RunState("running", 3)
+        code, out, err = app_main(["study", "status", str(folder)], monkeypatch, capsys)
+    assert code == 0, err
+    lines = {ln.split()[1]: ln for ln in out.splitlines() if "-k" in ln and "│" in ln}
+    assert " done " in lines["baseline-k1-s1"] and " 10/10 " in lines["baseline-k1-s1"]
+    assert " running " in lines["unscaled-k2-s1"] and "exit status 1" in lines["no-warmup-k2-s1"]
+    assert out.strip().splitlines()[-1] == "1 done, 1 running, 2 partial, 1 failed, 4 pending of 9 runs"
+
+
+def test_a_second_study_process_on_the_same_folder_is_refused(tmp_path):
+    folder, p = new_study(tmp_path)
+    with study._Lock(folder), pytest.raises(UsageError, match="another `app study` is running it"):
+        study.run_local(folder, p, None, 0, print, "app study ...")
+
+
+# ----------------------------------------------------------------------------------------- report
+
+# Two seeds per variant: errors (%) baseline 7.1/6.9, gradual 7.3/7.5, constant 8.2/8.4, none 20/21,
+# unscaled 8.2/8.2 (as val_accuracy after the last epoch).
+FINAL = {"baseline": (0.929, 0.931), "gradual-warmup": (0.927, 0.925), "constant-warmup": (0.918, 0.916),
+         "no-warmup": (0.80, 0.79), "unscaled": (0.918, 0.918)}  # fmt: skip
+
+
+def study_with_results(tmp_path, p=None, skip=()):
+    folder, p = new_study(tmp_path, p or plan(seeds=2))
+    for run in p.runs:
+        if run.name not in skip:
+            final = FINAL[run.variant][run.seed - 1]
+            make_run(
+                folder, run, [final - 0.05 * (run.epochs - 1 - e) / run.epochs for e in range(run.epochs)]
+            )
+    return folder, p
+
+
+def test_table_1_layout_mean_std_and_differences(tmp_path):
+    folder, p = study_with_results(tmp_path)
+    table = study_report.cells(study_report.collect(folder, p))
+    md, rows = study_report.table_rows(table)
+    assert [r[2] for r in md] == [
+        "baseline", "k x batch, LR unscaled", "scaled LR, no warmup", "scaled LR, constant warmup",
+        "scaled LR, gradual warmup",
+    ]  # fmt: skip
+    assert md[0] == ["1", "128", "baseline", "0.1", "none", "7.00 ± 0.14", "-", "4,680", "2/2"]
+    assert md[3] == ["8", "1,024", "scaled LR, constant warmup", "0.8", "constant 0.1 for 2 epochs",
+                     "8.30 ± 0.14", "+1.30", "580", "2/2"]  # fmt: skip
+    assert md[4][4:7] == ["gradual 0.1 -> 0.8 over 2 epochs", "7.40 ± 0.14", "+0.40"]
+    assert md[1][5:7] == ["8.20 ± 0.00", "+1.20"]
+    base = rows[0]
+    assert base[:3] == [1, 128, "baseline"] and base[9:11] == [7.0, 0.1414]
+    assert rows[2][9] == 20.5 and rows[2][11] == 13.5
+
+
+def test_verdicts_in_words(tmp_path):
+    folder, p = study_with_results(tmp_path)
+    lines = study_report.verdicts(study_report.cells(study_report.collect(folder, p)))
+    assert lines == [
+        "baseline (k=1, batch 128, LR 0.1): top-1 error 7.00 ± 0.14%",
+        "k=8 (batch 1,024): scaled LR + gradual warmup within 0.4 pp of the baseline; constant warmup 1.3 pp "
+        "worse; without warmup 13.5 pp worse; LR unscaled 1.2 pp worse",
+        "the linear scaling rule with gradual warmup keeps the baseline's accuracy up to k=8 (batch 1,024) here",
+    ]
+
+
+def test_unfinished_runs_and_one_seed(tmp_path):
+    folder, p = study_with_results(tmp_path, plan(ks=(1, 2, 8)), skip={"gradual-warmup-k8-s1"})
+    lines = study_report.verdicts(study_report.cells(study_report.collect(folder, p)))
+    assert lines[1].startswith("k=2 (batch 256): scaled LR + gradual warmup within 0.2 pp of the baseline;")
+    assert lines[2].startswith("k=8 (batch 1,024): scaled LR + gradual warmup not finished; constant warmup")
+    assert lines[3] == (
+        "the linear scaling rule with gradual warmup keeps the baseline's accuracy up to k=2 (batch 256) here"
+    )
+    assert lines[4].startswith("one seed per variant: differences under ~0.5 pp may be run-to-run noise")
+    folder, p = study_with_results(tmp_path / "other", plan(), skip={"baseline-k1-s1"})
+    assert study_report.verdicts(study_report.cells(study_report.collect(folder, p))) == [
+        "the baseline (k=1) has not finished: nothing to compare yet"
+    ]
+
+
+def test_too_few_updates_are_warned_and_no_verdict_on_the_rule(tmp_path):
+    # 6,400 examples: the baseline makes 50 updates per epoch (500), k = 8 only 6 (60 in 10 epochs).
+    folder, p = study_with_results(tmp_path, plan(examples=6400))
+    results = study_report.collect(folder, p)
+    warnings = study_report.warnings(results)
+    assert warnings == [
+        "warning: unscaled-k8-s1, no-warmup-k8-s1, constant-warmup-k8-s1, gradual-warmup-k8-s1 make only 60 "
+        "updates (fewer than 200): too few for any LR rule to converge, so the error measures the budget, not "
+        "the batch; train more epochs"
+    ]
+    lines = study_report.verdicts(study_report.cells(results))
+    assert lines[1].endswith("(only 60 updates per run: see the warning)")
+    assert lines[2].startswith("too few updates at every k to judge the linear scaling rule here")
+    # Enough updates, but a warmup of a quarter epoch is 8 updates: no ramp.
+    folder, p = study_with_results(
+        tmp_path / "w", plan(examples=30720, cfg=fashion("train.warmup_epochs=0.25"))
+    )
+    assert study_report.warnings(study_report.collect(folder, p)) == [
+        "warning: the warmup of constant-warmup-k8-s1, gradual-warmup-k8-s1 is only 8 updates (fewer than 10): "
+        "hardly a ramp; train more epochs or lengthen train.warmup_epochs"
+    ]
+
+
+def test_updates_come_from_the_runs_checkpoints_when_there(tmp_path):
+    folder, p = new_study(tmp_path, plan(examples=None))  # the dataset's size was not known when planning
+    gradual = p.runs[-1]
+    assert gradual.updates is None
+    make_run(folder, gradual, [0.9] * 10, state_json={"epoch": 10, "steps_per_epoch": 400, "workers": 1,
+                                                      "global_batch": 1024})  # fmt: skip
+    (result,) = [r for r in study_report.collect(folder, p) if r.run is gradual]
+    assert (result.updates_per_epoch, result.updates, result.warmup_updates) == (50, 500, 100)
+
+
+def test_report_files_table_csv_and_figure(tmp_path):
+    folder, p = study_with_results(tmp_path)
+    console = Console(file=io.StringIO(), width=200)
+    written = study_report.write_report(folder, p, console)
+    out = folder / "report"
+    assert written == [out / "large_batch.md", out / "large_batch.csv", out / "large_batch_runs.csv",
+                       out / "large_batch.png"]  # fmt: skip
+    md = (out / "large_batch.md").read_text()
+    assert "| k | global batch | variant | LR | warmup | top-1 error (%) | vs baseline (pp) | updates |" in md
+    assert (
+        "| 8 | 1,024 | scaled LR, gradual warmup | 0.8 | gradual 0.1 -> 0.8 over 2 epochs | 7.40 ± 0.14 |"
+        in md
+    )
+    assert "each micro-batch of 128 images is normalised by its own batch-norm statistics" in md
+    assert "k=8 (batch 1,024): scaled LR + gradual warmup within 0.4 pp of the baseline" in md
+    with open(out / "large_batch.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["variant"] for r in rows] == list(study.VARIANTS)
+    assert (
+        rows[4]["top1_error_mean"] == "7.4"
+        and rows[4]["vs_baseline_pp"] == "0.4"
+        and rows[4]["updates"] == "580"
+    )
+    png = (out / "large_batch.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+    assert "within 0.4 pp" in console.file.getvalue()
+
+
+# ------------------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--k", "0"], "Invalid value for '--k': '0': 0 is not a positive integer; k multiplies the baseline's batch"),
+        (["--k", "1,-1"], "'1,-1': -1 is not a positive integer"),
+        (["--k", "1,1.5"], "'1.5' is not a positive integer"),
+        (["--k", "nan"], "'nan' is not a positive integer"),
+        (["--k", ""], "no values; give the k to compare with the baseline"),
+        (["--k", "1,8,8"], "k 8 is given twice; give each k once"),
+        (["--k", "1"], "only k = 1, the baseline: add at least one k > 1"),
+        (["--k", "\u0668"], "is not a positive integer"),
+        (["--k", "1,8", "--seeds", "0"], "Invalid value for '--seeds': 0 is not in the range x>=1"),
+        (["--k", "1,8", "--seeds", "-1"], "Invalid value for '--seeds': -1 is not in the range x>=1"),
+        (["--k", "1,8", "--seeds", "1.5"], "'1.5' is not a valid integer"),
+        (["--k", "1,8", "--seeds", "nan"], "'nan' is not a valid integer"),
+        (["--k", "1,8", "--seeds", "101"], "--seeds 101: give 1 to 100 seeds per variant"),
+        (["--k", "1,8", "--name", "../x"], "--name ../x: cannot name a study folder; use letters, digits"),
+        (["--k", "1,8", "--set", "data.source=synthetic", "--set", "data.num_classes=10",
+          "--set", "data.synthetic_examples=1000"], "--k 8: a global batch of 1,024 (8 x 128) is more than"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line_exit_2_and_nothing_is_written(tmp_path, monkeypatch, capsys, args, message):
+    out = tmp_path / "studies"
+    code, stdout, stderr = app_main(["study", "large-batch", "-c", FASHION, "--out", str(out), *args],
+                                    monkeypatch, capsys)  # fmt: skip
+    assert code == 2, stderr
+    assert stderr.count("\n") == 1 and stderr.startswith("Error: ") and message in stderr, stderr
+    assert not out.exists()
+
+
+def test_unknown_study_kind(monkeypatch, capsys):
+    code, _, stderr = app_main(["study", "large-batches", "--k", "1,8"], monkeypatch, capsys)
+    assert (code, stderr) == (
+        2,
+        "Error: unknown study kind 'large-batches': the kinds are large-batch (and `app study status STUDY_DIR`); "
+        "did you mean 'large-batch'?\n",
+    )
+
+
+def test_status_of_a_folder_without_a_study(tmp_path, monkeypatch, capsys):
+    code, _, stderr = app_main(["study", "status", str(tmp_path)], monkeypatch, capsys)
+    assert (
+        code == 2
+        and stderr.startswith(f"Error: STUDY_DIR {tmp_path}: no study.json there")
+        and stderr.count("\n") == 1
+    )
+
+
+def test_a_different_study_in_the_folder_through_the_command_line(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "studies"
+    folder, _ = new_study(tmp_path)  # k 1,8 under tmp_path/studies/s
+    before = (folder / "study.json").read_bytes()
+    code, _, stderr = app_main(["study", "large-batch", "-c", FASHION, "--k", "1,2", "--name", "s", "--out", str(out)],
+                               monkeypatch, capsys)  # fmt: skip
+    assert code == 2 and "holds a different study (--k [1, 8] there vs [1, 2] now" in stderr, stderr
+    assert (folder / "study.json").read_bytes() == before and not (
+        folder / "runs" / "baseline-k1-s1"
+    ).exists()
+
+
+def test_dry_run_prints_the_plan_quoted_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    import shlex
+
+    out = tmp_path / "st $(touch pwned) 'q'"
+    code, stdout, stderr = app_main(["study", "large-batch", "-c", FASHION, "--k", "1,8", "--np", "2", "--out",
+                                     str(out), "--dry-run"], monkeypatch, capsys)  # fmt: skip
+    assert code == 0, stderr
+    commands = [shlex.split(ln) for ln in stdout.splitlines() if ln.startswith("  app train")]
+    assert len(commands) == 5 and commands[-1][commands[-1].index("--run-dir") + 1] == str(
+        out / "study_fashion_mnist" / "runs" / "gradual-warmup-k8-s1"
+    )
+    assert "gradual-warmup-k8-s1: 2 worker(s) x 4 accumulation x 128 = 1024, LR 0.8, warmup gradual" in stdout
+    assert not out.exists() and not (Path.cwd() / "pwned").exists()
+
+
+def test_study_commands_do_not_import_tensorflow(tmp_path):
+    folder, _ = new_study(tmp_path)
+    code = (
+        "import sys; from app.cli import cli\n"
+        f"for args in ({['study', 'status', str(folder)]!r}, "
+        f"{['study', 'large-batch', '-c', FASHION, '--k', '1,8', '--out', str(tmp_path / 'o'), '--dry-run']!r}):\n"
+        "    try:\n        cli.main(args, standalone_mode=False)\n    except BaseException:\n        pass\n"
+        "print(sorted(m for m in ('tensorflow', 'horovod', 'tf_keras') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout
+    assert out.strip().splitlines()[-1] == "[]"
+
+
+# ------------------------------------------------------------------------------- real, end to end
+
+# ResNet-20 on 8x8 Fashion-MNIST, 4 micro-batches of 16 per epoch, 2 epochs (1 of warmup): seconds per run.
+TINY = ["--set", "data.image_size=8", "--set", "train.batch_size=16", "--set", "train.steps_per_epoch=4",
+        "--set", "train.eval_steps=2", "--set", "train.epochs=2", "--set", "train.warmup_epochs=1",
+        "--set", "data.cache=false", "--set", "data.shuffle_buffer=64", "--set", "run.tensorboard=false",
+        "--set", "run.log_every=1"]  # fmt: skip
+
+
+def test_tiny_real_study_stopped_by_a_signal_continues_and_reports(tmp_path, tfds_dir):
+    out = tmp_path / "studies"
+    args = ["study", "large-batch", "-c", FASHION, "--k", "1,2", "--seeds", "1", "--name", "tiny", "--out",
+            str(out), "--data-dir", str(tfds_dir), *TINY]  # fmt: skip
+    folder = out / "tiny"
+    # 1. SIGTERM to the study once its second run trained a step: that run checkpoints at the end of the epoch and
+    # exits with status 3, and the study stops there with status 3 (no further run starts).
+    proc = subprocess.Popen([sys.executable, "-m", "app", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    second = folder / "runs" / "unscaled-k2-s1"
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("epoch 1/2 step 1/4") and any("[2/5] unscaled-k2-s1" in ln for ln in seen):
+            proc.send_signal(signal.SIGTERM)  # evaluation and the epoch's checkpoint are still ahead
+            break
+    rest, _ = proc.communicate(timeout=300)
+    stdout = stderr = "".join(seen) + rest
+    assert proc.returncode == 3, stdout + stderr
+    assert (
+        "scaleout: study stopped by SIGTERM: the run in progress checkpointed; `app study large-batch"
+        in stderr
+    )
+    p = study.load_plan(folder)
+    first = study.states(folder, p)
+    assert [s.state for s in first] == ["done", "partial", "pending", "pending", "pending"], first
+    assert (
+        first[1] == study.RunState("partial", 1, "stopped")
+        and (second / "checkpoints" / "epoch-0001").is_dir()
+    )
+    assert sorted(os.listdir(folder / "runs")) == ["baseline-k1-s1", "unscaled-k2-s1"]
+    status = run_app(["study", "status", str(folder)]).stdout
+    assert "1 done, 1 partial, 3 pending of 5 runs" in status
+
+    # 2. The same command again: the finished run is skipped, the stopped one resumes, the rest run; a report.
+    kept = (folder / "runs" / "baseline-k1-s1" / "summary.json").stat().st_mtime_ns
+    proc = run_app(args, timeout=900)
+    assert "[1/5] baseline-k1-s1: done, skipped" in proc.stdout
+    assert "[2/5] unscaled-k2-s1: resuming after epoch 1/2:" in proc.stdout and "resumed from" in proc.stdout
+    assert kept == (folder / "runs" / "baseline-k1-s1" / "summary.json").stat().st_mtime_ns
+    assert [s.state for s in study.states(folder, p)] == ["done"] * 5
+    report = folder / "report"
+    for name in ("large_batch.md", "large_batch.csv", "large_batch_runs.csv", "large_batch.png"):
+        assert (report / name).stat().st_size > 0, name
+    md = (report / "large_batch.md").read_text()
+    assert md.count("| 2 | 32 | ") == 4 and "| 1 | 16 | baseline | 0.0125 | none |" in md
+    assert "k=2 (batch 32): scaled LR + gradual warmup " in proc.stdout
+    # The plan's arithmetic is what app train did: 4 micro-batches per epoch, 2 of them per update at k = 2.
+    for run in p.runs:
+        state = json.loads(
+            (study.run_dir(folder, run) / "checkpoints" / "epoch-0002" / "state.json").read_text()
+        )
+        assert state["global_batch"] == run.global_batch and state["steps_per_epoch"] == 4
+        assert run.updates == (8 if run.k == 1 else 4)
+        assert len((study.run_dir(folder, run) / "metrics.jsonl").read_text().splitlines()) == 2
+    saved = config.load_yaml(study.run_dir(folder, p.runs[3]) / "config.yaml")
+    assert (saved["train.warmup"], saved["train.accumulation_steps"]) == ("constant", 2)
