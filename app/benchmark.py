@@ -5,6 +5,11 @@ differs: each step is timed on rank 0, split into the time spent waiting for the
 and the time of the step itself. The first steps, until step times settle (at least 10% of them), are
 excluded; the rest is cut into measurement windows whose throughputs give a mean and a 95% confidence
 interval. One JSON line per (batch size) is appended to the results file, by rank 0.
+
+With ``timeline_steps``, that many further steps (after the measured ones, so they do not count) run under
+Horovod's timeline; the trace goes next to the results file (<results>.timeline/w<workers>-b<batch>-<time>.json,
+it opens in Perfetto) and the result line gets the shares of those steps' time spent in collectives and
+negotiation (app.timeline).
 """
 
 from __future__ import annotations
@@ -160,6 +165,7 @@ def run(
     pipeline_only: bool,
     results: Path,
     threads: int = 0,
+    timeline_steps: int = 0,
 ) -> list[dict]:
     """Benchmark ``cfg`` at each per-worker batch size; rank 0 appends one JSON line per batch size."""
     import json
@@ -186,7 +192,7 @@ def run(
                 f"--batch-sizes {batch}: more than this worker's {source.spec.train_examples} examples"
             )
         ds = data.train_dataset(
-            source, batch, per_epoch, math.ceil(steps / per_epoch), 0, cfg.run.seed, world.rank,
+            source, batch, per_epoch, math.ceil((steps + timeline_steps) / per_epoch), 0, cfg.run.seed, world.rank,
             cfg.data.shuffle_buffer, synthetic=synthetic, deterministic=cfg.data.deterministic,
         )  # fmt: skip
         step_fn = None if model is None else tf.function(model.train_step, jit_compile=cfg.model.jit_compile)
@@ -203,6 +209,25 @@ def run(
             t2 = time.perf_counter()
             waits.append(t1 - t0)
             times.append(t2 - t0)
+        timeline = None
+        if timeline_steps:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            folder = results.parent / f"{results.stem}.timeline"
+            if world.is_chief:
+                folder.mkdir(parents=True, exist_ok=True)
+            with distributed.recording_timeline(folder / f"w{world.size}-b{batch}-{stamp}.json") as trace:
+                t0 = time.perf_counter()
+                for _ in range(timeline_steps):
+                    images, labels = next(iterator)
+                    if step_fn is not None:
+                        float(step_fn((images, labels))["loss"])
+                    else:
+                        images.numpy()
+                window = time.perf_counter() - t0
+            if world.is_chief:
+                from app.timeline import shares
+
+                timeline = {"file": str(trace), "steps": timeline_steps, **shares(trace, window)}
         images_per_step = batch * world.size
         result = {
             "kind": "pipeline" if pipeline_only else "train",
@@ -219,6 +244,7 @@ def run(
             "threads_per_worker": threads or None,
             **summarize_steps(times, waits, images_per_step, n_windows),
             "peak_memory_mb": peak_memory_mb(),
+            "timeline": timeline,
             "env": environment(world),
         }
         result["images_per_s"]["per_worker"] = result["images_per_s"]["mean"] / world.size
@@ -235,5 +261,11 @@ def run(
                 f"({ips['per_worker']:,.1f} per worker), step {result['step_time_s'] * 1000:.0f} ms, "
                 f"input wait {result['input_wait_fraction']:.0%}, warmup {result['warmup_steps']} steps excluded"
             )
+            if timeline:
+                reporter.note(
+                    f"timeline of {timeline_steps} more steps: collectives {timeline['collective_fraction']:.0%}, "
+                    f"negotiation {timeline['negotiation_fraction']:.0%}, compute {timeline['compute_fraction']:.0%} "
+                    f"of step time; open {timeline['file']} in ui.perfetto.dev"
+                )
         out.append(result)
     return out

@@ -254,8 +254,14 @@ def relaunch(np_: int | None, extra: list[str] = ()) -> None:
         if arg == "--np":
             skip = True
             continue
-        argv.append(arg)
+        argv.append(WORKER_SPELLING.get(arg, arg))
     sys.exit(launch_local(np_, [*argv, *extra]))
+
+
+# horovodrun's argparse scans the worker's command line too and stops with "ambiguous option" at a word that
+# abbreviates two of its own options (--timeline: --timeline-filename, --timeline-mark-cycles). The workers
+# get another spelling of such options, which only an ambiguous abbreviation needs.
+WORKER_SPELLING = {"--timeline": "--horovod-timeline"}
 
 
 @cli.command()
@@ -344,6 +350,9 @@ def _batch_sizes(ctx, param, value: str | None) -> list[int] | None:
     return sizes
 
 
+TIMELINE_STEPS = 5  # app benchmark --timeline: enough for every tensor's collective, a small trace file
+
+
 @cli.command()
 @config_options
 @click.option(
@@ -372,6 +381,9 @@ def _batch_sizes(ctx, param, value: str | None) -> list[int] | None:
 @click.option("--results", type=click.Path(path_type=Path), default=Path("results/benchmark.jsonl"), show_default=True,
               help="JSON-lines file the results are appended to.")  # fmt: skip
 @click.option("--precision", type=click.Choice(["auto", "float32", "mixed_float16", "mixed_bfloat16"]))
+@click.option("--timeline", "--horovod-timeline", "timeline", is_flag=True,
+              help=f"Also record Horovod's timeline of {TIMELINE_STEPS} more steps per batch size (allreduce vs compute; "
+                   "a trace file for Perfetto next to --results).")  # fmt: skip
 def benchmark(
     configs,
     sets,
@@ -385,6 +397,7 @@ def benchmark(
     pipeline_only,
     results,
     precision,
+    timeline,
 ):
     """Measure training (or input-pipeline) throughput; warmup excluded, mean with a 95% confidence interval.
 
@@ -401,11 +414,20 @@ def benchmark(
 
     options, origins = option_values(data_dir=data_dir, seed=seed, precision=precision)
     cfg = config.build(configs, sets, options, origins=origins)
+    if timeline and pipeline_only:
+        raise UsageError(
+            "--timeline records Horovod's collectives, which --pipeline-only has none of; drop one"
+        )
+    if timeline:
+        from app.distributed import enable_timeline
+
+        enable_timeline()  # before the workers start: they inherit it
     relaunch(np_)
     import_tensorflow()
     from app.benchmark import run
 
-    run(cfg, batch_sizes or [cfg.train.batch_size], steps, windows, pipeline_only, results, threads)
+    run(cfg, batch_sizes or [cfg.train.batch_size], steps, windows, pipeline_only, results, threads,
+        TIMELINE_STEPS if timeline else 0)  # fmt: skip
 
 
 class Fraction(click.ParamType):

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from app.errors import AppError, UsageError, brief
 
@@ -522,6 +523,24 @@ def broadcast_object(obj, root: int = 0):
     """[horovod] Rank ``root``'s Python object on every rank (run directory, resume epoch)."""
     h = _hvd_tf()
     return obj if _single(h) else h.broadcast_object(obj, root_rank=root)
+
+
+def enable_timeline() -> None:
+    """[horovod] Let :func:`recording_timeline` start Horovod's timeline later; only before :func:`init`."""
+    os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"
+
+
+@contextlib.contextmanager
+def recording_timeline(path: Path):
+    """[horovod] Horovod's timeline of what runs inside, written to rank 0's ``path`` (Horovod's coordinator
+    writes it; every rank takes part). Needs :func:`enable_timeline` before :func:`init`."""
+    h = hvd()
+    path = Path(broadcast_object(str(path)))
+    h.start_timeline(str(path))
+    try:
+        yield path
+    finally:
+        h.stop_timeline()
 
 
 def allreduce_min(value: int) -> int:
