@@ -6,7 +6,7 @@ and the time of the step itself. The first steps, until step times settle (at le
 excluded; the rest is cut into measurement windows whose throughputs give a mean and a 95% confidence
 interval. One JSON line per (batch size) is appended to the results file, by rank 0.
 
-With ``timeline_steps``, that many further steps (after the measured ones, so they do not count) run under
+With ``timeline_steps`` and several workers, that many further steps (after the measured ones, so they do not count) run under
 Horovod's timeline; the trace goes next to the results file (<results>.timeline/w<workers>-b<batch>-<time>.json,
 it opens in Perfetto) and the result line gets the shares of those steps' time spent in collectives and
 negotiation (app.timeline).
@@ -210,7 +210,9 @@ def run(
             waits.append(t1 - t0)
             times.append(t2 - t0)
         timeline = None
-        if timeline_steps:
+        if timeline_steps and world.size == 1 and world.is_chief and batch == batch_sizes[0]:
+            reporter.note("--timeline: one worker runs no collectives; nothing to record")
+        if timeline_steps and world.size > 1:
             stamp = time.strftime("%Y%m%d-%H%M%S")
             folder = results.parent / f"{results.stem}.timeline"
             if world.is_chief:

@@ -645,12 +645,12 @@ class StudyGroup(click.Group):
         if name is not None and not name.startswith("-") and self.get_command(ctx, name) is None:
             import difflib
 
-            kinds = [c for c in self.list_commands(ctx) if c != "status"]
+            kinds = [c for c in self.list_commands(ctx) if c not in ("status", "report")]
             near = difflib.get_close_matches(name, kinds, n=1)
             hint = f"; did you mean '{near[0]}'?" if near else ""
             raise UsageError(
                 f"unknown study kind {brief(name)}: the kinds are {', '.join(kinds)} "
-                f"(and `app study status STUDY_DIR`){hint}"
+                f"(and `app study status|report STUDY_DIR`){hint}"
             )
         return super().resolve_command(ctx, args)
 
@@ -786,8 +786,24 @@ def study_status(study_dir):
     from app import study as study_stage
 
     plan = study_stage.load_plan(study_dir)
-    found = study_stage.states(study_dir, plan)
     console = Console(width=None if sys.stdout.isatty() else 120, highlight=False)
+    if plan.kind == "scaling":
+        found = study_stage.part_states(study_dir, plan)
+        where = f"Slurm profile {plan.cluster}" if plan.cluster else "local processes"
+        table = Table(title=f"scaling study {plan.name}: workers {','.join(map(str, plan.workers))}, batch sizes "
+                            f"{','.join(map(str, plan.batch_sizes))} ({where})", title_justify="left")  # fmt: skip
+        for column in ("part", "workers", "state", "batch sizes measured", "detail"):
+            table.add_column(column, justify="right" if column == "workers" else "left")
+        for part, state in zip(plan.parts, found, strict=True):
+            what = f"{part.workers} processes" if part.independent else str(part.workers)
+            table.add_row(part.name, what, state.state, f"{state.epochs_done}/{len(plan.batch_sizes)}",
+                          one_line(state.detail))  # fmt: skip
+        console.print(table)
+        counts = Counter(s.state for s in found)
+        order = ("done", "running", "partial", "failed", "pending")
+        console.print(", ".join(f"{counts[s]} {s}" for s in order if counts[s]) + f" of {len(found)} parts")
+        return
+    found = study_stage.states(study_dir, plan)
     table = Table(title=f"{plan.kind} study {plan.name}: k {','.join(map(str, plan.ks))}, {plan.seeds} seed(s)",
                   title_justify="left")  # fmt: skip
     for column in ("run", "k", "workers x accumulation", "global batch", "state", "epochs", "detail"):
@@ -799,6 +815,187 @@ def study_status(study_dir):
     counts = Counter(s.state for s in found)
     order = ("done", "running", "partial", "failed", "pending")
     console.print(", ".join(f"{counts[s]} {s}" for s in order if counts[s]) + f" of {len(found)} runs")
+
+
+def _counts(what: str, example: str):
+    def convert(ctx, param, value: str | None) -> list[int] | None:
+        from app.study import parse_counts
+
+        if value is None:
+            return None
+        try:
+            return parse_counts(value, what, example)
+        except ValueError as exc:
+            raise click.BadParameter(f"{brief(value)}: {exc}") from None
+
+    return convert
+
+
+@study.command("scaling")
+@click.option(
+    "-c", "--config", "configs", multiple=True, metavar="FILE", help="Experiment YAML (repeatable)."
+)
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Config override (repeatable).")
+@click.option("--np", "np_list", callback=_counts("worker count", "--np 1,2"), metavar="N,N,...",
+              help="Local worker counts, run one after another on this machine (horovodrun --gloo).")  # fmt: skip
+@click.option("--gpus", "gpu_list", callback=_counts("worker count", "--gpus 1,2,4,8"), metavar="N,N,...",
+              help="GPU counts on a Slurm cluster (with --cluster): one job each, then a report job.")  # fmt: skip
+@click.option("--batch-sizes", callback=_counts("batch size", "--batch-sizes 32,64,128"), metavar="N,N,...",
+              help="Per-worker batch sizes measured at every worker count (default: the config's).")  # fmt: skip
+@click.option(
+    "--steps", type=Int(min=5), default=50, show_default=True, help="Steps per batch size, warmup included."
+)
+@click.option(
+    "--windows", type=Int(min=2), default=5, show_default=True, help="Measurement windows (95% interval)."
+)
+@click.option(
+    "--timeline", is_flag=True, help="Record Horovod's timeline at each point (allreduce vs compute)."
+)
+@click.option("--independent/--no-independent", default=None,
+              help="Also run N independent one-worker processes at once per N (default: locally without GPUs).")  # fmt: skip
+@click.option("--cluster", help="A Slurm profile in jobs/clusters/ (with --gpus).")
+@click.option("--account", help="Slurm account / project (with --cluster).")
+@click.option("--partition", help="Partition (default: the first in the profile that fits).")
+@click.option("--time", "time_limit", help="Slurm time limit of each benchmark job (default: the profile's).")
+@click.option("--image", help="Container image (default: the profile's).")
+@click.option(
+    "--stage", "stage_gb", type=Int(), default=None, help="Copy --data-dir to node-local disk first (GB)."
+)
+@click.option("--name", help="The study's folder name under --out (default: <config name>-scaling).")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("studies"), show_default=True,
+              help="Folder that holds the study folders.")  # fmt: skip
+@click.option("--data-dir", help="TFDS data dir or ImageNet TFRecord folder (data.data_dir).")
+@click.option("--threads", type=Int(min=0), default=0, show_default=True,
+              help="CPU threads per worker (0: the node's cores shared among its workers).")  # fmt: skip
+@click.option(
+    "--dry-run", is_flag=True, help="Print the plan (and on a cluster every job script); run nothing."
+)
+def study_scaling(configs, sets, np_list, gpu_list, batch_sizes, steps, windows, timeline, independent, cluster,
+                  account, partition, time_limit, image, stage_gb, name, out, data_dir, threads, dry_run):  # fmt: skip
+    """RQ1 + RQ2: throughput per batch size and speedup as workers are added, measured and reported.
+
+    Every per-worker batch size is measured (app benchmark) at every worker count: locally with --np one count
+    after another, or on a Slurm cluster with --cluster and --gpus, one job per GPU count and a report job
+    that starts when they have ended. Results go to studies/<name>/results/, the report to
+    studies/<name>/report/ (scaling.md, cost.csv, throughput.png, efficiency.png, ...). Run the same command
+    again to continue: measured batch sizes are kept, jobs still queued are not submitted twice.
+
+    \b
+    Example:
+      app study scaling -c configs/synthetic.yaml --np 1,2 --batch-sizes 16,32 --steps 20
+      app study scaling -c configs/resnet50_imagenet.yaml --cluster roihu --gpus 1,4,8,16,32 \\
+                        --batch-sizes 64,128,256 --account project_2001234 --data-dir /scratch/.../imagenet
+      app study status studies/resnet50_imagenet-scaling
+    """
+    import shlex
+
+    from rich.console import Console
+
+    from app import config
+    from app import study as study_stage
+
+    if detected_launcher() and not dry_run:
+        raise UsageError(
+            f"app study starts its own `app benchmark` processes: run it once, not under {detected_launcher()}"
+        )
+    if (np_list is None) == (gpu_list is None):
+        raise UsageError(
+            "give either --np N,N,... (local processes) or --gpus N,N,... with --cluster (Slurm)"
+        )
+    if gpu_list is not None and not cluster:
+        raise UsageError(
+            "--gpus runs on a Slurm cluster: add --cluster (roihu, lumi, local, ...), or use --np here"
+        )
+    if np_list is not None:
+        slurm_only = [f for f, v in (("--cluster", cluster), ("--account", account), ("--partition", partition),
+                                     ("--time", time_limit), ("--image", image), ("--stage", stage_gb)) if v is not None]  # fmt: skip
+        if slurm_only:
+            raise UsageError(
+                f"{slurm_only[0]} is for Slurm studies (--gpus with --cluster); drop it with --np"
+            )
+    if gpu_list is not None and independent:
+        raise UsageError("--independent runs processes side by side on this machine; use it with --np")
+    options = {"data.data_dir": data_dir} if data_dir else {}
+    cfg = config.build(configs, sets, options)
+    name = name or f"{cfg.name}-scaling"
+    workers = np_list if np_list is not None else gpu_list
+    if independent is None:
+        from app.distributed import gpu_device_nodes
+
+        independent = np_list is not None and not gpu_device_nodes()
+    plan = study_stage.plan_scaling(cfg, workers, batch_sizes or [cfg.train.batch_size], steps, windows, timeline,
+                                    name, cluster if gpu_list is not None else None, independent)  # fmt: skip
+    folder = out / name
+    command = ["app", "study", "scaling", *(a for c in configs for a in ("-c", c)),
+               *(a for s in sets for a in ("--set", s)),
+               "--gpus" if gpu_list is not None else "--np", ",".join(map(str, workers)),
+               "--batch-sizes", ",".join(map(str, plan.batch_sizes)), "--steps", str(steps), "--windows", str(windows),
+               *(["--timeline"] if timeline else []), "--independent" if independent else "--no-independent",
+               *(["--cluster", cluster] if cluster else []), *(["--account", account] if account else []),
+               *(["--partition", partition] if partition else []), *(["--time", time_limit] if time_limit else []),
+               *(["--image", image] if image else []), *(["--stage", str(stage_gb)] if stage_gb is not None else []),
+               "--name", name, "--out", str(out), *(["--data-dir", data_dir] if data_dir else []),
+               *(["--threads", str(threads)] if threads else [])]  # fmt: skip
+    again = shlex.join(command)
+    if plan.cluster:  # every job script is rendered (and checked) before the folder is written
+        slurm = {"cluster": cluster, "account": account, "partition": partition, "time": time_limit,
+                 "image": image, "data_dir": data_dir, "stage_gb": stage_gb}  # fmt: skip
+        study_stage.prepare(folder, plan, cfg, command, write=False)
+        study_stage.submit_scaling(folder, plan, cfg, slurm, dry_run=True, echo=lambda line: None)
+    new = study_stage.prepare(folder, plan, cfg, command, write=not dry_run)
+    if dry_run:
+        for part in plan.parts:
+            left = plan.batch_sizes if new else study_stage.missing(folder, plan, part)
+            what = (
+                f"{part.workers} independent processes" if part.independent else f"{part.workers} worker(s)"
+            )
+            click.echo(f"{part.name}: {what}, batch sizes {','.join(map(str, left)) or '(all measured)'}")
+        if plan.cluster:
+            study_stage.submit_scaling(folder, plan, cfg, slurm, dry_run=True, echo=click.echo)
+        click.echo(f"{len(plan.parts)} parts; would {'create' if new else 'continue'} {folder}")
+        return
+    click.echo(f"{'created' if new else 'continuing'} {folder}: {len(plan.parts)} parts ({again})")
+    if plan.cluster:
+        study_stage.submit_scaling(folder, plan, cfg, slurm, dry_run=False, echo=click.echo)
+        click.echo(f"follow it with `app study status {folder}`; the report job writes {folder}/report/")
+        return
+    failed = study_stage.run_scaling_local(folder, plan, data_dir, threads, click.echo, again)
+    from app import scaling_report
+
+    scaling_report.write_report(folder, plan, Console(width=None if sys.stdout.isatty() else 120))
+    if failed:
+        raise AppError(
+            f"{len(failed)} part(s) failed: {', '.join(failed)} (their output is above); fix the cause and run "
+            f"`{again}` again: measured batch sizes are kept"
+        )
+
+
+@study.command("report")
+@click.argument("study_dir", type=click.Path(path_type=Path))
+def study_report_command(study_dir):
+    """Write a study's report from what its runs have written so far (studies/<name>/report/).
+
+    A study's own command writes it at the end; this writes it for a study on Slurm (its report job runs
+    this) or one still under way.
+
+    \b
+    Example:
+      app study report studies/resnet50_imagenet-scaling
+    """
+    from rich.console import Console
+
+    from app import study as study_stage
+
+    plan = study_stage.load_plan(study_dir)
+    console = Console(width=None if sys.stdout.isatty() else 120)
+    if plan.kind == "scaling":
+        from app import scaling_report
+
+        scaling_report.write_report(study_dir, plan, console)
+    else:
+        from app import study_report
+
+        study_report.write_report(study_dir, plan, console)
 
 
 # ------------------------------------------------------------------------------ end of app study

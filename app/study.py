@@ -44,7 +44,7 @@ from pathlib import Path
 from app import config as config_mod
 from app.errors import AppError, UsageError, brief, read_regular, show
 
-KINDS = ("large-batch",)  # `app study scaling` (RQ1, RQ2) follows
+KINDS = ("large-batch", "scaling")
 FORMAT = 1  # of study.json
 MAX_SEEDS = 100  # each seed is a whole grid of runs; more is a typo
 STUDY_FILE_LIMIT = 16 * 2**20  # bytes of study.json (a few KB per run)
@@ -365,7 +365,7 @@ def _write_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def load_plan(folder: Path, label: str = "STUDY_DIR") -> StudyPlan:
+def load_plan(folder: Path, label: str = "STUDY_DIR") -> StudyPlan | ScalingPlan:
     """The plan in ``folder``/study.json; one line naming the file when it is missing or damaged."""
     folder = Path(folder)
     path = folder / "study.json"
@@ -379,7 +379,7 @@ def load_plan(folder: Path, label: str = "STUDY_DIR") -> StudyPlan:
         data = json.loads(raw)
         if data.get("format") != FORMAT or data.get("kind") not in KINDS:
             raise ValueError("format")
-        return StudyPlan.from_json(data["plan"])
+        return (ScalingPlan if data["kind"] == "scaling" else StudyPlan).from_json(data["plan"])
     except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
         raise UsageError(
             f"{path}: not a study plan this version of scaleout writes (damaged or edited); start the study "
@@ -391,22 +391,22 @@ def differences(old: StudyPlan, new: StudyPlan) -> list[str]:
     """What differs between two plans' identities, in words (the first few)."""
     a, b = old.identity(), new.identity()
     out = []
-    for key in ("kind", "k", "seeds", "np"):
-        if a[key] != b[key]:
+    for key in [k for k in a if k not in ("config", "runs", "parts")] + [k for k in b if k not in a]:
+        if a.get(key) != b.get(key):
             out.append(
-                f"{'--' + key if key != 'kind' else 'kind'} {brief(a[key])} there vs {brief(b[key])} now"
+                f"{'--' + key if key != 'kind' else 'kind'} {brief(a.get(key))} there vs {brief(b.get(key))} now"
             )
     out += [
         f"{key} {brief(a['config'].get(key))} there vs {brief(b['config'].get(key))} now"
         for key in sorted(set(a["config"]) | set(b["config"]))
         if a["config"].get(key) != b["config"].get(key)
     ]
-    if not out and a["runs"] != b["runs"]:
+    if not out and (a.get("runs"), a.get("parts")) != (b.get("runs"), b.get("parts")):
         out.append("the runs differ (another version of scaleout planned them)")
     return out[:4]
 
 
-def prepare(folder: Path, plan: StudyPlan, cfg, command: list[str], write: bool = True) -> bool:
+def prepare(folder: Path, plan: StudyPlan | ScalingPlan, cfg, command: list[str], write: bool = True) -> bool:
     """Check that ``folder`` is free for ``plan`` or already holds it; with ``write``, create it (config.yaml,
     then study.json). Returns whether the study is new. A different study there: one line, nothing written."""
     folder = Path(folder)
@@ -427,7 +427,7 @@ def prepare(folder: Path, plan: StudyPlan, cfg, command: list[str], write: bool 
     if not write:
         return True
     config_mod.check_writable(folder, "study folder", "pass a writable --out")
-    (folder / "runs").mkdir(parents=True, exist_ok=True)
+    (folder / ("results" if plan.kind == "scaling" else "runs")).mkdir(parents=True, exist_ok=True)
     _write_atomic(folder / "config.yaml", config_mod.dump(cfg))
     meta = {"format": FORMAT, "kind": plan.kind, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "command": command, "plan": plan.to_json()}  # fmt: skip
@@ -559,7 +559,8 @@ class _Forward:
     SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
     def __init__(self):
-        self.child: subprocess.Popen | None = None
+        self.child: subprocess.Popen | None = None  # the last started
+        self.children: list[subprocess.Popen] = []  # those started together (independent processes)
         self.signum = 0
 
     def __enter__(self) -> _Forward:
@@ -572,12 +573,15 @@ class _Forward:
 
     def _note(self, signum, frame) -> None:
         self.signum = self.signum or signum
-        if self.child is not None and self.child.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.child.pid, signum)
+        for child in self.children:
+            if child.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signum)
 
-    def start(self, argv: list[str], env: dict) -> subprocess.Popen:
+    def start(self, argv: list[str], env: dict, together: bool = False) -> subprocess.Popen:
+        """Start ``argv``; ``together`` keeps the processes started before it (they run at the same time)."""
         self.child = subprocess.Popen(argv, env=env)
+        self.children = [*self.children, self.child] if together else [self.child]
         if self.signum:  # came while it was being started
             self._note(self.signum, None)
         return self.child
@@ -675,3 +679,357 @@ def _end_after_ctrl_c(child: subprocess.Popen | None) -> int:
 def _record(folder: Path, run: str, code: int) -> None:
     with open(Path(folder) / "attempts.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps({"run": run, "exit": code, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+
+
+# ============================================================================ RQ1 + RQ2: scaling
+
+MAX_WORKER_COUNTS = 16  # worker counts per study (1..4096 GPUs in powers of two is 13)
+MAX_BATCH_SIZES = 16
+
+
+def parse_counts(text: str, what: str, example: str) -> list[int]:
+    """``--gpus 1,2,4`` or ``--batch-sizes 32,64``: distinct positive integers (ASCII digits), sorted."""
+    items = [v.strip() for v in str(text).split(",")]
+    bad = next((v for v in items if not re.fullmatch(r"\+?[0-9]{1,9}", v) or int(v) < 1), None)
+    if not any(items) or bad is not None:
+        raise ValueError(f"{brief(bad or text)} is not a positive integer; give a list such as {example}")
+    values = [int(v) for v in items]
+    twice = next((v for v in values if values.count(v) > 1), None)
+    if twice is not None:
+        raise ValueError(f"{twice} is given twice; give each {what} once")
+    limit = MAX_WORKER_COUNTS if what == "worker count" else MAX_BATCH_SIZES
+    if len(values) > limit:
+        raise ValueError(f"{len(values)} values: at most {limit} {what}s per study")
+    return sorted(values)
+
+
+@dataclass(frozen=True)
+class PartPlan:
+    """One benchmark of a scaling study: every batch size at one worker count, one results file. An
+    ``independent`` part runs ``workers`` one-worker processes at the same time instead (the fair baseline
+    where workers share one machine's cores), each into its own file."""
+
+    name: str  # workers-<n> | independent-<n>
+    workers: int
+    independent: bool = False
+
+    def files(self) -> list[str]:
+        """Its results files, relative to the study folder."""
+        if self.independent:
+            return [f"results/{self.name}/process-{i}.jsonl" for i in range(1, self.workers + 1)]
+        return [f"results/{self.name}.jsonl"]
+
+
+@dataclass(frozen=True)
+class ScalingPlan:
+    kind: str
+    name: str
+    config: dict  # the resolved config, flat
+    workers: tuple[int, ...]
+    batch_sizes: tuple[int, ...]
+    steps: int
+    windows: int
+    timeline: bool
+    cluster: str | None  # the Slurm profile, or None for local processes
+    parts: tuple[PartPlan, ...]
+
+    def identity(self) -> dict:
+        cfg = {k: v for k, v in self.config.items() if k != "data.data_dir"}
+        return {"kind": self.kind, "config": cfg, "gpus" if self.cluster else "np": list(self.workers),
+                "batch-sizes": list(self.batch_sizes), "steps": self.steps, "windows": self.windows,
+                "timeline": self.timeline, "cluster": self.cluster,
+                "parts": [dataclasses.astuple(p) for p in self.parts]}  # fmt: skip
+
+    def to_json(self) -> dict:
+        out = dataclasses.asdict(self)
+        out.update(workers=list(self.workers), batch_sizes=list(self.batch_sizes),
+                   parts=[dataclasses.asdict(p) for p in self.parts])  # fmt: skip
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> ScalingPlan:
+        parts = tuple(PartPlan(**p) for p in data["parts"])
+        return cls(**{**data, "workers": tuple(data["workers"]), "batch_sizes": tuple(data["batch_sizes"]),
+                      "parts": parts})  # fmt: skip
+
+
+def plan_scaling(
+    cfg, workers: list[int], batch_sizes: list[int], steps: int, windows: int, timeline: bool,
+    name: str, cluster: str | None = None, independent: bool = False,
+) -> ScalingPlan:  # fmt: skip
+    """The benchmarks of RQ1 + RQ2: pure, no I/O. One part per worker count, each measuring every per-worker
+    batch size; with ``independent`` (workers sharing one machine's CPU cores) also N one-worker processes
+    at once per N > 1, the baseline that separates communication from core sharing."""
+    if not config_mod.SAFE.fullmatch(name):
+        raise UsageError(f"--name {show(name)}: cannot name a study folder; {config_mod.SAFE_HINT}")
+    if len(workers) < 2:
+        flag = "--gpus" if cluster else "--np"
+        raise UsageError(
+            f"{flag} {','.join(map(str, workers))}: give at least two worker counts to see scaling, e.g. {flag} 1,2"
+        )
+    if steps < 5 or windows < 2 or windows > steps:
+        raise UsageError(
+            f"--steps {steps} --windows {windows}: need at least 5 steps and 2 to --steps windows "
+            "(the confidence interval needs 2)"
+        )
+    parts = []
+    for n in workers:
+        parts.append(PartPlan(f"workers-{n}", n))
+        if independent and n > 1:
+            parts.append(PartPlan(f"independent-{n}", n, independent=True))
+    return ScalingPlan(
+        "scaling", name, config_mod.flat(cfg), tuple(workers), tuple(batch_sizes), steps, windows, timeline,
+        cluster, tuple(parts),
+    )  # fmt: skip
+
+
+def benchmark_args(
+    folder: Path, plan: ScalingPlan, part: PartPlan, batch_sizes: list[int], results: str,
+    data_dir: str | None = None, threads: int = 0, config: bool = True,
+) -> list[str]:  # fmt: skip
+    """The arguments of `app` that measure ``batch_sizes`` of ``part`` into ``results`` (a list for exec)."""
+    args = ["benchmark", "-c", str(Path(folder) / "config.yaml")] if config else ["benchmark"]
+    args += ["--batch-sizes", ",".join(map(str, batch_sizes)), "--steps", str(plan.steps),
+             "--windows", str(plan.windows), "--results", str(Path(folder) / results)]  # fmt: skip
+    if plan.timeline and not part.independent:
+        args.append("--timeline")
+    if data_dir:
+        args += ["--data-dir", data_dir]
+    if threads:
+        args += ["--threads", str(threads)]
+    return args
+
+
+def measured(path: Path, workers: int) -> set[int]:
+    """The batch sizes a results file holds a complete line for at ``workers`` workers (a torn or foreign
+    line counts as nothing: that batch size is measured again)."""
+    found: set[int] = set()
+    with contextlib.suppress(OSError, UsageError):
+        text = read_regular(path, str(path), STUDY_FILE_LIMIT * 8).decode("utf-8", "replace")
+        for line in text.splitlines():
+            with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError, RecursionError):
+                row = json.loads(line)
+                if int(row["workers"]) == workers and float(row["images_per_s"]["mean"]) > 0:
+                    found.add(int(row["batch_size"]))
+    return found
+
+
+def missing(folder: Path, plan: ScalingPlan, part: PartPlan) -> list[int]:
+    """The batch sizes ``part`` still has to measure (in every one of its files)."""
+    have = set(plan.batch_sizes)
+    for f in part.files():
+        have &= measured(Path(folder) / f, 1 if part.independent else part.workers)
+    return [b for b in plan.batch_sizes if b not in have]
+
+
+def part_states(folder: Path, plan: ScalingPlan, jobs: dict | None = None) -> list[RunState]:
+    """Each part's state: done (every batch size measured), running (its process, or its Slurm job as
+    squeue/sacct say), failed (the last attempt or job failed), partial or pending. ``epochs_done`` counts
+    the batch sizes measured."""
+    last, current = attempts(folder), running_run(folder)
+    jobs = jobs if jobs is not None else slurm_states(folder)
+    out = []
+    for part in plan.parts:
+        left = missing(folder, plan, part)
+        done = len(plan.batch_sizes) - len(left)
+        job = jobs.get(part.name)
+        if not left:
+            out.append(RunState("done", done))
+        elif part.name == current:
+            out.append(RunState("running", done))
+        elif job and job[1] in ("PENDING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED"):
+            out.append(RunState("pending", done, f"job {job[0]} {job[1].lower()}"))
+        elif job and job[1] in ("RUNNING", "COMPLETING"):
+            out.append(RunState("running", done, f"job {job[0]}"))
+        elif job and job[1] not in ("COMPLETED", "?"):
+            out.append(RunState("failed", done, f"job {job[0]} {job[1].lower()}"))
+        elif last.get(part.name) not in (None, 0, 3, INTERRUPTED):
+            out.append(RunState("failed", done, f"exit status {last[part.name]}"))
+        else:
+            out.append(RunState("partial" if done else "pending", done, f"job {job[0]}" if job else ""))
+    return out
+
+
+# ------------------------------------------------------------------------------- local executor
+
+
+def run_scaling_local(
+    folder: Path, plan: ScalingPlan, data_dir: str | None, threads: int, echo, again: str
+) -> list[str]:
+    """Measure the parts one after another (an independent part's processes at the same time), each only
+    for the batch sizes it still misses; returns the parts that failed. Signals as :func:`run_local`."""
+    folder = Path(folder)
+    if not (folder / "config.yaml").is_file():
+        raise UsageError(
+            f"study folder {show(folder, limit=None)}: its config.yaml is missing (every benchmark starts from "
+            "it); restore it, or start the study again under another --name"
+        )
+    env, dropped = child_env()
+    env = {k: v for k, v in env.items() if not k.startswith("APP_BENCHMARK_")}
+    failed, stopped = [], False
+    cores = os.cpu_count() or 1
+    with _Lock(folder) as lock, _Forward() as forward:
+        for i, part in enumerate(plan.parts, 1):
+            left = missing(folder, plan, part)
+            head = f"[{i}/{len(plan.parts)}] {part.name}"
+            if not left:
+                echo(f"{head}: done, skipped")
+                continue
+            if forward.signum:
+                stopped = True
+                break
+            lock.current(part.name)
+            try:
+                if part.independent:
+                    each = threads or max(1, cores // part.workers)
+                    echo(f"{head}: {part.workers} one-worker processes at once, {each} thread(s) each, "
+                         f"batch sizes {','.join(map(str, left))}")  # fmt: skip
+                    procs = []
+                    for f in part.files():
+                        (folder / f).parent.mkdir(parents=True, exist_ok=True)
+                        argv = [sys.executable, "-m", "app",
+                                *benchmark_args(folder, plan, part, left, f, data_dir, each)]  # fmt: skip
+                        echo("+ " + shlex.join(["app", *argv[3:]]))
+                        procs.append(forward.start(argv, env, together=True))
+                    codes = [p.wait() for p in procs]
+                    code = next((c for c in codes if c != 0), 0)
+                else:
+                    argv = [sys.executable, "-m", "app",
+                            *benchmark_args(folder, plan, part, left, part.files()[0], data_dir, threads)]  # fmt: skip
+                    if part.workers > 1:
+                        argv += ["--np", str(part.workers)]
+                    echo(f"{head}: {part.workers} worker(s), batch sizes {','.join(map(str, left))}")
+                    echo("+ " + shlex.join(["app", *argv[3:]]))
+                    code = forward.start(argv, env).wait()
+            except KeyboardInterrupt:
+                for child in forward.children:
+                    _end_after_ctrl_c(child)
+                _record(folder, part.name, INTERRUPTED)
+                raise Interrupted(
+                    f"interrupted during {part.name}; `{again}` continues the study (measured batch sizes are kept)"
+                ) from None
+            _record(folder, part.name, code)
+            if forward.signum:
+                stopped = True
+                break
+            if code != 0:
+                echo(
+                    f"{head}: failed with exit status {code}; its output is above. Going on with the next part"
+                )
+                failed.append(part.name)
+        lock.current(None)
+    if stopped:
+        from app.distributed import Preempted
+
+        raise Preempted(
+            f"study stopped by {signal.Signals(forward.signum).name}; `{again}` continues it (measured batch "
+            "sizes are kept)"
+        )
+    return failed
+
+
+# ------------------------------------------------------------------------------- Slurm executor
+
+ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
+JOBS_FILE = "jobs.json"  # part name (and "report") -> the Slurm job id that runs it, per submission
+
+
+def read_jobs(folder: Path) -> dict[str, str]:
+    path = Path(folder) / JOBS_FILE
+    with contextlib.suppress(OSError, UsageError, ValueError, TypeError, AttributeError, RecursionError):
+        data = json.loads(read_regular(path, str(path), STUDY_FILE_LIMIT))
+        return {str(k): str(v) for k, v in data.items() if re.fullmatch(r"[0-9]{1,12}", str(v))}
+    return {}
+
+
+def slurm_states(folder: Path) -> dict[str, tuple[str, str]]:
+    """part name -> (job id, state) for the jobs of ``folder``'s last submission: squeue for queued and
+    running jobs, sacct for ended ones where accounting is kept; "?" where neither knows the job."""
+    jobs = read_jobs(folder)
+    if not jobs:
+        return {}
+    ids = ",".join(sorted(set(jobs.values())))
+    states: dict[str, str] = {}
+    for argv in (
+        ["squeue", "-h", "-j", ids, "-o", "%i %T"],
+        ["sacct", "-n", "-X", "-P", "-j", ids, "-o", "JobID,State"],
+    ):
+        exe = shutil.which(argv[0])
+        if exe is None:
+            continue
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            proc = subprocess.run(
+                [exe, *argv[1:]], capture_output=True, text=True, timeout=30, errors="replace"
+            )
+            for line in proc.stdout.splitlines():
+                fields = line.replace("|", " ").split()
+                if len(fields) >= 2 and fields[0] in jobs.values():
+                    states.setdefault(fields[0], fields[1].upper())
+    return {part: (job, states.get(job, "?")) for part, job in jobs.items()}
+
+
+def _write_jobs(folder: Path, jobs: dict[str, str]) -> None:
+    _write_atomic(Path(folder) / JOBS_FILE, json.dumps(jobs, indent=1) + "\n")
+
+
+def submit_scaling(
+    folder: Path, plan: ScalingPlan, cfg, options: dict, dry_run: bool, echo, write=None,
+) -> dict[str, str]:  # fmt: skip
+    """Render one job per part that still misses batch sizes (`app benchmark` on that many GPUs) and a
+    report job that depends on them (afterany), every script first, so a GPU count the cluster cannot hold
+    fails before anything is submitted; then submit them (``dry_run``: print them) and record their ids in
+    jobs.json. ``options``: cluster, account, partition, time, image, data_dir, stage_gb. Returns the ids."""
+    from app import submit as submit_stage
+
+    cluster = submit_stage.load_cluster(options["cluster"])
+    folder = Path(folder)
+    config = str(folder / "config.yaml")
+    jobs: list[tuple[str, submit_stage.Job]] = []
+    active = {p: job for p, (job, state) in slurm_states(folder).items() if state in ACTIVE}
+    for part in plan.parts:
+        left = missing(folder, plan, part)
+        if not left or part.independent:
+            continue
+        if part.name in active:  # submitted before and still queued or running: not twice
+            echo(f"{part.name}: job {active[part.name]} is still queued or running; not submitted again")
+            continue
+        task = benchmark_args(folder, plan, part, left, part.files()[0], config=False)
+        try:
+            job = submit_stage.render(
+                cluster, part.workers, [config], [], options.get("time"), options.get("account"),
+                options.get("partition"), options.get("image"), options.get("data_dir"), options.get("stage_gb"),
+                f"{plan.name}-{part.name}", task=task, cfg=cfg,
+            )  # fmt: skip
+        except UsageError as exc:
+            raise UsageError(f"--gpus {part.workers}: {exc}") from None
+        jobs.append((part.name, job))
+    if not jobs:
+        echo("nothing to submit: every part is measured or its job is queued or running "
+             f"(see `app study status {show(folder, limit=None)}`)")  # fmt: skip
+        return {}
+    report_args = ["study", "report", str(folder)]
+    placeholders = [f"$JOB_{name.upper().replace('-', '_')}" for name, _ in jobs]
+    first = jobs[0][1]
+    after = submit_stage.render_after(first, cluster, f"{plan.name}-report", report_args, placeholders,
+                                      options.get("account"))  # fmt: skip
+    if dry_run:
+        for (name, job), var in zip(jobs, placeholders, strict=True):
+            echo(f"# ---- {name}: sbatch --parsable (its id is {var})")
+            echo(job.script.rstrip("\n"))
+        echo(f"# ---- report: sbatch --parsable, after {' '.join(placeholders)}")
+        echo(after.script.rstrip("\n"))
+        return {}
+    ids: dict[str, str] = {}
+    try:
+        for name, job in jobs:
+            ids[name] = submit_stage.sbatch(job).split(";")[0].strip()
+            echo(f"submitted job {ids[name]}: {name}, {job.nodes} node(s), partition {job.partition}")
+        waits = [ids[n] for n, _ in jobs] + sorted(v for k, v in active.items() if k != "report")
+        after = submit_stage.render_after(first, cluster, f"{plan.name}-report", report_args, waits,
+                                          options.get("account"))  # fmt: skip
+        ids["report"] = submit_stage.sbatch(after).split(";")[0].strip()
+        echo(f"submitted job {ids['report']}: the report, after {', '.join(waits)}")
+    finally:
+        if ids:
+            _write_jobs(folder, {**read_jobs(folder), **ids})
+    return ids

@@ -464,7 +464,8 @@ def test_unknown_study_kind(monkeypatch, capsys):
     code, _, stderr = app_main(["study", "large-batches", "--k", "1,8"], monkeypatch, capsys)
     assert (code, stderr) == (
         2,
-        "Error: unknown study kind 'large-batches': the kinds are large-batch (and `app study status STUDY_DIR`); "
+        "Error: unknown study kind 'large-batches': the kinds are large-batch, scaling (and `app study "
+        "status|report STUDY_DIR`); "
         "did you mean 'large-batch'?\n",
     )
 

@@ -1,0 +1,207 @@
+"""The scaling study's report (RQ1 + RQ2) from a study folder of `app study scaling`.
+
+Reads the benchmark results the study wrote (results/workers-<n>.jsonl, and for the independent baseline
+results/independent-<n>/process-<i>.jsonl) and builds on `app report`'s scaling table (app.report.scaling):
+
+- RQ1, per-GPU batch: images/s per worker for each batch size, what an ImageNet-1k epoch costs at each
+  point (wall-clock minutes and GPU-hours), input wait, and the best per-worker batch here;
+- RQ2, workers: speedup and efficiency against the fewest workers with the ideal line and 95% error bars,
+  the point where adding workers stops paying (efficiency below app.report.FAIR), and, where the
+  workers shared one machine's CPU cores, Horovod's N workers against N independent processes at once, the
+  baseline that separates communication from core sharing;
+- where the time goes: the share of step time spent in collectives, in negotiation and in compute, from
+  the Horovod timelines `app benchmark --timeline` recorded.
+
+Writes report/scaling.md and .csv, cost.csv, independent.csv, timeline.csv, throughput.png, efficiency.png.
+No TensorFlow: it runs on a login node and in the study's report job.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app import report
+from app.errors import UsageError
+from app.study import IMAGENET_TRAIN_EXAMPLES, ScalingPlan
+from app.study_report import _csv
+
+
+def collect(folder: Path, plan: ScalingPlan, note) -> tuple[list[dict], dict[tuple[int, int], list[float]]]:
+    """(the Horovod parts' results, (processes, batch) -> each independent process's images/s)."""
+    folder = Path(folder)
+    results: list[dict] = []
+    independent: dict[tuple[int, int], list[float]] = {}
+    for part in plan.parts:
+        for name in part.files():
+            path = folder / name
+            if not path.is_file():
+                continue
+            try:
+                rows = report.load_results(path, note)
+            except UsageError as exc:
+                note(f"{exc}; left out")
+                continue
+            if part.independent:
+                for r in rows:
+                    independent.setdefault((part.workers, int(r["batch_size"])), []).append(
+                        float(r["images_per_s"]["mean"])
+                    )
+            else:
+                results += [r for r in rows if int(r["workers"]) == part.workers]
+    # A cell holds the sum over processes only when every process measured it.
+    independent = {k: v for k, v in independent.items() if len(v) == k[0]}
+    return results, independent
+
+
+COST_COLUMNS = ("batch/worker", "workers", "images/s", "ImageNet-1k epoch (min)", "GPU-hours per epoch (worker-hours)")
+
+
+def cost_rows(table: dict[int, list[report.Point]]) -> list[list[str]]:
+    """What one epoch of ImageNet-1k's 1,281,167 training images costs at each point measured."""
+    rows = []
+    for points in table.values():
+        for p in points:
+            minutes = IMAGENET_TRAIN_EXAMPLES / p.images_per_s / 60
+            rows.append([str(p.batch_size), str(p.workers), f"{p.images_per_s:,.1f}", f"{minutes:,.1f}",
+                         f"{minutes / 60 * p.workers:,.2f}"])  # fmt: skip
+    return rows
+
+
+INDEPENDENT_COLUMNS = (
+    "batch/worker",
+    "workers",
+    "Horovod images/s",
+    "independent images/s",
+    "Horovod / independent",
+)
+
+
+def independent_rows(table: dict[int, list[report.Point]], independent) -> list[list[str]]:
+    rows = []
+    for batch, points in table.items():
+        for p in points:
+            solo = independent.get((p.workers, batch))
+            if solo:
+                rows.append([str(batch), str(p.workers), f"{p.images_per_s:,.1f}", f"{sum(solo):,.1f}",
+                             f"{p.images_per_s / sum(solo):.0%}"])  # fmt: skip
+    return rows
+
+
+TIMELINE_COLUMNS = ("batch/worker", "workers", "collectives", "negotiation", "compute", "trace")
+
+
+def timeline_rows(results: list[dict]) -> list[list[str]]:
+    """Per point with a timeline: the shares of the traced steps' time (the newest trace per point)."""
+    newest: dict[tuple[int, int], dict] = {}
+    for r in results:
+        t = r.get("timeline")
+        if isinstance(t, dict) and all(
+            report._number(t.get(k))
+            for k in ("collective_fraction", "negotiation_fraction", "compute_fraction")
+        ):
+            newest[(int(r["batch_size"]), int(r["workers"]))] = t
+    return [[str(b), str(w), f"{t['collective_fraction']:.0%}", f"{t['negotiation_fraction']:.0%}",
+             f"{t['compute_fraction']:.0%}", str(t.get("file", ""))]
+            for (b, w), t in sorted(newest.items())]  # fmt: skip
+
+
+def verdicts(table: dict[int, list[report.Point]], independent, timelines: list[list[str]]) -> list[str]:
+    """app report's lines, then the study's answers: the best per-worker batch, where adding workers stops
+    paying, communication against core sharing, and where the time goes at the most workers."""
+    lines = report.verdicts(table)
+    most = max(p.workers for pts in table.values() for p in pts)
+    at_most = {
+        b: next(p for p in pts if p.workers == most) for b, pts in table.items() if pts[-1].workers == most
+    }
+    if at_most:
+        best = max(at_most.values(), key=lambda p: p.per_worker)
+        lines.append(
+            f"RQ1: the best per-worker batch here is {best.batch_size} ({best.per_worker:,.1f} images/s per worker "
+            f"at {most} workers; an ImageNet-1k epoch in {IMAGENET_TRAIN_EXAMPLES / best.images_per_s / 60:,.1f} min)"
+        )
+    for batch, points in table.items():
+        if len(points) < 2:
+            continue
+        low = next((p for p in points[1:] if p.efficiency < report.FAIR), None)
+        if points[-1].cores_shared:
+            continue  # said by app report's line: core sharing, see the independent comparison
+        if low is None:
+            lines.append(
+                f"RQ2: batch {batch}/worker: adding workers paid up to the most measured ({points[-1].workers}, "
+                f"efficiency {points[-1].efficiency:.0%})"
+            )
+        else:
+            lines.append(
+                f"RQ2: batch {batch}/worker: adding workers stops paying at {low.workers} (efficiency "
+                f"{low.efficiency:.0%}, below {report.FAIR:.0%}; speedup {low.speedup:.2f}x)"
+            )
+    for batch, points in table.items():
+        for p in points:
+            solo = independent.get((p.workers, batch))
+            if solo and p.workers == max(n for n, b in independent if b == batch):
+                ratio = p.images_per_s / sum(solo)
+                lines.append(
+                    f"RQ2: batch {batch}/worker: {p.workers} Horovod workers reach {ratio:.0%} of {p.workers} "
+                    f"independent processes on the same cores: that gap, not the {p.efficiency:.0%} against one "
+                    "worker, is what communication costs here"
+                )
+    top = [r for r in timelines if int(r[1]) == most]
+    if top:
+        r = max(top, key=lambda r: int(r[0]))
+        lines.append(
+            f"where the time goes at {most} workers, batch {r[0]}/worker: collectives {r[2]}, negotiation "
+            f"(waiting for every rank) {r[3]}, compute {r[4]} of step time"
+        )
+    return lines
+
+
+def markdown(plan: ScalingPlan, sections: list[tuple[str, tuple, list]], lines: list[str]) -> str:
+    where = f"Slurm profile {plan.cluster}" if plan.cluster else "local processes"
+    out = [f"# Scaling study {plan.name}", "",
+           f"{plan.config.get('model.name')}, {plan.config.get('data.image_size') or ''} px, "
+           f"workers {', '.join(map(str, plan.workers))} ({where}), batch sizes per worker "
+           f"{', '.join(map(str, plan.batch_sizes))}, {plan.steps} steps each (warmup excluded), mean of "
+           f"{plan.windows} windows with a 95% confidence interval.", ""]  # fmt: skip
+    for title, columns, rows in sections:
+        if not rows:
+            continue
+        out += [f"## {title}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        out += ["| " + " | ".join(row) + " |" for row in rows]
+        out.append("")
+    out += ["## Verdicts", "", *(f"- {line}" for line in lines), ""]
+    return "\n".join(out)
+
+
+def write_report(folder: Path, plan: ScalingPlan, console) -> list[Path]:
+    """Everything the scaling report writes into ``folder``/report; prints the tables and the verdicts."""
+    out = Path(folder) / "report"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{out}: cannot create the report folder ({exc.strerror or exc})") from None
+    results, independent = collect(folder, plan, lambda message: console.print(f"note: {message}"))
+    if not results:
+        raise UsageError(f"study folder {folder}: no benchmark results yet; see `app study status {folder}`")
+    table = report.scaling(results)
+    rows = report.scaling_rows(table)
+    costs, solo, traces = cost_rows(table), independent_rows(table, independent), timeline_rows(results)
+    lines = verdicts(table, independent, traces)
+    sections = [("Throughput, speedup and efficiency", report.SCALING_COLUMNS, rows),
+                ("What an ImageNet-1k epoch costs", COST_COLUMNS, costs),
+                ("Horovod against independent processes on the same cores", INDEPENDENT_COLUMNS, solo),
+                ("Where the time goes (Horovod timeline)", TIMELINE_COLUMNS, traces)]  # fmt: skip
+    md = out / "scaling.md"
+    report.write_text(md, markdown(plan, sections, lines))
+    written = [md]
+    for stem, columns, body in (("scaling", report.SCALING_COLUMNS, rows), ("cost", COST_COLUMNS, costs),
+                                ("independent", INDEPENDENT_COLUMNS, solo), ("timeline", TIMELINE_COLUMNS, traces)):  # fmt: skip
+        if body:
+            written.append(_csv(out / f"{stem}.csv", columns, body))
+    written += report.plot_scaling(table, out)
+    for title, columns, body in sections:
+        if body:
+            report.print_table(console, title, columns, body)
+    for line in lines:
+        console.print(line, highlight=False)
+    console.print(f"wrote {', '.join(str(p) for p in written)}")
+    return written

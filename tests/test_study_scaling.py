@@ -1,0 +1,380 @@
+"""`app study scaling` (RQ1 + RQ2): the plan (pure), what is left to measure and status from files, the job
+scripts and their dependency chain, the report on hand-made results, Horovod's timeline read back, bad input,
+and one tiny real local study end to end. The real Slurm study is in test_slurm.py."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from test_study import app_main
+
+from app import config, report, scaling_report, study, timeline
+from app.errors import UsageError
+from conftest import ROOT, TINY_SYNTHETIC
+
+SYNTHETIC = str(ROOT / "configs" / "synthetic.yaml")
+
+
+def cfg(*sets: str) -> config.Config:
+    return config.build([SYNTHETIC], list(sets))
+
+
+def splan(workers=(1, 2), batches=(16, 32), independent=False, cluster=None, timeline_=False, name="s"):
+    return study.plan_scaling(
+        cfg(), list(workers), list(batches), 20, 4, timeline_, name, cluster, independent
+    )
+
+
+def result(batch: int, workers: int, ips: float, ci: float = 1.0, gpus: int = 1, cores: int = 64, nodes=1,
+           trace: dict | None = None) -> dict:  # fmt: skip
+    return {"kind": "train", "model": "resnet50", "image_size": 224, "precision": "mixed_bfloat16", "xla": False,
+            "batch_size": batch, "workers": workers, "nodes": nodes, "images_per_s": {"mean": ips, "ci95": ci},
+            "input_wait_fraction": 0.01, "env": {"gpu_count": gpus, "cpu_count": cores}, "timeline": trace}  # fmt: skip
+
+
+def write_results(folder: Path, part: study.PartPlan, rows: list[dict], index: int = 0) -> None:
+    path = folder / part.files()[index]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+# ------------------------------------------------------------------------------------------- plan
+
+
+def test_plan_has_a_part_per_worker_count_and_independent_baselines():
+    p = splan((1, 2, 4), independent=True)
+    assert [(x.name, x.workers, x.independent) for x in p.parts] == [
+        ("workers-1", 1, False), ("workers-2", 2, False), ("independent-2", 2, True),
+        ("workers-4", 4, False), ("independent-4", 4, True),
+    ]  # fmt: skip
+    assert p.parts[2].files() == [
+        "results/independent-2/process-1.jsonl",
+        "results/independent-2/process-2.jsonl",
+    ]
+    assert [x.name for x in splan((1, 2)).parts] == ["workers-1", "workers-2"]
+
+
+def test_plan_round_trips_through_study_json(tmp_path):
+    p = splan(timeline_=True, cluster="local")
+    folder = tmp_path / "s"
+    assert study.prepare(folder, p, cfg(), ["app"]) is True
+    assert study.load_plan(folder) == p
+    assert (folder / "results").is_dir() and (folder / "config.yaml").is_file()
+    assert study.prepare(folder, p, cfg(), ["app"]) is False  # the same study again: continue it
+
+
+@pytest.mark.parametrize(
+    ("other", "says"),
+    [
+        (dict(batches=(16, 64)), "--batch-sizes [16, 32] there vs [16, 64] now"),
+        (dict(workers=(1, 4)), "--np [1, 2] there vs [1, 4] now"),
+        (dict(timeline_=True), "--timeline False there vs True now"),
+    ],
+)
+def test_a_different_scaling_study_in_the_folder_is_refused(tmp_path, other, says):
+    folder = tmp_path / "s"
+    study.prepare(folder, splan(), cfg(), ["app"])
+    before = (folder / "study.json").read_bytes()
+    with pytest.raises(UsageError, match="holds a different study") as exc:
+        study.prepare(folder, splan(**other), cfg(), ["app"])
+    assert says in str(exc.value)
+    assert (folder / "study.json").read_bytes() == before
+
+
+def test_benchmark_args_are_an_argv_with_hostile_paths_kept_whole(tmp_path):
+    folder = tmp_path / "a b;$(touch x)'\n"
+    p = splan(timeline_=True)
+    args = study.benchmark_args(folder, p, p.parts[1], [32], p.parts[1].files()[0], "d $(x)", 2)
+    assert args == ["benchmark", "-c", f"{folder}/config.yaml", "--batch-sizes", "32", "--steps", "20",
+                    "--windows", "4", "--results", f"{folder}/results/workers-2.jsonl", "--timeline",
+                    "--data-dir", "d $(x)", "--threads", "2"]  # fmt: skip
+
+
+# ----------------------------------------------------------------------- what is left, and status
+
+
+def test_missing_batch_sizes_come_from_the_results_files(tmp_path):
+    folder = tmp_path / "s"
+    p = splan((1, 2), independent=True)
+    study.prepare(folder, p, cfg(), ["app"])
+    one, two, solo = p.parts
+    assert study.missing(folder, p, one) == [16, 32]
+    write_results(folder, one, [result(16, 1, 100.0)])
+    with open(folder / one.files()[0], "a") as f:  # a torn last line (an interrupted write) counts as nothing
+        f.write('{"batch_size": 32, "workers": 1, "images_per')
+    assert study.missing(folder, p, one) == [32]
+    write_results(
+        folder, two, [result(16, 1, 100.0), result(32, 2, 150.0)]
+    )  # a 1-worker line is not this part's
+    assert study.missing(folder, p, two) == [16]
+    write_results(folder, solo, [result(16, 1, 90.0), result(32, 1, 80.0)], index=0)
+    assert study.missing(folder, p, solo) == [16, 32]  # process 2 has measured nothing yet
+    write_results(folder, solo, [result(16, 1, 90.0)], index=1)
+    assert study.missing(folder, p, solo) == [32]
+
+
+def test_status_of_the_parts_from_files_and_jobs(tmp_path, monkeypatch, capsys):
+    folder = tmp_path / "s"
+    p = splan((1, 2, 4))
+    study.prepare(folder, p, cfg(), ["app"])
+    write_results(folder, p.parts[0], [result(16, 1, 100.0), result(32, 1, 120.0)])
+    write_results(folder, p.parts[1], [result(16, 2, 180.0)])
+    study._record(folder, "workers-2", 1)
+    states = study.part_states(folder, p, jobs={})
+    assert [(s.state, s.epochs_done, s.detail) for s in states] == [
+        ("done", 2, ""), ("failed", 1, "exit status 1"), ("pending", 0, "")
+    ]  # fmt: skip
+    jobs = {"workers-2": ("41", "RUNNING"), "workers-4": ("42", "PENDING")}
+    assert [s.state for s in study.part_states(folder, p, jobs=jobs)] == ["done", "running", "pending"]
+    jobs = {"workers-2": ("41", "COMPLETED"), "workers-4": ("42", "TIMEOUT")}
+    states = study.part_states(folder, p, jobs=jobs)
+    assert [(s.state, s.detail) for s in states][2] == ("failed", "job 42 timeout")
+    code, out, err = app_main(["study", "status", str(folder)], monkeypatch, capsys)
+    assert code == 0, err
+    assert "workers-1" in out and "1 done, 1 failed, 1 pending of 3 parts" in out
+
+
+def test_a_damaged_jobs_file_is_no_jobs(tmp_path):
+    (tmp_path / study.JOBS_FILE).write_bytes(b"\x00\xff{")
+    assert study.read_jobs(tmp_path) == {} and study.slurm_states(tmp_path) == {}
+    (tmp_path / study.JOBS_FILE).write_text('{"workers-1": "12", "workers-2": "$(reboot)"}')
+    assert study.read_jobs(tmp_path) == {"workers-1": "12"}
+
+
+# --------------------------------------------------------------------------- Slurm job scripts
+
+
+def test_dry_run_on_a_cluster_prints_a_job_per_gpu_count_and_a_report_job_after_them(
+    tmp_path, monkeypatch, capsys
+):
+    out = tmp_path / "studies"
+    code, stdout, stderr = app_main(
+        ["study", "scaling", "-c", SYNTHETIC, "--cluster", "local", "--gpus", "1,2", "--batch-sizes", "8,16",
+         "--steps", "10", "--windows", "2", "--timeline", "--out", str(out), "--name", "t", "--dry-run"],
+        monkeypatch, capsys,
+    )  # fmt: skip
+    assert code == 0, stderr
+    assert not out.exists()  # a dry run writes nothing
+    scripts = stdout.split("# ---- ")[1:]
+    assert [s.split(":", 1)[0] for s in scripts] == ["workers-1", "workers-2", "report"]
+    for script, gpus in zip(scripts[:2], (1, 2), strict=True):
+        assert f"#SBATCH --ntasks-per-node={gpus}" in script and f"--gres=gpu:{gpus}" in script
+        assert f"benchmark \"${{CONFIG_ARGS[@]}}\" \"${{SET_ARGS[@]}}\" --batch-sizes 8,16 --steps 10 --windows 2 " \
+               f"--results {out}/t/results/workers-{gpus}.jsonl --timeline" in script  # fmt: skip
+        assert f"CONFIG_ARGS=(-c {out}/t/config.yaml)" in script
+    report_job = scripts[2]
+    assert "#SBATCH --dependency=afterany:$JOB_WORKERS_1:$JOB_WORKERS_2" in report_job
+    assert f"-m app study report {out}/t\n" in report_job
+    assert stdout.rstrip().endswith(f"2 parts; would create {out}/t")
+    for script in scripts:
+        body = script.split("\n", 1)[1].split("\n2 parts;")[0]
+        assert subprocess.run(["bash", "-n"], input=body, text=True).returncode == 0
+
+
+def test_a_gpu_count_the_cluster_cannot_hold_fails_before_anything(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "studies"
+    code, _, stderr = app_main(["study", "scaling", "-c", SYNTHETIC, "--cluster", "roihu", "--gpus", "4,6",
+                                "--account", "project_2001234", "--out", str(out)], monkeypatch, capsys)  # fmt: skip
+    assert code == 2 and stderr.count("\n") == 1
+    assert stderr.startswith("Error: --gpus 6: --gpus 6 is not a multiple of 4 GPUs per node on roihu"), (
+        stderr
+    )
+    assert not out.exists()
+
+
+# ------------------------------------------------------------------------------------ the report
+
+
+def test_report_answers_rq1_and_rq2_from_hand_made_results(tmp_path):
+    folder = tmp_path / "s"
+    p = splan((1, 2, 4, 8), batches=(32, 64))
+    study.prepare(folder, p, cfg(), ["app"])
+    trace = {
+        "collective_fraction": 0.3,
+        "negotiation_fraction": 0.1,
+        "compute_fraction": 0.6,
+        "file": "t.json",
+    }
+    rows = {1: (100.0, 200.0), 2: (190.0, 396.0), 4: (360.0, 780.0), 8: (480.0, 1520.0)}
+    for part in p.parts:
+        n = part.workers
+        write_results(folder, part, [result(32, n, rows[n][0], trace=trace if n == 8 else None),
+                                     result(64, n, rows[n][1])])  # fmt: skip
+    console = Console(file=io.StringIO(), width=200)
+    written = scaling_report.write_report(folder, p, console)
+    names = sorted(x.name for x in written)
+    assert names == [
+        "cost.csv",
+        "efficiency.png",
+        "scaling.csv",
+        "scaling.md",
+        "throughput.png",
+        "timeline.csv",
+    ]
+    md = (folder / "report" / "scaling.md").read_text()
+    # Batch 64 scales at 95% to 8 workers; batch 32 at 60%: below 70% first at 8 (4 workers: 90%).
+    assert "- RQ1: the best per-worker batch here is 64 (190.0 images/s per worker at 8 workers;" in md
+    assert (
+        "- RQ2: batch 32/worker: adding workers stops paying at 8 (efficiency 60%, below 70%; speedup 4.80x)"
+        in md
+    )
+    assert "- RQ2: batch 64/worker: adding workers paid up to the most measured (8, efficiency 95%)" in md
+    assert "collectives 30%, negotiation (waiting for every rank) 10%, compute 60% of step time" in md
+    # An ImageNet-1k epoch: 1,281,167 images at 1,520 images/s = 14.0 min, x 8 GPUs = 1.87 GPU-hours.
+    assert "| 64 | 8 | 1,520.0 | 14.0 | 1.87 |" in md
+    assert "independent" not in md  # no independent baseline was measured
+
+
+def test_report_on_cpu_workers_sharing_cores_compares_with_independent_processes(tmp_path):
+    folder = tmp_path / "s"
+    p = splan((1, 2), batches=(32,), independent=True)
+    study.prepare(folder, p, cfg(), ["app"])
+    write_results(folder, p.parts[0], [result(32, 1, 10.0, gpus=0, cores=2)])
+    write_results(folder, p.parts[1], [result(32, 2, 10.2, gpus=0, cores=2)])
+    for i in (0, 1):
+        write_results(folder, p.parts[2], [result(32, 1, 5.5 + i, gpus=0, cores=2)], index=i)
+    console = Console(file=io.StringIO(), width=300)
+    scaling_report.write_report(folder, p, console)
+    md = (folder / "report" / "scaling.md").read_text()
+    assert ("batch 32/worker scales at 51% to 2 workers: 2 CPU workers share one node's 2 cores, so this measures "
+            "core sharing, not communication") in md  # fmt: skip
+    assert "communication-bound" not in md and "stops paying" not in md
+    # 10.2 images/s against 5.5 + 6.5 = 12.0 of two independent processes: 85%.
+    assert "| 32 | 2 | 10.2 | 12.0 | 85% |" in md
+    assert "2 Horovod workers reach 85% of 2 independent processes on the same cores" in md
+
+
+def test_report_without_results_is_one_line(tmp_path, monkeypatch, capsys):
+    folder = tmp_path / "s"
+    study.prepare(folder, splan(), cfg(), ["app"])
+    code, _, stderr = app_main(["study", "report", str(folder)], monkeypatch, capsys)
+    assert code == 2 and stderr == f"Error: study folder {folder}: no benchmark results yet; see `app study " \
+                                   f"status {folder}`\n"  # fmt: skip
+
+
+def test_app_report_no_longer_calls_core_sharing_communication_bound():
+    table = report.scaling([result(32, 1, 10.0, gpus=0, cores=2), result(32, 2, 10.2, gpus=0, cores=2)])
+    assert "core sharing, not communication" in report.verdicts(table)[0]
+    table = report.scaling([result(32, 1, 10.0), result(32, 2, 10.2, nodes=2)])  # GPUs: communication it is
+    assert report.verdicts(table)[0] == "batch 32/worker scales at 51% to 2 workers: communication-bound"
+
+
+# ------------------------------------------------------------------------------------- timeline
+
+
+def trace_events() -> list[dict]:
+    """Two tensors as Horovod writes them: negotiation, then the allreduce with its parts inside."""
+    ev = []
+    for pid, (n0, n1, a0, a1) in ((1, (0, 100, 100, 400)), (2, (50, 150, 300, 500))):
+        ev += [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"grad_{pid}"}},
+               {"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": n0, "pid": pid}, {"ph": "E", "ts": n1, "pid": pid},
+               {"ph": "B", "name": "ALLREDUCE", "ts": a0, "pid": pid},
+               {"ph": "B", "name": "GLOO_ALLREDUCE", "ts": a0 + 10, "pid": pid}, {"ph": "E", "ts": a1 - 10, "pid": pid},
+               {"ph": "E", "ts": a1, "pid": pid}]  # fmt: skip
+    return ev
+
+
+def test_timeline_shares_are_unions_across_tensors(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace_events()))
+    s = timeline.shares(path, window_s=0.001)  # 1000 us
+    # Collectives: [100, 500] = 400 us; negotiation outside them: [0, 100] = 100 us; the rest compute.
+    assert (s["collective_s"], s["negotiation_s"]) == (pytest.approx(400e-6), pytest.approx(100e-6))
+    assert (s["collective_fraction"], s["compute_fraction"], s["collectives"]) == (
+        pytest.approx(0.4),
+        pytest.approx(0.5),
+        2,
+    )
+
+
+def test_a_trace_horovod_did_not_close_is_read_up_to_its_last_event(tmp_path):
+    path = tmp_path / "t.json"
+    text = json.dumps(trace_events())
+    path.write_text(text[:-1] + ",")  # killed before the closing bracket
+    assert timeline.shares(path, 0.001)["collectives"] == 2
+    path.write_text(text[: text.rfind('{"ph": "E", "ts": 500')])  # and mid-way: the open allreduce is dropped
+    assert timeline.shares(path, 0.001)["collectives"] == 1
+    for bad in (b"", b"\x00\xff", b'{"a": 1}'):
+        path.write_bytes(bad)
+        with pytest.raises(UsageError, match="not a Horovod timeline"):
+            timeline.load_events(path)
+
+
+# ------------------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--np", "1"], "--np 1: give at least two worker counts to see scaling, e.g. --np 1,2"),
+        (["--np", "1,0"], "'1,0': '0' is not a positive integer; give a list such as --np 1,2"),
+        (["--np", "1,x"], "'x' is not a positive integer"),
+        (["--np", "1,2,2"], "2 is given twice; give each worker count once"),
+        (["--np", "1,2", "--batch-sizes", "-8"], "'-8' is not a positive integer"),
+        (["--np", "1,2", "--gpus", "1,2"], "give either --np N,N,... (local processes) or --gpus N,N,..."),
+        ([], "give either --np N,N,..."),
+        (["--gpus", "1,2"], "--gpus runs on a Slurm cluster: add --cluster"),
+        (["--np", "1,2", "--cluster", "local"], "--cluster is for Slurm studies (--gpus with --cluster)"),
+        (["--gpus", "1,2", "--cluster", "local", "--independent"], "--independent runs processes side by side"),
+        (["--gpus", "1,2", "--cluster", "nowhere"], "nowhere"),
+        (["--np", "1,2", "--steps", "5", "--windows", "6"], "need at least 5 steps and 2 to --steps windows"),
+        (["--np", "1,2", "--name", "$(touch pwned)"], "cannot name a study folder"),
+        (["--gpus", "1,2", "--cluster", "local", "--time", "0:30"], "too short"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line_exit_2_and_nothing_is_written(tmp_path, monkeypatch, capsys, args, message):
+    out = tmp_path / "studies"
+    code, _, stderr = app_main(
+        ["study", "scaling", "-c", SYNTHETIC, "--out", str(out), *args], monkeypatch, capsys
+    )
+    assert code == 2, stderr
+    assert stderr.count("\n") == 1 and stderr.startswith("Error: ") and message in stderr, stderr
+    assert not out.exists() and not (Path.cwd() / "pwned").exists()
+
+
+def test_scaling_commands_do_not_import_tensorflow(tmp_path):
+    code = (
+        "import sys; from app.cli import cli\n"
+        f"for args in ({['study', 'scaling', '-c', SYNTHETIC, '--cluster', 'local', '--gpus', '1,2', '--out', str(tmp_path), '--dry-run']!r}, "
+        f"{['study', 'scaling', '-c', SYNTHETIC, '--np', '1,2', '--out', str(tmp_path), '--dry-run']!r}):\n"
+        "    try:\n        cli.main(args, standalone_mode=False)\n    except BaseException:\n        pass\n"
+        "print(sorted(m for m in ('tensorflow', 'horovod', 'tf_keras') if m in sys.modules))"
+    )  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stderr
+
+
+# ------------------------------------------------------------------------------- real, end to end
+
+
+@pytest.mark.slow
+def test_tiny_real_local_study_with_timeline_independent_baseline_and_resume(tmp_path):
+    """1 and 2 workers of a tiny ResNet-20 (horovodrun --gloo), one batch size, the timeline at 2 workers and 2
+    independent processes; then the same command again measures nothing and writes the report again."""
+    out = tmp_path / "studies"
+    args = [sys.executable, "-m", "app", "study", "scaling", "-c", SYNTHETIC, *TINY_SYNTHETIC, "--np", "1,2",
+            "--batch-sizes", "8", "--steps", "8", "--windows", "2", "--timeline", "--name", "tiny", "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    folder = out / "tiny"
+    rows = [json.loads(ln) for ln in (folder / "results" / "workers-2.jsonl").read_text().splitlines()]
+    assert [(r["workers"], r["batch_size"]) for r in rows] == [(2, 8)]
+    trace = rows[0]["timeline"]
+    assert trace["collectives"] > 0 and 0 < trace["collective_fraction"] < 1 and Path(trace["file"]).is_file()
+    assert len(timeline.load_events(Path(trace["file"]))) > 0  # a trace Perfetto opens: a JSON list of events
+    report_dir = folder / "report"
+    assert sorted(p.name for p in report_dir.iterdir()) == [
+        "cost.csv", "efficiency.png", "independent.csv", "scaling.csv", "scaling.md", "throughput.png", "timeline.csv"
+    ]  # fmt: skip
+    md = (report_dir / "scaling.md").read_text()
+    assert "core sharing, not communication" in md and "independent processes on the same cores" in md
+    again = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.stdout.count("done, skipped") == 3 and "+ app benchmark" not in again.stdout + again.stderr
