@@ -546,7 +546,8 @@ class Job:
     log_dir: Path
     runs_dir: Path
     run_dir: Path | None = None  # set when the job continues an existing run
-    command: str = "train"  # or "doctor" (--smoke)
+    command: str = "train"  # or "doctor" (--smoke), or a task's command
+    app: str = ""  # how the job script runs `app` (the container's exec line, or the venv's python)
 
 
 def _check_plain(what: str, value: str, empty: str) -> str:
@@ -617,16 +618,68 @@ export HOROVOD_GLOO_RENDEZVOUS_ADDR="$(uname -n)" HOROVOD_GLOO_RENDEZVOUS_PORT="
 """
 
 
+# --stage: on each node (one task per node), check the free space, copy, and compare the copy's file list (names
+# and sizes) with the original's. A node that cannot hold --stage GB, or ends with a missing or partial copy, says
+# so in one line naming it, and the job ends before any rank trains. SCRATCH_ENV is a checked variable name.
+STAGE_ON_NODE = r"""
+stage_on_node() {  # DATA_DIR STAGE_GB, on every node
+    local node dest free have
+    node=$(uname -n) dest="$SCRATCH_ENV/$(basename -- "$1")"
+    [ -n "${SCRATCH_ENV:-}" ] || { echo "Error: SCRATCH_ENV is not set on $node: no node-local disk to stage to; drop --stage" >&2; return 1; }
+    free=$(df -P -B 1000000 -- "$SCRATCH_ENV" | awk 'NR == 2 {print $4}')
+    have=$(du -s -B 1000000 -- "$dest" 2>/dev/null | cut -f1)  # a copy from before a requeue is overwritten
+    if [ $(( ${free:-0} + ${have:-0} )) -lt $(( $2 * 1000 )) ]; then
+        echo "Error: --stage $2: $node has $(( (${free:-0} + ${have:-0}) / 1000 )) GB free in \$SCRATCH_ENV ($SCRATCH_ENV); ask for less" >&2
+        return 1
+    fi
+    cp -r -- "$1" "$SCRATCH_ENV/" || { echo "Error: copying $1 to $SCRATCH_ENV failed on $node (above); not training on part of it" >&2; return 1; }
+    if [ "$(cd -- "$1" && find . -type f -printf '%P %s\n' | LC_ALL=C sort)" != "$(cd -- "$dest" && find . -type f -printf '%P %s\n' | LC_ALL=C sort)" ]; then
+        echo "Error: the copy in $dest on $node does not hold the files of $1 (missing, partial or extra ones); not training on a different file list" >&2
+        return 1
+    fi
+}
+"""
+
+
+def _stage(env: str, stage_gb: int) -> str:
+    """The job script's lines that stage $DATA_DIR to node-local disk ($``env``) on every node."""
+    return (
+        "# Stage the dataset to node-local disk once per node (checked there), then read it from there."
+        + STAGE_ON_NODE.replace("SCRATCH_ENV", env)
+        + f'srun --ntasks-per-node=1 --ntasks="$SLURM_NNODES" bash -c "$(declare -f stage_on_node); stage_on_node \\"\\$@\\"" stage "$DATA_DIR" {stage_gb} ||\n'
+        + '    { echo "Error: staging $DATA_DIR to node-local disk failed on the node(s) named above; not training" >&2; exit 1; }\n'
+        + f'DATA_DIR="${env}/$(basename -- "$DATA_DIR")"\n'
+    )
+
+
+# A job on several nodes: the run directory (checkpoints, metrics, the watchdog's heartbeats) must be one folder
+# on every node. The first node (rank 0's) writes a marker there; every node looks for it before any rank trains.
+SHARED_RUN_DIR = r"""# The run directory must be shared: a marker written here (rank 0's node) must be seen on every node.
+mkdir -p -- "$RUN_DIR" && marker=$(mktemp -- "$RUN_DIR/.shared.XXXXXX") ||
+    { echo "Error: cannot write to the run directory $RUN_DIR on $(uname -n)" >&2; exit 1; }
+srun --ntasks-per-node=1 --ntasks="$SLURM_NNODES" bash -c '[ -e "$1" ] || { echo "Error: the run directory $2 is not visible on $(uname -n) (a marker written on $3 is missing there): put it on a file system every node shares" >&2; exit 1; }' \
+    shared "$marker" "$RUN_DIR" "$(uname -n)"
+shared=$?
+rm -f -- "$marker"
+[ "$shared" -eq 0 ] || { echo "Error: the run directory $RUN_DIR is not shared by every node (see above); not training" >&2; exit 1; }
+"""
+
+
 def render(
     cluster: Cluster, gpus: int, configs: list[str], sets: list[str] = (), time_limit: str | None = None,
     account: str | None = None, partition: str | None = None, image: str | None = None,
     data_dir: str | None = None, stage_gb: int | None = None, name: str | None = None,
     log_dir: Path = Path("logs"), runs_dir: Path = Path("runs"), python: str | None = None,
-    resume: str | None = None, smoke: bool = False,
+    resume: str | None = None, smoke: bool = False, task: list[str] | None = None, cfg=None,
+    into: str | None = None,
 ) -> Job:  # fmt: skip
     """The sbatch script for ``gpus`` GPUs on ``cluster``; every check that can fail, fails here. With
     ``resume`` (a run directory) the job continues that run with its saved config instead of starting one.
-    With ``smoke`` the same job shape runs `app doctor` (no config; ten minutes; a test partition if any)."""
+    With ``smoke`` the same job shape runs `app doctor` (no config; ten minutes; a test partition if any).
+    With ``task`` (an `app` command and its arguments, e.g. a study's benchmark) the job runs that command with
+    the configs instead of `app train`; ``cfg``, when given, is the configs' already built and checked Config
+    (a study's config.yaml that a dry run has not written yet). ``into`` is the run directory of a new run
+    (a study's), instead of runs/<name>-<job id>."""
     configs, sets = [str(c) for c in configs], list(sets)
     if smoke:
         for flag, given in (("-c/--config", configs), ("--set", sets), ("--resume", resume is not None),
@@ -635,6 +688,8 @@ def render(
                 raise UsageError(
                     f"{flag}: --smoke runs app doctor, which takes no config or data; drop {flag}"
                 )
+    if into is not None:
+        check_text("run dir", into)
     if resume is not None:
         check_text("--resume", resume)
         if configs:
@@ -651,7 +706,7 @@ def render(
     # Shell-quoted values: any text but empty, NUL or undecodable.
     for c in configs:
         check_text("--config", c)
-        if not Path(c).is_file():
+        if cfg is None and not Path(c).is_file():
             raise UsageError(f"--config {show(c)}: no such file; the shipped configs are in configs/")
     for s in sets:
         check_text("--set", s)
@@ -705,7 +760,9 @@ def render(
         options = {"data.data_dir": data_dir} if data_dir else {}
         # Fails now rather than on the compute nodes. The config's checks include its name (config.SAFE), the
         # job's default name.
-        if resume is None:
+        if cfg is not None:
+            pass  # built and checked by the caller
+        elif resume is None:
             cfg = config_module.build(configs, sets, options)
         else:
             if not (Path(resume) / "config.yaml").is_file():
@@ -741,14 +798,7 @@ def render(
             )
         env = cluster.scratch["env"]
         staged_bind = [f"${env}"]  # the container sees the staged copy at the same path
-        stage = (
-            "# Stage the dataset to node-local disk once per node, then read it from there.\n"
-            f'[ -n "${{{env}:-}}" ] || {{ echo "Error: {env} is not set on $(uname -n): no node-local disk to stage '
-            'to; drop --stage" >&2; exit 1; }\n'
-            f'srun --ntasks-per-node=1 --ntasks="$SLURM_NNODES" cp -r -- "$DATA_DIR" "${env}/" ||\n'
-            f'    {{ echo "Error: staging $DATA_DIR to ${env} failed on a node (see above); not training on part of it" >&2; exit 1; }}\n'
-            f'DATA_DIR="${env}/$(basename -- "$DATA_DIR")"\n'
-        )
+        stage = _stage(cluster.scratch["env"], stage_gb)
     runtime = cluster.container.get("runtime", "native")
     if cluster.scratch and not cluster.scratch.get("gres") and not staged_bind and runtime != "native":
         # Node-local disk every job gets ($TMPDIR on Roihu): TMPDIR points there inside the container too, so
@@ -784,13 +834,19 @@ def render(
     env_block, task_env = _environment(cluster)
     if smoke:
         command, announce = "doctor", "app doctor (smoke test)"
+    elif task:
+        for word in task:
+            check_text(f"app {task[0]}", word)
+        command = (f'{shlex.quote(task[0])} "${{CONFIG_ARGS[@]}}" "${{SET_ARGS[@]}}" {shlex.join(task[1:])} '
+                   '${DATA_DIR:+--data-dir "$DATA_DIR"}')  # fmt: skip
+        announce = f"app {task[0]}"
     else:
         command = 'train "${CONFIG_ARGS[@]}" "${SET_ARGS[@]}" --run-dir "$RUN_DIR" ${DATA_DIR:+--data-dir "$DATA_DIR"}'
         announce = "run dir $RUN_DIR, restart ${SLURM_RESTART_COUNT:-0}"
     config_args = " ".join(f"-c {shlex.quote(c)}" for c in configs)
     set_args = " ".join(f"--set {shlex.quote(s)}" for s in sets)
     values = {
-        "purpose": "smoke-test (app doctor)" if smoke else "training",
+        "purpose": "smoke-test (app doctor)" if smoke else f"app {task[0]}" if task else "training",
         "cluster": cluster.name,
         "job_name": name,
         "nodes": nodes,
@@ -806,10 +862,13 @@ def render(
         "requeue_code": REQUEUE_EXIT_CODE,
         "run_dir": shlex.quote(resume)
         if resume is not None
+        else shlex.quote(into)
+        if into is not None
         else f"{shlex.quote(str(runs_dir))}/{name}-$SLURM_JOB_ID",
         "data_dir": shlex.quote(data_dir) if data_dir else '""',
         "env_block": env_block,
         "announce": announce,
+        "shared_block": SHARED_RUN_DIR if nodes > 1 and not smoke else "",
         "stage_block": stage,
         "rendezvous_block": _rendezvous(app) if cluster.mpi == "none" else "",
         "srun_args": srun_args,
@@ -820,8 +879,9 @@ def render(
         "set_args": set_args,
     }
     script = string.Template(TEMPLATE.read_text(encoding="utf-8")).substitute(values)
-    run_dir = Path(resume) if resume is not None else None
-    return Job(script, name, nodes, chosen.name, Path(log_dir), Path(runs_dir), run_dir, command)
+    run_dir = Path(resume) if resume is not None else Path(into) if into is not None else None
+    return Job(script, name, nodes, chosen.name, Path(log_dir), Path(runs_dir), run_dir,
+               task[0] if task else command.split()[0], app)  # fmt: skip
 
 
 def sbatch(job: Job, test_only: bool = False) -> str:
@@ -868,3 +928,43 @@ def sbatch(job: Job, test_only: bool = False) -> str:
             f"sbatch exited 0 but printed {said}; check `squeue --me` before submitting again (script: {path})"
         )
     return answer.split(";")[0]  # --parsable: "id" or "id;cluster"
+
+
+AFTER_TEMPLATE = """#!/bin/bash
+# scaleout: {purpose} for {cluster}, rendered by app/submit.py (render_after). It starts when the jobs it
+# depends on have ended, however they ended (afterany), and runs one command on one task.
+#SBATCH --job-name={job_name}
+#SBATCH --nodes=1
+#SBATCH --ntasks=1
+#SBATCH --cpus-per-task=1
+#SBATCH {gpu_request}
+#SBATCH --time=00:15:00
+#SBATCH --partition={partition}
+{account_line}#SBATCH --output={log_dir}/%x-%j.out
+#SBATCH --dependency=afterany:{after}
+
+if command -v module >/dev/null 2>&1; then module purge >/dev/null 2>&1 || true; fi
+unset PYTHONPATH PYTHONHOME
+export PYTHONNOUSERSITE=1 MPLCONFIGDIR=${{TMPDIR:-/tmp}}
+{app} {command}
+"""
+
+
+def render_after(first: Job, cluster: Cluster, name: str, args: list[str], after: list[str],
+                 account: str | None = None) -> Job:  # fmt: skip
+    """A one-task job that runs ``app ARGS`` after the jobs ``after`` (their ids, or placeholders in a dry
+    run) have ended: a study's report. It runs where and how ``first`` (a job of the same study, rendered by
+    :func:`render`) runs `app`, with one GPU of its partition: GPU partitions may refuse jobs without one."""
+    check_name("--name", name)
+    for word in args:
+        check_text(f"app {args[0]}", word)
+    for job_id in after:
+        if not re.fullmatch(r"[0-9]{1,12}|\$[A-Z0-9_]{1,40}", job_id):
+            raise UsageError(f"job id {show(job_id)}: not a Slurm job id")
+    script = AFTER_TEMPLATE.format(
+        purpose=f"app {' '.join(args[:2])}", cluster=cluster.name, job_name=name,
+        gpu_request=cluster.gpu_request.format(gpus=1), partition=first.partition,
+        account_line=f"#SBATCH --account={account}\n" if account else "", log_dir=first.log_dir,
+        after=":".join(after), app=first.app, command=shlex.join(args),
+    )  # fmt: skip
+    return Job(script, name, 1, first.partition, first.log_dir, first.runs_dir, None, args[0], first.app)

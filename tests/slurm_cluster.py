@@ -32,7 +32,9 @@ SlurmdPort={slurmd_port}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket={root}/munge.socket
+# A requeued job may start again cred_expire s later (default 120), at the next scheduling pass (sched_interval,
+# default 60 s): the requeue tests wait 20-25 s instead of up to three minutes.
+AuthInfo=socket={root}/munge.socket,cred_expire=20
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool
 SlurmctldPidFile={root}/slurmctld.pid
@@ -44,6 +46,7 @@ TaskPlugin=task/none
 MpiDefault=none
 ReturnToService=2
 SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=5
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 GresTypes=gpu

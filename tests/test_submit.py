@@ -18,7 +18,7 @@ from app.errors import UsageError, brief
 
 GOLDEN = Path(__file__).parent / "golden"
 CLUSTERS = ["lumi", "roihu", "local", "local-gloo"]
-CHOOSE = "choose from local, local-gloo, lumi, roihu"
+CHOOSE = "choose from local, local-2node, local-gloo, lumi, roihu"
 
 
 def render(cluster: str, gpus: int, **kw):
@@ -162,7 +162,8 @@ def test_partition_choice_and_staging():
     assert render("roihu", 4, partition="gpularge").partition == "gpularge"
     # Roihu's GPU nodes have no NVMe to request: --stage copies to $TMPDIR (every job has it) and binds it.
     staged = render("roihu", 8, data_dir="/scratch/p/imagenet", stage_gb=150).script
-    assert "#SBATCH --gres=gpu:gh200:4\n" in staged and 'cp -r -- "$DATA_DIR" "$TMPDIR/"' in staged
+    assert "#SBATCH --gres=gpu:gh200:4\n" in staged and 'cp -r -- "$1" "$TMPDIR/"' in staged
+    assert 'stage_on_node \\"\\$@\\"" stage "$DATA_DIR" 150 ||' in staged
     assert 'apptainer exec --nv --bind "/users,/projappl,/scratch,/dataset,$TMPDIR,$PWD"' in staged
     assert staged.count("$TMPDIR,$PWD") == 2  # the rendezvous server's container and the training's
     lumi = render("lumi", 16).script
@@ -500,11 +501,12 @@ def test_hostile_strings_never_reach_a_shell(where, hostile, hostile_configs, sh
     if pair:
         assert _adjacent(train, pair), (pair, train)
     staged = where == "--data-dir staged"
-    if staged:  # copied to $TMPDIR, bound into the container, read from there
-        scratch = calls[0][-1]
-        assert calls[0][-3:-1] == ["--", hostile] and scratch.endswith("/scratch/"), calls[0]
-        assert _adjacent(train, ["--data-dir", scratch + hostile]), train
-        assert train[train.index("--bind") + 1].split(",")[-2] == scratch.rstrip("/"), train
+    if staged:  # copied to $TMPDIR by each node (stage_on_node: one argument), bound into the container
+        assert calls[0][:3] == ["srun", "--ntasks-per-node=1", "--ntasks=1"], calls[0]
+        assert calls[0][-3:-1] == ["stage", hostile], calls[0]
+        scratch = train[train.index("--bind") + 1].split(",")[-2]
+        assert scratch.endswith("/scratch"), train
+        assert _adjacent(train, ["--data-dir", f"{scratch}/{hostile}"]), train
     if where == "--image":
         assert hostile in train
     # A roihu job (mpi: none) first starts Horovod's rendezvous server (scontrol lists the nodes, the container
@@ -716,7 +718,8 @@ def test_smoke_prefers_a_test_partition_and_keeps_the_job_shape(cluster, gpus, p
 
 def _shape(script: str) -> list[str]:
     """A job script without what differs between a smoke test and training of the same time: partition, name,
-    the first comment and echo line, the configs, the run dir and the command."""
+    the first comment and echo line, the configs, the run dir (and its check on every node) and the command."""
+    script = script.replace(submit.SHARED_RUN_DIR, "")  # only training has a run dir to check
     skip = (
         "#SBATCH --partition",
         "#SBATCH --job-name",
