@@ -15,8 +15,12 @@ DATA_DIR   ?= $(firstword $(TFDS_DATA_DIR) $(wildcard ../shared/datasets/tfds))
 NP         ?= 2
 TRAIN_ARGS ?=
 BENCH_ARGS ?=
+# make study: the local RQ3 study (Goyal's Table 1 at k = 8, 4 epochs of Fashion-MNIST per run) and a local
+# scaling study (1 and 2 workers against 2 independent processes, with Horovod's timeline).
+STUDY_ARGS   ?= --k 1,8 --seeds 1 --set train.epochs=4 --set train.warmup_epochs=1
+SCALING_ARGS ?= --np 1,2 --batch-sizes 32,128 --steps 30 --windows 5 --timeline
 
-.PHONY: help install system-deps data test-data train test test-compat lint format clean image sif submit bench
+.PHONY: help install system-deps data test-data train test test-compat lint format clean image sif submit bench study
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -46,6 +50,11 @@ data: ## make sure the quickstart's Fashion-MNIST is here (apt-get install datas
 
 train: install data ## quickstart: Fashion-MNIST, ResNet-20, 2 local CPU workers (NP=2), a few minutes
 	$(APP) train -c configs/fashion_mnist.yaml --np $(NP) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) $(TRAIN_ARGS)
+
+study: install data ## the reference study's questions here: RQ3 (Goyal's Table 1, k=8) and RQ1+RQ2 (1 vs 2 workers), ~40 min
+	$(APP) study large-batch -c configs/study_fashion_mnist.yaml $(STUDY_ARGS) --name fashion-mnist-large-batch $(if $(DATA_DIR),--data-dir $(DATA_DIR))
+	$(APP) study scaling -c configs/study_fashion_mnist.yaml $(SCALING_ARGS) --name fashion-mnist-scaling $(if $(DATA_DIR),--data-dir $(DATA_DIR))
+	@echo "study: reports in studies/fashion-mnist-large-batch/report/ and studies/fashion-mnist-scaling/report/"
 
 test: install test-data ## run the test suite (includes 2-process Horovod runs under horovodrun and mpirun)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)

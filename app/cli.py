@@ -484,7 +484,9 @@ def report(inputs, out, target_accuracy):
 @cli.command()
 @click.option("--gpus", type=Int(), required=True, help="Total GPUs (one worker each).")
 @click.option(
-    "--cluster", required=True, help="A profile in jobs/clusters/ (roihu, lumi, local, local-gloo)."
+    "--cluster",
+    required=True,
+    help="A profile in jobs/clusters/ (roihu, lumi; tests: local, local-gloo, local-2node).",
 )
 @click.option(
     "-c", "--config", "configs", multiple=True, metavar="FILE", help="Experiment YAML (repeatable)."
@@ -698,16 +700,30 @@ def _ks(ctx, param, value: str | None) -> list[int] | None:
 @click.option("--threads", type=Int(min=0), default=0, show_default=True,
               help="CPU threads per worker of each run (0: the node's cores shared among its workers).")  # fmt: skip
 @click.option(
-    "--dry-run", is_flag=True, help="Print the plan and each run's `app train` command; run nothing."
+    "--cluster", help="Submit each run as a Slurm job on this profile (jobs/clusters/), --np GPUs at most."
 )
-def study_large_batch(configs, sets, ks, seeds, name, np_, out, data_dir, threads, dry_run):
-    """RQ3: does accuracy hold at large batches? Goyal et al.'s Table 1 and Figure 2, run locally.
+@click.option("--account", help="Slurm account / project (with --cluster).")
+@click.option("--partition", help="Partition (default: the first in the profile that fits).")
+@click.option(
+    "--time", "time_limit", help="Slurm time limit of each run's job; it requeues itself at the limit."
+)
+@click.option("--image", help="Container image (default: the profile's).")
+@click.option(
+    "--stage", "stage_gb", type=Int(), default=None, help="Copy --data-dir to node-local disk first (GB)."
+)
+@click.option(
+    "--dry-run", is_flag=True, help="Print the plan and each run's `app train` command (or job); run nothing."
+)
+def study_large_batch(configs, sets, ks, seeds, name, np_, out, data_dir, threads, cluster, account, partition,
+                      time_limit, image, stage_gb, dry_run):  # fmt: skip
+    """RQ3: does accuracy hold at large batches? Goyal et al.'s Table 1 and Figure 2, locally or on Slurm.
 
     The config is the baseline (k = 1) on one worker. For each k > 1: k x its global batch at equal epochs,
     with the LR unscaled, scaled without warmup, scaled with a constant warmup and with a gradual warmup
     (train.warmup_epochs). Runs go one after another as `app train` processes under
     studies/<name>/runs/<variant>-k<k>-s<seed>; run the same command again to continue (finished runs are
-    skipped, others resume). The report goes to studies/<name>/report/.
+    skipped, others resume). With --cluster each run is a Slurm job on up to --np GPUs (requeued at its time
+    limit) and a report job starts when they have ended. The report goes to studies/<name>/report/.
 
     \b
     Example:
@@ -729,14 +745,27 @@ def study_large_batch(configs, sets, ks, seeds, name, np_, out, data_dir, thread
     options = {"data.data_dir": data_dir} if data_dir else {}
     cfg = config.build(configs, sets, options)
     name = name or cfg.name
+    if not cluster:
+        slurm_only = [f for f, v in (("--account", account), ("--partition", partition), ("--time", time_limit),
+                                     ("--image", image), ("--stage", stage_gb)) if v is not None]  # fmt: skip
+        if slurm_only:
+            raise UsageError(f"{slurm_only[0]} is for runs on Slurm: add --cluster, or drop it")
     examples, where = study_stage.train_examples(cfg)
     plan = study_stage.plan_large_batch(cfg, ks, seeds, np_, name, examples, where)
     folder = out / name
     command = ["app", "study", "large-batch", *(a for c in configs for a in ("-c", c)),
                *(a for s in sets for a in ("--set", s)), "--k", ",".join(map(str, plan.ks)), "--seeds", str(seeds),
                "--name", name, "--np", str(np_), "--out", str(out),
-               *(["--data-dir", data_dir] if data_dir else []), *(["--threads", str(threads)] if threads else [])]  # fmt: skip
+               *(["--data-dir", data_dir] if data_dir else []), *(["--threads", str(threads)] if threads else []),
+               *(["--cluster", cluster] if cluster else []), *(["--account", account] if account else []),
+               *(["--partition", partition] if partition else []), *(["--time", time_limit] if time_limit else []),
+               *(["--image", image] if image else []), *(["--stage", str(stage_gb)] if stage_gb is not None else [])]  # fmt: skip
     again = shlex.join(command)
+    if cluster:  # every job script is rendered (and checked) before the folder is written
+        slurm = {"cluster": cluster, "account": account, "partition": partition, "time": time_limit,
+                 "image": image, "data_dir": data_dir, "stage_gb": stage_gb}  # fmt: skip
+        study_stage.prepare(folder, plan, cfg, command, write=False)
+        study_stage.submit_study(folder, plan, cfg, slurm, dry_run=True, echo=lambda line: None)
     new = study_stage.prepare(folder, plan, cfg, command, write=not dry_run)
     if examples is None:
         click.echo(
@@ -751,11 +780,17 @@ def study_large_batch(configs, sets, ks, seeds, name, np_, out, data_dir, thread
                        f"{run.batch_size} = {run.global_batch}, LR {run.lr:g}, warmup {run.warmup}, {updates} updates")  # fmt: skip
             click.echo("  " + shlex.join(["app", *study_stage.train_args(folder, run, data_dir, threads)]))
         left = len(plan.runs) if new else len(study_stage.todo(folder, plan))
+        if cluster:
+            study_stage.submit_study(folder, plan, cfg, slurm, dry_run=True, echo=click.echo)
         click.echo(
             f"{len(plan.runs)} runs; would {'create' if new else 'continue'} {folder}: {left} to train"
         )
         return
     click.echo(f"{'created' if new else 'continuing'} {folder}: {len(plan.runs)} runs ({again})")
+    if cluster:
+        study_stage.submit_study(folder, plan, cfg, slurm, dry_run=False, echo=click.echo)
+        click.echo(f"follow it with `app study status {folder}`; the report job writes {folder}/report/")
+        return
     failed = study_stage.run_local(folder, plan, data_dir, threads, click.echo, again)
     from app import study_report
 
@@ -941,7 +976,7 @@ def study_scaling(configs, sets, np_list, gpu_list, batch_sizes, steps, windows,
         slurm = {"cluster": cluster, "account": account, "partition": partition, "time": time_limit,
                  "image": image, "data_dir": data_dir, "stage_gb": stage_gb}  # fmt: skip
         study_stage.prepare(folder, plan, cfg, command, write=False)
-        study_stage.submit_scaling(folder, plan, cfg, slurm, dry_run=True, echo=lambda line: None)
+        study_stage.submit_study(folder, plan, cfg, slurm, dry_run=True, echo=lambda line: None)
     new = study_stage.prepare(folder, plan, cfg, command, write=not dry_run)
     if dry_run:
         for part in plan.parts:
@@ -951,12 +986,12 @@ def study_scaling(configs, sets, np_list, gpu_list, batch_sizes, steps, windows,
             )
             click.echo(f"{part.name}: {what}, batch sizes {','.join(map(str, left)) or '(all measured)'}")
         if plan.cluster:
-            study_stage.submit_scaling(folder, plan, cfg, slurm, dry_run=True, echo=click.echo)
+            study_stage.submit_study(folder, plan, cfg, slurm, dry_run=True, echo=click.echo)
         click.echo(f"{len(plan.parts)} parts; would {'create' if new else 'continue'} {folder}")
         return
     click.echo(f"{'created' if new else 'continuing'} {folder}: {len(plan.parts)} parts ({again})")
     if plan.cluster:
-        study_stage.submit_scaling(folder, plan, cfg, slurm, dry_run=False, echo=click.echo)
+        study_stage.submit_study(folder, plan, cfg, slurm, dry_run=False, echo=click.echo)
         click.echo(f"follow it with `app study status {folder}`; the report job writes {folder}/report/")
         return
     failed = study_stage.run_scaling_local(folder, plan, data_dir, threads, click.echo, again)

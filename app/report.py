@@ -254,24 +254,24 @@ def scaling(results: list[dict]) -> dict[int, list[Point]]:
 
     efficiency = throughput(N) x N0 / (N x throughput(N0)), N0 the smallest worker count measured (1 when
     there is a 1-worker result: then it is throughput(N) / (N x throughput(1))). Repeated measurements of
-    the same cell are averaged.
+    the same cell (batch, workers, nodes) are averaged.
     """
     check_comparable(results)
-    cells: dict[tuple[int, int], list[dict]] = {}
+    # The same workers on one node and on several are different points (intra- vs inter-node communication).
+    cells: dict[tuple[int, int, int], list[dict]] = {}
     for r in results:
-        cells.setdefault((int(r["batch_size"]), int(r["workers"])), []).append(r)
+        cells.setdefault((int(r["batch_size"]), int(r["workers"]), int(r.get("nodes") or 1)), []).append(r)
     table: dict[int, list[Point]] = {}
-    for batch in sorted({b for b, _ in cells}):
-        counts = sorted(w for b, w in cells if b == batch)
-        base_n = counts[0]
-        base = statistics.fmean(r["images_per_s"]["mean"] for r in cells[(batch, base_n)])
+    for batch in sorted({b for b, _, _ in cells}):
+        counts = sorted((w, m) for b, w, m in cells if b == batch)
+        base_n = counts[0][0]
+        base = statistics.fmean(r["images_per_s"]["mean"] for r in cells[(batch, *counts[0])])
         points = []
-        for n in counts:
-            rows = cells[(batch, n)]
+        for n, nodes in counts:
+            rows = cells[(batch, n, nodes)]
             thr = statistics.fmean(r["images_per_s"]["mean"] for r in rows)
             ci = statistics.fmean(float(r["images_per_s"].get("ci95") or 0.0) for r in rows)
             wait = statistics.fmean(float(r.get("input_wait_fraction") or 0.0) for r in rows)
-            nodes = max(int(r.get("nodes") or 1) for r in rows)
             points.append(
                 Point(
                     batch,

@@ -53,7 +53,13 @@ def collect(folder: Path, plan: ScalingPlan, note) -> tuple[list[dict], dict[tup
     return results, independent
 
 
-COST_COLUMNS = ("batch/worker", "workers", "images/s", "ImageNet-1k epoch (min)", "GPU-hours per epoch (worker-hours)")
+COST_COLUMNS = (
+    "batch/worker",
+    "workers",
+    "images/s",
+    "ImageNet-1k epoch (min)",
+    "GPU-hours per epoch (worker-hours)",
+)
 
 
 def cost_rows(table: dict[int, list[report.Point]]) -> list[list[str]]:

@@ -498,8 +498,29 @@ def run_state(folder: Path, run: RunPlan, last_exit: int | None = None, running:
 
 
 def states(folder: Path, plan: StudyPlan) -> list[RunState]:
-    last, current = attempts(folder), running_run(folder)
-    return [run_state(folder, r, last.get(r.name), r.name == current) for r in plan.runs]
+    last, current, jobs = attempts(folder), running_run(folder), slurm_states(folder)
+    return [
+        with_job(run_state(folder, r, last.get(r.name), r.name == current), jobs.get(r.name))
+        for r in plan.runs
+    ]
+
+
+QUEUED = ("PENDING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED")
+
+
+def with_job(state: RunState, job: tuple[str, str] | None) -> RunState:
+    """``state`` (from the files) as its Slurm job, if it has one, tells it: queued, running, or ended
+    without finishing (failed, timeout, cancelled, ...)."""
+    if job is None or state.state == "done":
+        return state
+    job_id, slurm = job
+    if slurm in QUEUED:
+        return RunState("pending", state.epochs_done, f"job {job_id} {slurm.lower()}")
+    if slurm in ("RUNNING", "COMPLETING"):
+        return RunState("running", state.epochs_done, f"job {job_id}")
+    if slurm not in ("COMPLETED", "?"):
+        return RunState("failed", state.epochs_done, f"job {job_id} {slurm.lower()}")
+    return RunState(state.state, state.epochs_done, state.detail or f"job {job_id}")
 
 
 def todo(folder: Path, plan: StudyPlan) -> list[tuple[RunPlan, RunState]]:
@@ -832,21 +853,15 @@ def part_states(folder: Path, plan: ScalingPlan, jobs: dict | None = None) -> li
     for part in plan.parts:
         left = missing(folder, plan, part)
         done = len(plan.batch_sizes) - len(left)
-        job = jobs.get(part.name)
         if not left:
-            out.append(RunState("done", done))
+            state = RunState("done", done)
         elif part.name == current:
-            out.append(RunState("running", done))
-        elif job and job[1] in ("PENDING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED"):
-            out.append(RunState("pending", done, f"job {job[0]} {job[1].lower()}"))
-        elif job and job[1] in ("RUNNING", "COMPLETING"):
-            out.append(RunState("running", done, f"job {job[0]}"))
-        elif job and job[1] not in ("COMPLETED", "?"):
-            out.append(RunState("failed", done, f"job {job[0]} {job[1].lower()}"))
+            state = RunState("running", done)
         elif last.get(part.name) not in (None, 0, 3, INTERRUPTED):
-            out.append(RunState("failed", done, f"exit status {last[part.name]}"))
+            state = RunState("failed", done, f"exit status {last[part.name]}")
         else:
-            out.append(RunState("partial" if done else "pending", done, f"job {job[0]}" if job else ""))
+            state = RunState("partial" if done else "pending", done)
+        out.append(with_job(state, jobs.get(part.name)))
     return out
 
 
@@ -930,7 +945,7 @@ def run_scaling_local(
 
 # ------------------------------------------------------------------------------- Slurm executor
 
-ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
+ACTIVE = (*QUEUED, "RUNNING", "COMPLETING")
 JOBS_FILE = "jobs.json"  # part name (and "report") -> the Slurm job id that runs it, per submission
 
 
@@ -972,43 +987,70 @@ def _write_jobs(folder: Path, jobs: dict[str, str]) -> None:
     _write_atomic(Path(folder) / JOBS_FILE, json.dumps(jobs, indent=1) + "\n")
 
 
-def submit_scaling(
-    folder: Path, plan: ScalingPlan, cfg, options: dict, dry_run: bool, echo, write=None,
+@dataclass(frozen=True)
+class JobPlan:
+    """One Slurm job of a study: ``gpus`` workers running a study part (``task``: `app benchmark ...`) or a
+    run (``sets`` and ``into``: `app train` into its run directory)."""
+
+    name: str
+    gpus: int
+    task: tuple[str, ...] | None = None
+    sets: tuple[str, ...] = ()
+    into: str | None = None
+
+
+def scaling_jobs(folder: Path, plan: ScalingPlan) -> list[JobPlan]:
+    """A job per part that still misses batch sizes (independent parts are for one machine: none)."""
+    return [JobPlan(part.name, part.workers,
+                    tuple(benchmark_args(folder, plan, part, left, part.files()[0], config=False)))
+            for part in plan.parts if not part.independent and (left := missing(folder, plan, part))]  # fmt: skip
+
+
+def large_batch_jobs(folder: Path, plan: StudyPlan) -> list[JobPlan]:
+    """A job per run that is not done: `app train` into its run directory (a partial one resumes)."""
+    return [
+        JobPlan(run.name, run.workers, None, run.sets, str(run_dir(folder, run)))
+        for run, _ in todo(folder, plan)
+    ]
+
+
+def submit_study(
+    folder: Path, plan: StudyPlan | ScalingPlan, cfg, options: dict, dry_run: bool, echo,
 ) -> dict[str, str]:  # fmt: skip
-    """Render one job per part that still misses batch sizes (`app benchmark` on that many GPUs) and a
-    report job that depends on them (afterany), every script first, so a GPU count the cluster cannot hold
-    fails before anything is submitted; then submit them (``dry_run``: print them) and record their ids in
-    jobs.json. ``options``: cluster, account, partition, time, image, data_dir, stage_gb. Returns the ids."""
+    """Render a job per part or run still to do (:func:`scaling_jobs`, :func:`large_batch_jobs`) and a report
+    job that depends on them (afterany), every script first, so a GPU count the cluster cannot hold fails
+    before anything is submitted; then submit them (``dry_run``: print them) and record their ids in
+    jobs.json. A part whose job is still queued or running is not submitted twice. ``options``: cluster,
+    account, partition, time, image, data_dir, stage_gb. Returns the ids."""
     from app import submit as submit_stage
 
     cluster = submit_stage.load_cluster(options["cluster"])
     folder = Path(folder)
     config = str(folder / "config.yaml")
+    planned = scaling_jobs(folder, plan) if plan.kind == "scaling" else large_batch_jobs(folder, plan)
     jobs: list[tuple[str, submit_stage.Job]] = []
     active = {p: job for p, (job, state) in slurm_states(folder).items() if state in ACTIVE}
-    for part in plan.parts:
-        left = missing(folder, plan, part)
-        if not left or part.independent:
+    for item in planned:
+        if item.name in active:
+            echo(f"{item.name}: job {active[item.name]} is still queued or running; not submitted again")
             continue
-        if part.name in active:  # submitted before and still queued or running: not twice
-            echo(f"{part.name}: job {active[part.name]} is still queued or running; not submitted again")
-            continue
-        task = benchmark_args(folder, plan, part, left, part.files()[0], config=False)
         try:
             job = submit_stage.render(
-                cluster, part.workers, [config], [], options.get("time"), options.get("account"),
+                cluster, item.gpus, [config], list(item.sets), options.get("time"), options.get("account"),
                 options.get("partition"), options.get("image"), options.get("data_dir"), options.get("stage_gb"),
-                f"{plan.name}-{part.name}", task=task, cfg=cfg,
+                f"{plan.name}-{item.name}", task=list(item.task) if item.task else None, cfg=cfg, into=item.into,
             )  # fmt: skip
         except UsageError as exc:
-            raise UsageError(f"--gpus {part.workers}: {exc}") from None
-        jobs.append((part.name, job))
+            raise UsageError(
+                f"--gpus {item.gpus}: {exc}" if plan.kind == "scaling" else f"{item.name}: {exc}"
+            ) from None
+        jobs.append((item.name, job))
     if not jobs:
-        echo("nothing to submit: every part is measured or its job is queued or running "
+        echo("nothing to submit: every part is done or its job is queued or running "
              f"(see `app study status {show(folder, limit=None)}`)")  # fmt: skip
         return {}
     report_args = ["study", "report", str(folder)]
-    placeholders = [f"$JOB_{name.upper().replace('-', '_')}" for name, _ in jobs]
+    placeholders = [f"$JOB_{re.sub(r'[^A-Z0-9]', '_', name.upper())}" for name, _ in jobs]
     first = jobs[0][1]
     after = submit_stage.render_after(first, cluster, f"{plan.name}-report", report_args, placeholders,
                                       options.get("account"))  # fmt: skip

@@ -120,13 +120,23 @@ def test_plot_has_the_expected_series(tmp_path, monkeypatch):
     real_savefig = matplotlib.figure.Figure.savefig
 
     def savefig(fig, path, *args, **kwargs):
-        captured[Path(path).name] = [line.get_label() for ax in fig.axes for line in ax.get_lines()]
+        ax = fig.axes[0]
+        bars = [c for c in ax.containers if type(c).__name__ == "ErrorbarContainer"]
+        captured[Path(path).name] = (
+            sorted(t.get_text() for t in ax.get_legend().get_texts()),
+            [(c.get_label(), len(c.lines[2][0].get_segments())) for c in bars],  # a 95% bar per point
+        )
         return real_savefig(fig, path, *args, **kwargs)
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
-    report.plot_scaling(report.scaling(STUDY), tmp_path)
-    assert captured["throughput.png"] == ["batch 32/worker", "ideal (32)", "batch 256/worker", "ideal (256)"]
-    assert captured["efficiency.png"][:2] == ["batch 32/worker", "batch 256/worker"]
+    table = report.scaling(STUDY)
+    report.plot_scaling(table, tmp_path)
+    points = len(table[32])
+    assert captured["throughput.png"] == (
+        ["batch 256/worker", "batch 32/worker", "ideal (256)", "ideal (32)"],
+        [("batch 32/worker", points), ("batch 256/worker", len(table[256]))],
+    )
+    assert captured["efficiency.png"][0] == ["batch 256/worker", "batch 32/worker", "ideal"]
 
 
 @pytest.mark.parametrize(

@@ -178,3 +178,29 @@ def test_tasks_that_did_not_join_one_job_are_refused(cluster, tmp_path):
     assert proc.returncode != 0, out
     assert "Error: SLURM_STEP_NUM_TASKS=2 processes were started, but Horovod joined 1" in out, out
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_scaling_study_submits_a_job_per_gpu_count_and_a_report_job_after_them(cluster, tmp_path):
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    proc = subprocess.run(
+        [sys.executable, "-m", "app", "study", "scaling", "-c", "tiny.yaml", "--cluster", "local", "--gpus", "1,2",
+         "--batch-sizes", "8", "--steps", "6", "--windows", "2", "--name", "sc"],
+        cwd=tmp_path, env={**cluster.env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ids = [
+        line.split()[2].rstrip(":") for line in proc.stdout.splitlines() if line.startswith("submitted job")
+    ]
+    assert len(ids) == 3 and f"the report, after {ids[0]}, {ids[1]}" in proc.stdout, proc.stdout
+    folder = tmp_path / "studies" / "sc"
+    assert json.loads((folder / "jobs.json").read_text()) == {
+        "workers-1": ids[0],
+        "workers-2": ids[1],
+        "report": ids[2],
+    }
+    cluster.wait(ids[2])  # the report job: it starts only after both benchmark jobs have ended
+    md = (folder / "report" / "scaling.md").read_text()
+    assert "| 8 | 1 | 1 |" in md and "| 8 | 2 | 1 |" in md, md  # batch 8 at 1 and at 2 workers, one node
+    status = subprocess.run([sys.executable, "-m", "app", "study", "status", str(folder)], cwd=tmp_path,
+                            env=cluster.env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert "2 done of 2 parts" in status.stdout, status.stdout + status.stderr

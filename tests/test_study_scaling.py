@@ -378,3 +378,53 @@ def test_tiny_real_local_study_with_timeline_independent_baseline_and_resume(tmp
     again = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stdout + again.stderr
     assert again.stdout.count("done, skipped") == 3 and "+ app benchmark" not in again.stdout + again.stderr
+
+
+# ----------------------------------------------------------------- RQ3 (large-batch) on Slurm
+
+
+def test_large_batch_on_a_cluster_is_a_job_per_run_into_its_run_directory(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "studies"
+    fashion = str(ROOT / "configs" / "study_fashion_mnist.yaml")
+    code, stdout, stderr = app_main(
+        ["study", "large-batch", "-c", fashion, "--k", "1,4", "--np", "2", "--cluster", "local", "--out", str(out),
+         "--name", "lb", "--time", "30", "--dry-run"], monkeypatch, capsys,
+    )  # fmt: skip
+    assert code == 0, stderr
+    assert not out.exists()
+    scripts = stdout.split("# ---- ")[1:]
+    names = [
+        "baseline-k1-s1",
+        "unscaled-k4-s1",
+        "no-warmup-k4-s1",
+        "constant-warmup-k4-s1",
+        "gradual-warmup-k4-s1",
+    ]
+    assert [s.split(":", 1)[0] for s in scripts] == [*names, "report"]
+    baseline, gradual = scripts[0], scripts[4]
+    assert (
+        "#SBATCH --ntasks-per-node=1" in baseline and "#SBATCH --ntasks-per-node=2" in gradual
+    )  # k=4: 2 x 2
+    assert f"RUN_DIR={out}/lb/runs/gradual-warmup-k4-s1\n" in gradual and "#SBATCH --time=30" in gradual
+    assert "--set train.accumulation_steps=2" in gradual and "--set train.warmup=gradual" in gradual
+    assert "#SBATCH --requeue" in gradual  # at its time limit a run checkpoints and continues in the same job
+    vars_ = ":".join(f"$JOB_{n.upper().replace('-', '_')}" for n in names)
+    assert f"#SBATCH --dependency=afterany:{vars_}\n" in scripts[5]
+    assert f"-m app study report {out}/lb\n" in scripts[5]
+
+
+def test_slurm_only_options_without_a_cluster_are_refused(tmp_path, monkeypatch, capsys):
+    fashion = str(ROOT / "configs" / "study_fashion_mnist.yaml")
+    code, _, stderr = app_main(["study", "large-batch", "-c", fashion, "--k", "1,4", "--account", "p",
+                                "--out", str(tmp_path / "o")], monkeypatch, capsys)  # fmt: skip
+    assert (code, stderr) == (2, "Error: --account is for runs on Slurm: add --cluster, or drop it\n")
+
+
+def test_a_runs_slurm_job_overrides_what_its_files_say():
+    files = study.RunState("partial", 2)
+    assert study.with_job(files, None) is files
+    assert study.with_job(files, ("7", "PENDING")) == study.RunState("pending", 2, "job 7 pending")
+    assert study.with_job(files, ("7", "RUNNING")) == study.RunState("running", 2, "job 7")
+    assert study.with_job(files, ("7", "OUT_OF_MEMORY")) == study.RunState("failed", 2, "job 7 out_of_memory")
+    assert study.with_job(files, ("7", "COMPLETED")) == study.RunState("partial", 2, "job 7")
+    assert study.with_job(study.RunState("done", 4), ("7", "FAILED")).state == "done"
