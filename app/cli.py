@@ -750,6 +750,8 @@ def study_large_batch(configs, sets, ks, seeds, name, np_, out, data_dir, thread
                                      ("--image", image), ("--stage", stage_gb)) if v is not None]  # fmt: skip
         if slurm_only:
             raise UsageError(f"{slurm_only[0]} is for runs on Slurm: add --cluster, or drop it")
+    if not cluster:
+        study_stage.check_local_workers([np_], "--np")
     examples, where = study_stage.train_examples(cfg)
     plan = study_stage.plan_large_batch(cfg, ks, seeds, np_, name, examples, where)
     folder = out / name
@@ -805,9 +807,10 @@ def study_large_batch(configs, sets, ks, seeds, name, np_, out, data_dir, thread
 @study.command("status")
 @click.argument("study_dir", type=click.Path(path_type=Path))
 def study_status(study_dir):
-    """Show each planned run of a study: pending, running, partial (epochs done), done or failed.
+    """Show each planned run (or part) of a study: pending, running, partial (epochs done), done or failed.
 
-    Read from the study folder's files alone (study.json, the run directories, attempts.jsonl).
+    Read from the study folder's files (study.json, the run directories or results, attempts.jsonl) and, for a
+    study on Slurm, from squeue and sacct about the jobs in its jobs.json.
 
     \b
     Example:
@@ -950,6 +953,8 @@ def study_scaling(configs, sets, np_list, gpu_list, batch_sizes, steps, windows,
             )
     if gpu_list is not None and independent:
         raise UsageError("--independent runs processes side by side on this machine; use it with --np")
+    if np_list is not None:
+        study_stage.check_local_workers(np_list, "--np")
     options = {"data.data_dir": data_dir} if data_dir else {}
     cfg = config.build(configs, sets, options)
     name = name or f"{cfg.name}-scaling"

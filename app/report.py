@@ -53,9 +53,10 @@ def _json(text: str, where: str, fix: str) -> object:
         raise UsageError(f"{where}: nested too deeply to read; {fix}") from None
 
 
-def _json_lines(path: Path, what: str, note) -> list[tuple[int, object]]:
+def _json_lines(path: Path, what: str, note, skip_bad: bool = False) -> list[tuple[int, object]]:
     """(line number, value) of every non-empty line. A last line cut short (no newline after it, not JSON)
-    is what an interrupted write leaves: it is skipped with a note. Any other bad line is an error."""
+    is what an interrupted write leaves: it is skipped with a note. Any other bad line is an error (with
+    ``skip_bad``, skipped with a note too)."""
     text = read_text(path, f"JSON-lines file (at most {size_text(READ_LIMIT)})")
     lines = text.splitlines()
     last = max((n for n, line in enumerate(lines, 1) if line.strip()), default=0)
@@ -69,7 +70,15 @@ def _json_lines(path: Path, what: str, note) -> list[tuple[int, object]]:
             if n == last and not text.endswith("\n"):
                 (note or _stderr_note)(f"{path} line {n}: ignoring a torn last line (an interrupted write)")
                 continue
+            if skip_bad:
+                (note or _stderr_note)(f"{path} line {n}: not JSON ({exc.msg}); left out")
+                continue
             raise UsageError(f"{path} line {n}: not JSON ({exc.msg}); each line must be {what}") from None
+        except UsageError as exc:
+            if not skip_bad:
+                raise
+            (note or _stderr_note)(f"{exc}; left out")
+            continue
     return out
 
 
@@ -81,38 +90,45 @@ def _positive_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def load_results(path: Path, note=None) -> list[dict]:
-    """Benchmark results from one JSON-lines file, each line checked."""
+def load_results(path: Path, note=None, skip_bad: bool = False) -> list[dict]:
+    """Benchmark results from one JSON-lines file, each line checked. With ``skip_bad`` (a study's results,
+    where a damaged line is measured again) a bad line is left out with a note instead of failing the file."""
     rows = []
-    for n, row in _json_lines(path, "one `app benchmark` result", note):
-        where = f"{path} line {n}"
-        if not isinstance(row, dict):
-            raise UsageError(f"{where}: not a JSON object; each line must be one `app benchmark` result")
-        missing = [k for k in REQUIRED if k not in row]
-        if missing or not isinstance(row.get("images_per_s"), dict) or "mean" not in row["images_per_s"]:
-            raise UsageError(
-                f"{where}: missing {', '.join(missing) or 'images_per_s.mean'}; is this an `app benchmark` results file?"
-            )
-        for key in ("batch_size", "workers"):
-            if not _positive_int(row[key]):
-                raise UsageError(f"{where}: {key} must be a positive integer, got {brief(row[key])}")
-        ips = row["images_per_s"]
-        if not _number(ips["mean"]) or ips["mean"] <= 0:
-            raise UsageError(
-                f"{where}: images_per_s.mean must be a positive number, got {brief(ips['mean'])}"
-            )
-        for key, value in (
-            ("images_per_s.ci95", ips.get("ci95")),
-            ("input_wait_fraction", row.get("input_wait_fraction")),
-        ):
-            if value is not None and not _number(value):
-                raise UsageError(f"{where}: {key} must be a number or null, got {brief(value)}")
-        if row.get("nodes") is not None and not _positive_int(row["nodes"]):
-            raise UsageError(f"{where}: nodes must be a positive integer or null, got {brief(row['nodes'])}")
-        rows.append(row)
+    for n, row in _json_lines(path, "one `app benchmark` result", note, skip_bad):
+        try:
+            rows.append(_check_result(row, f"{path} line {n}"))
+        except UsageError as exc:
+            if not skip_bad:
+                raise
+            (note or _stderr_note)(f"{exc}; left out")
     if not rows:
         raise UsageError(f"{path}: no results in it; run `app benchmark --results {path}` first")
     return rows
+
+
+def _check_result(row, where: str) -> dict:
+    if not isinstance(row, dict):
+        raise UsageError(f"{where}: not a JSON object; each line must be one `app benchmark` result")
+    missing = [k for k in REQUIRED if k not in row]
+    if missing or not isinstance(row.get("images_per_s"), dict) or "mean" not in row["images_per_s"]:
+        raise UsageError(
+            f"{where}: missing {', '.join(missing) or 'images_per_s.mean'}; is this an `app benchmark` results file?"
+        )
+    for key in ("batch_size", "workers"):
+        if not _positive_int(row[key]):
+            raise UsageError(f"{where}: {key} must be a positive integer, got {brief(row[key])}")
+    ips = row["images_per_s"]
+    if not _number(ips["mean"]) or ips["mean"] <= 0:
+        raise UsageError(f"{where}: images_per_s.mean must be a positive number, got {brief(ips['mean'])}")
+    for key, value in (
+        ("images_per_s.ci95", ips.get("ci95")),
+        ("input_wait_fraction", row.get("input_wait_fraction")),
+    ):
+        if value is not None and not _number(value):
+            raise UsageError(f"{where}: {key} must be a number or null, got {brief(value)}")
+    if row.get("nodes") is not None and not _positive_int(row["nodes"]):
+        raise UsageError(f"{where}: nodes must be a positive integer or null, got {brief(row['nodes'])}")
+    return row
 
 
 @dataclass
@@ -124,7 +140,7 @@ class Run:
     dataset: str | None = None
 
 
-METRIC_NUMBERS = ("val_accuracy", "val_loss", "epoch_time_s")
+METRIC_NUMBERS = ("accuracy", "val_accuracy", "val_loss", "epoch_time_s")
 
 
 def read_metrics(run_dir: Path, note=None) -> list[dict]:

@@ -155,8 +155,31 @@ def check_ks(ks: list[int]) -> list[int]:
 
 
 def workers_for(micro_batches: int, max_workers: int) -> int:
-    """The most workers, at most ``max_workers``, that share ``micro_batches`` per update evenly."""
-    return max(w for w in range(1, min(micro_batches, max_workers) + 1) if micro_batches % w == 0)
+    """The most workers, at most ``max_workers``, that share ``micro_batches`` per update evenly (its
+    divisors, found up to its square root: a huge k or --np takes no time)."""
+    best = 1
+    for d in range(1, math.isqrt(micro_batches) + 1):
+        if micro_batches % d == 0:
+            best = max([best, *(w for w in (d, micro_batches // d) if w <= max_workers)])
+    return best
+
+
+LOCAL_WORKERS_PER_CORE = 4  # local workers beyond this many per core (or GPU) are a typo, not a measurement
+
+
+def check_local_workers(counts: list[int], flag: str) -> None:
+    """Local worker counts this machine can hold: at most ``LOCAL_WORKERS_PER_CORE`` per CPU core (or GPU).
+    Each is a process with its own copy of TensorFlow; a typo such as --np 1,200 would start them all."""
+    from app.distributed import gpu_device_nodes
+
+    slots = max(os.cpu_count() or 1, len(gpu_device_nodes()))
+    limit = LOCAL_WORKERS_PER_CORE * slots
+    too_many = [n for n in counts if n > limit]
+    if too_many:
+        raise UsageError(
+            f"{flag} {too_many[0]}: more local workers than this machine holds ({slots} CPU cores or GPUs, at most "
+            f"{limit} workers); for more, run on a cluster (--cluster)"
+        )
 
 
 def plan_large_batch(
@@ -379,12 +402,41 @@ def load_plan(folder: Path, label: str = "STUDY_DIR") -> StudyPlan | ScalingPlan
         data = json.loads(raw)
         if data.get("format") != FORMAT or data.get("kind") not in KINDS:
             raise ValueError("format")
-        return (ScalingPlan if data["kind"] == "scaling" else StudyPlan).from_json(data["plan"])
+        plan = (ScalingPlan if data["kind"] == "scaling" else StudyPlan).from_json(data["plan"])
+        _check_types(plan)
+        return plan
     except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
         raise UsageError(
             f"{path}: not a study plan this version of scaleout writes (damaged or edited); start the study "
             "again in a new folder (--name)"
         ) from None
+
+
+_TYPES = {
+    "str": lambda v: isinstance(v, str),
+    "str | None": lambda v: v is None or isinstance(v, str),
+    "bool": lambda v: isinstance(v, bool),
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+    "int | None": lambda v: v is None or _TYPES["int"](v),
+    "float": lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v),
+    "dict": lambda v: isinstance(v, dict),
+    "tuple[int, ...]": lambda v: all(_TYPES["int"](x) and x > 0 for x in v),
+    "tuple[str, ...]": lambda v: all(isinstance(x, str) for x in v),
+}
+
+
+def _check_types(plan) -> None:
+    """A plan read back has the types its dataclass says, and names that stay inside the study folder (an
+    edited study.json would otherwise fail later with a traceback, or reach outside). ValueError if not."""
+    for f in dataclasses.fields(plan):
+        value = getattr(plan, f.name)
+        if f.type.startswith("tuple[") and f.type.endswith("Plan, ...]"):
+            for item in value:
+                _check_types(item)
+        elif not _TYPES[f.type](value):
+            raise ValueError(f.name)
+    if hasattr(plan, "name") and not config_mod.SAFE.fullmatch(plan.name):
+        raise ValueError("name")
 
 
 def differences(old: StudyPlan, new: StudyPlan) -> list[str]:
@@ -860,7 +912,8 @@ def part_states(folder: Path, plan: ScalingPlan, jobs: dict | None = None) -> li
         elif last.get(part.name) not in (None, 0, 3, INTERRUPTED):
             state = RunState("failed", done, f"exit status {last[part.name]}")
         else:
-            state = RunState("partial" if done else "pending", done)
+            state = RunState("partial" if done else "pending", done,
+                             {3: "stopped", INTERRUPTED: "interrupted"}.get(last.get(part.name), ""))  # fmt: skip
         out.append(with_job(state, jobs.get(part.name)))
     return out
 
@@ -923,10 +976,11 @@ def run_scaling_local(
                 raise Interrupted(
                     f"interrupted during {part.name}; `{again}` continues the study (measured batch sizes are kept)"
                 ) from None
-            _record(folder, part.name, code)
-            if forward.signum:
+            if forward.signum:  # ended by the stop it was passed (benchmarks have no clean stop): not failed
+                _record(folder, part.name, 3 if code else code)
                 stopped = True
                 break
+            _record(folder, part.name, code)
             if code != 0:
                 echo(
                     f"{head}: failed with exit status {code}; its output is above. Going on with the next part"
@@ -1020,8 +1074,16 @@ def submit_study(
     """Render a job per part or run still to do (:func:`scaling_jobs`, :func:`large_batch_jobs`) and a report
     job that depends on them (afterany), every script first, so a GPU count the cluster cannot hold fails
     before anything is submitted; then submit them (``dry_run``: print them) and record their ids in
-    jobs.json. A part whose job is still queued or running is not submitted twice. ``options``: cluster,
-    account, partition, time, image, data_dir, stage_gb. Returns the ids."""
+    jobs.json. A part whose job is still queued or running is not submitted twice (two submissions at once:
+    the second is refused, as a second local study is). ``options``: cluster, account, partition, time, image,
+    data_dir, stage_gb. Returns the ids."""
+    if dry_run:
+        return _submit_study(folder, plan, cfg, options, dry_run, echo)
+    with _Lock(folder):
+        return _submit_study(folder, plan, cfg, options, dry_run, echo)
+
+
+def _submit_study(folder: Path, plan, cfg, options: dict, dry_run: bool, echo) -> dict[str, str]:
     from app import submit as submit_stage
 
     cluster = submit_stage.load_cluster(options["cluster"])

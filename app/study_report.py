@@ -83,7 +83,7 @@ def updates_per_epoch(run_path: Path, batch_size: int) -> int | None:
             steps, workers, global_batch = (
                 int(state[k]) for k in ("steps_per_epoch", "workers", "global_batch")
             )
-        except (UsageError, ValueError, TypeError, KeyError):
+        except (UsageError, ValueError, TypeError, KeyError, OverflowError):
             continue
         if global_batch > 0:
             return steps * workers * batch_size // global_batch
@@ -91,11 +91,16 @@ def updates_per_epoch(run_path: Path, batch_size: int) -> int | None:
 
 
 def collect(folder: Path, plan: StudyPlan, note=None) -> list[RunResult]:
-    """Every planned run with its state and curves (runs not started yet have empty curves)."""
+    """Every planned run with its state and curves (runs not started yet, or with a damaged metrics.jsonl, have
+    empty curves: one damaged run does not stop the report)."""
     out = []
     for run, state in zip(plan.runs, states(folder, plan), strict=True):
         path = run_dir(folder, run)
-        rows = report.read_metrics(path, note) if state.state != "pending" else []
+        try:
+            rows = report.read_metrics(path, note) if state.state != "pending" else []
+        except UsageError as exc:
+            (note or (lambda message: None))(f"{exc}; {run.name} left out")
+            rows = []
         out.append(
             RunResult(
                 run, state.state, len(rows), [_error(r, "accuracy") for r in rows],
@@ -256,7 +261,7 @@ def verdicts(table: list[Cell]) -> list[str]:
                 parts.append(f"{PHRASES[variant]} within {abs(delta):.1f} pp of the baseline")
             else:
                 parts.append(f"{PHRASES[variant]} {abs(delta):.1f} pp {'worse' if delta > 0 else 'better'}")
-            if variant == "gradual-warmup" and within:
+            if variant == "gradual-warmup" and (within or delta < 0):  # better than the baseline holds too
                 held.append(k)
         few = fewest_updates(at_k.values())
         tail = (

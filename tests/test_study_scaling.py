@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +19,7 @@ from rich.console import Console
 from test_study import app_main
 
 from app import config, report, scaling_report, study, timeline
+from app.distributed import Preempted
 from app.errors import UsageError
 from conftest import ROOT, TINY_SYNTHETIC
 
@@ -141,6 +146,35 @@ def test_status_of_the_parts_from_files_and_jobs(tmp_path, monkeypatch, capsys):
     assert "workers-1" in out and "1 done, 1 failed, 1 pending of 3 parts" in out
 
 
+def test_a_study_stopped_by_sigterm_ends_its_processes_and_says_stopped_not_failed(tmp_path, monkeypatch):
+    # The independent processes stand in for `python -m app benchmark`: a script that only sleeps, as a benchmark
+    # without a stop handler would until a signal ends it.
+    folder = tmp_path / "s"
+    p = splan((1, 2), batches=(16,), independent=True)
+    study.prepare(folder, p, cfg(), ["app"])
+    write_results(folder, p.parts[0], [result(16, 1, 100.0)])
+    write_results(folder, p.parts[1], [result(16, 2, 180.0)])
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\necho $$ >> {tmp_path / 'pids'}\nexec sleep 60\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(fake))
+    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(Preempted, match="study stopped by SIGTERM"):
+        study.run_scaling_local(folder, p, None, 0, lambda line: None, "app study scaling ...")
+    timer.join()
+    assert time.monotonic() - started < 30
+    pids = [int(x) for x in (tmp_path / "pids").read_text().split()]
+    assert len(pids) == 2
+    for pid in pids:  # ended and reaped: no process left behind
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert study.attempts(folder) == {"independent-2": 3}
+    states = study.part_states(folder, p, jobs={})
+    assert [(s.state, s.detail) for s in states][2] == ("pending", "stopped")
+
+
 def test_a_damaged_jobs_file_is_no_jobs(tmp_path):
     (tmp_path / study.JOBS_FILE).write_bytes(b"\x00\xff{")
     assert study.read_jobs(tmp_path) == {} and study.slurm_states(tmp_path) == {}
@@ -176,6 +210,24 @@ def test_dry_run_on_a_cluster_prints_a_job_per_gpu_count_and_a_report_job_after_
     for script in scripts:
         body = script.split("\n", 1)[1].split("\n2 parts;")[0]
         assert subprocess.run(["bash", "-n"], input=body, text=True).returncode == 0
+
+
+def test_a_submission_while_another_app_study_holds_the_folder_is_refused(tmp_path, monkeypatch):
+    # Two submissions at once would both see no queued job and submit every part twice.
+    folder = tmp_path / "s"
+    p = splan(cluster="local")
+    study.prepare(folder, p, cfg(), ["app"])
+    from app import submit
+
+    monkeypatch.setattr(submit, "sbatch", lambda job, test_only=False: pytest.fail("submitted"))
+    options = {"cluster": "local"}
+    with study._Lock(folder), pytest.raises(UsageError, match="another `app study` is running it"):
+        study.submit_study(folder, p, cfg(), options, dry_run=False, echo=lambda line: None)
+    assert not (folder / study.JOBS_FILE).exists()
+    lines = []
+    with study._Lock(folder):  # a dry run only prints
+        study.submit_study(folder, p, cfg(), options, dry_run=True, echo=lines.append)
+    assert lines[0].startswith("# ---- workers-1")
 
 
 def test_a_gpu_count_the_cluster_cannot_hold_fails_before_anything(tmp_path, monkeypatch, capsys):
@@ -229,6 +281,11 @@ def test_report_answers_rq1_and_rq2_from_hand_made_results(tmp_path):
     assert "collectives 30%, negotiation (waiting for every rank) 10%, compute 60% of step time" in md
     # An ImageNet-1k epoch: 1,281,167 images at 1,520 images/s = 14.0 min, x 8 GPUs = 1.87 GPU-hours.
     assert "| 64 | 8 | 1,520.0 | 14.0 | 1.87 |" in md
+    # ... at the model and image size measured, which the title says (a small model's epoch is not ImageNet's)
+    assert (
+        "## What an ImageNet-1k epoch costs (1,281,167 images at the throughput measured here: resnet50, 224 px)"
+        in md
+    )
     assert "independent" not in md  # no independent baseline was measured
 
 
@@ -249,6 +306,45 @@ def test_report_on_cpu_workers_sharing_cores_compares_with_independent_processes
     # 10.2 images/s against 5.5 + 6.5 = 12.0 of two independent processes: 85%.
     assert "| 32 | 2 | 10.2 | 12.0 | 85% |" in md
     assert "2 Horovod workers reach 85% of 2 independent processes on the same cores" in md
+
+
+def test_an_independent_process_measured_twice_is_counted_once(tmp_path):
+    # process-1 measured batch 32, process-2 failed; the study measured both again: process-1 has two lines.
+    folder = tmp_path / "s"
+    p = splan((1, 2), batches=(32,), independent=True)
+    study.prepare(folder, p, cfg(), ["app"])
+    write_results(folder, p.parts[0], [result(32, 1, 10.0, gpus=0, cores=2)])
+    write_results(folder, p.parts[1], [result(32, 2, 10.2, gpus=0, cores=2)])
+    write_results(
+        folder, p.parts[2], [result(32, 1, 5.0, gpus=0, cores=2), result(32, 1, 7.0, gpus=0, cores=2)]
+    )
+    write_results(folder, p.parts[2], [result(32, 1, 6.0, gpus=0, cores=2)], index=1)
+    _, independent = scaling_report.collect(folder, p, lambda message: None)
+    assert independent == {(2, 32): [6.0, 6.0]}  # process-1's mean, process-2's: 12.0 together
+    # process-2's file damaged: no comparison rather than process-1's two lines taken for two processes
+    (folder / p.parts[2].files()[1]).write_text('{"damaged": true}\n')
+    _, independent = scaling_report.collect(folder, p, lambda message: None)
+    assert independent == {}
+
+
+def test_a_damaged_line_leaves_out_that_line_not_the_whole_part(tmp_path):
+    # A torn line, then the next measurement appended to it: status counts the good lines as measured, so the
+    # report must show them too (it used to drop the whole file).
+    folder = tmp_path / "s"
+    p = splan((1, 2), batches=(16, 32))
+    study.prepare(folder, p, cfg(), ["app"])
+    write_results(folder, p.parts[0], [result(16, 1, 100.0), result(32, 1, 180.0)])
+    path = folder / p.parts[1].files()[0]
+    path.write_text(
+        json.dumps(result(16, 2, 190.0)) + "\n" + '{"kind": "tr' + json.dumps(result(32, 2, 350.0)) + "\n"
+    )
+    assert study.missing(folder, p, p.parts[1]) == [32]
+    notes = []
+    results, _ = scaling_report.collect(folder, p, notes.append)
+    assert sorted((r["batch_size"], r["workers"]) for r in results) == [(16, 1), (16, 2), (32, 1)]
+    assert len(notes) == 1 and f"{path} line 2: not JSON" in notes[0] and notes[0].endswith("left out")
+    with pytest.raises(UsageError, match="line 2: not JSON"):  # app report itself stays strict
+        report.load_results(path)
 
 
 def test_report_without_results_is_one_line(tmp_path, monkeypatch, capsys):
@@ -327,6 +423,7 @@ def test_a_trace_horovod_did_not_close_is_read_up_to_its_last_event(tmp_path):
         (["--np", "1,2", "--steps", "5", "--windows", "6"], "need at least 5 steps and 2 to --steps windows"),
         (["--np", "1,2", "--name", "$(touch pwned)"], "cannot name a study folder"),
         (["--gpus", "1,2", "--cluster", "local", "--time", "0:30"], "too short"),
+        (["--np", "1,4096"], "--np 4096: more local workers than this machine holds"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_exit_2_and_nothing_is_written(tmp_path, monkeypatch, capsys, args, message):

@@ -14,11 +14,11 @@ from click.testing import CliRunner
 
 from app import submit
 from app.cli import cli
-from app.errors import UsageError, brief
+from app.errors import UsageError, brief, show
 
 GOLDEN = Path(__file__).parent / "golden"
 CLUSTERS = ["lumi", "roihu", "local", "local-gloo"]
-CHOOSE = "choose from local, local-2node, local-gloo, lumi, roihu"
+CHOOSE = "choose from local, local-2node, local-2node-gloo, local-gloo, lumi, roihu"
 
 
 def render(cluster: str, gpus: int, **kw):
@@ -162,7 +162,8 @@ def test_partition_choice_and_staging():
     assert render("roihu", 4, partition="gpularge").partition == "gpularge"
     # Roihu's GPU nodes have no NVMe to request: --stage copies to $TMPDIR (every job has it) and binds it.
     staged = render("roihu", 8, data_dir="/scratch/p/imagenet", stage_gb=150).script
-    assert "#SBATCH --gres=gpu:gh200:4\n" in staged and 'cp -r -- "$1" "$TMPDIR/"' in staged
+    assert "#SBATCH --gres=gpu:gh200:4\n" in staged
+    assert 'cp -rL --preserve=timestamps -- "$1" "$TMPDIR/"' in staged
     assert 'stage_on_node \\"\\$@\\"" stage "$DATA_DIR" 150 ||' in staged
     assert 'apptainer exec --nv --bind "/users,/projappl,/scratch,/dataset,$TMPDIR,$PWD"' in staged
     assert staged.count("$TMPDIR,$PWD") == 2  # the rendezvous server's container and the training's
@@ -175,6 +176,181 @@ def test_partition_choice_and_staging():
     )
     partial = render("lumi", 4).script
     assert "--exclusive" not in partial and "--cpu-bind" not in partial and partial.count("--mpi=none") == 1
+
+
+# --stage's per-node part (submit.STAGE_ON_NODE), run by bash directly as srun would run it on one node.
+NODE = os.uname().nodename
+
+
+def stage_on_node(
+    data: str,
+    gb: int = 1,
+    scratch: str | None = None,
+    cwd: Path | None = None,
+    user: str | None = None,
+    **env: str,
+) -> subprocess.CompletedProcess:
+    """``stage_on_node DATA GB`` with $LOCAL_SCRATCH set to ``scratch`` (unset if None), as ``user`` if given."""
+    code = submit._stage("LOCAL_SCRATCH", gb)
+    code = code[: code.index("srun ")] + 'stage_on_node "$@"'
+    env = {"PATH": os.environ["PATH"], "LC_ALL": "C.UTF-8", **env}
+    if scratch is not None:
+        env["LOCAL_SCRATCH"] = scratch
+    run_as = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if user else []
+    return subprocess.run([*run_as, "bash", "-c", code, "stage", data, str(gb)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=30)  # fmt: skip
+
+
+def one_error(proc: subprocess.CompletedProcess, *words: str, above: bool = False) -> str:
+    """The one line naming the node (after the failing tool's own lines, when it says "(above)")."""
+    assert proc.returncode == 1 and proc.stdout == "", proc.stdout + proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) >= 1 + above and (above or len(lines) == 1), proc.stderr
+    assert lines[-1].startswith("Error: ") and f" {NODE}" in lines[-1], proc.stderr
+    assert not any(line.startswith("Error: ") for line in lines[:-1]), proc.stderr
+    assert all(w in lines[-1] for w in words), (words, lines[-1])
+    return lines[-1]
+
+
+def listing(folder: Path) -> list[tuple[str, bytes, bool]]:
+    return sorted((str(p.relative_to(folder)), p.read_bytes(), p.is_symlink()) for p in folder.rglob("*")
+                  if p.is_file())  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["my data", "x'y", 'x"y', "$(touch MARK)", "`touch MARK`", "x\ny", "x\na[$(touch MARK)]", "-x", "--help"],
+)
+def test_stage_copies_a_hostile_folder_name_from_anywhere(tmp_path, name):
+    data, scratch = tmp_path / name, tmp_path / "scratch"
+    (data / "sub").mkdir(parents=True)
+    (data / "sub" / "a").write_text("a")
+    scratch.mkdir()
+    # Relative (a leading dash stays a name, never an option) and with a CDPATH that has a folder of that name.
+    (tmp_path / "elsewhere" / name).mkdir(parents=True)
+    proc = stage_on_node(name, scratch=f"{scratch}/", cwd=tmp_path, CDPATH=str(tmp_path / "elsewhere"))
+    assert proc.returncode == 0 and proc.stdout == proc.stderr == "", proc.stdout + proc.stderr
+    assert listing(scratch / name) == listing(data) and not list(tmp_path.glob("MARK"))
+    # Where the copy cannot go: one line, the name shown on it whatever it holds.
+    (scratch / name / "sub" / "a").unlink()
+    (scratch / name / "sub" / "a").mkdir()
+    line = one_error(
+        stage_on_node(name, scratch=str(scratch), cwd=tmp_path), "copying ", "failed on", above=True
+    )
+    shown = subprocess.run(["bash", "-c", 'printf %q "$1"', "q", name], capture_output=True, text=True).stdout
+    assert line.startswith(f"Error: copying {shown} to {scratch} failed on {NODE} (above)"), line
+
+
+def test_stage_follows_links_and_refuses_a_folder_without_files(tmp_path):
+    elsewhere, data, scratch = tmp_path / "shared", tmp_path / "data", tmp_path / "scratch"
+    for folder in (elsewhere / "pool", data, scratch):
+        folder.mkdir(parents=True)
+    (elsewhere / "pool" / "part-0").write_text("0" * 100)
+    (data / "part-0").symlink_to(elsewhere / "pool" / "part-0")  # a dataset of links into a shared pool
+    (data / "pool").symlink_to(elsewhere / "pool")
+    (tmp_path / "link").symlink_to(data)  # --data-dir itself a link, as /scratch/project/imagenet often is
+    assert stage_on_node(str(tmp_path / "link"), scratch=str(scratch)).returncode == 0
+    copy = scratch / "link"
+    assert not copy.is_symlink() and listing(copy) == [
+        ("part-0", b"0" * 100, False),
+        ("pool/part-0", b"0" * 100, False),
+    ]
+    # Nothing to stage: an empty folder, a file, a missing path; no scratch variable, or not a folder.
+    (tmp_path / "empty").mkdir()
+    for what in ("empty", "data/part-0", "missing"):
+        one_error(stage_on_node(str(tmp_path / what), scratch=str(scratch)), "has no files to stage on")
+    one_error(stage_on_node(str(data)), "LOCAL_SCRATCH is unset or empty on")
+    one_error(stage_on_node(str(data), scratch=""), "LOCAL_SCRATCH is unset or empty on")
+    one_error(stage_on_node(str(data), scratch=str(tmp_path / "nope")), "is not a folder on")
+    assert sorted(p.name for p in scratch.iterdir()) == ["link"]
+
+
+def test_stage_checks_room_with_df_and_compares_the_copy(tmp_path):
+    data, scratch, bin_ = tmp_path / "data", tmp_path / "scratch", tmp_path / "bin"
+    for folder in (data, scratch, bin_):
+        folder.mkdir()
+    (data / "a").write_text("a")
+    df = bin_ / "df"
+    path = f"{bin_}:{os.environ['PATH']}"
+    for said, words in (("Avail\n 5\n", ("--stage 1: ", " has 0 GB free in $LOCAL_SCRATCH")),
+                        ("Avail\n-\n", ("df tells no free space in $LOCAL_SCRATCH",)),
+                        ("", ("df tells no free space",))):  # fmt: skip
+        df.write_text(f"#!/bin/sh\nprintf '{said}'\n")
+        df.chmod(0o755)
+        one_error(stage_on_node(str(data), scratch=str(scratch), PATH=path), *words)
+    assert list(scratch.iterdir()) == []
+    # A stale copy with an extra file (cp merges into it): refused, never trained on.
+    (scratch / "data").mkdir()
+    (scratch / "data" / "stale").write_text("x")
+    one_error(stage_on_node(str(data), scratch=str(scratch)), "does not hold the files of")
+
+
+def test_stage_keeps_a_whole_copy_from_before_a_requeue(tmp_path):
+    # A read-only dataset (shared ones are): its copy is read-only too, and a user could not copy over it again.
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        root.chmod(0o755)
+        data, scratch = root / "data", root / "scratch"
+        (data / "sub").mkdir(parents=True)
+        (data / "sub" / "a").write_text("a")
+        (data / "b").write_text("bb")
+        scratch.mkdir()
+        for path in (data / "sub" / "a", data / "b", data / "sub", data):
+            path.chmod(0o555 if path.is_dir() else 0o444)
+        user = None
+        if os.geteuid() == 0:  # root writes anywhere: run as nobody, who owns the scratch folder
+            os.chown(scratch, 65534, 65534)
+            user = "nobody"
+        first = stage_on_node(str(data), scratch=str(scratch), user=user)
+        assert first.returncode == 0 and first.stdout == first.stderr == "", first.stdout + first.stderr
+        again = stage_on_node(str(data), scratch=str(scratch), user=user)
+        assert again.returncode == 0 and again.stderr == "", again.stderr
+        assert again.stdout == f"scaleout: {NODE} keeps its copy of {data} staged before (the same files)\n"
+        # A partial copy (a file cut short when the job ended; cp makes a folder read-only only once it holds
+        # everything): copied again, over the read-only file.
+        cut = scratch / "data" / "b"
+        (scratch / "data").chmod(0o755)
+        cut.chmod(0o644)
+        cut.write_text("b")
+        cut.chmod(0o444)
+        third = stage_on_node(str(data), scratch=str(scratch), user=user)
+        assert third.returncode == 0 and third.stdout == third.stderr == "", third.stdout + third.stderr
+        assert cut.read_text() == "bb"
+        for path in scratch.rglob("*"):  # let the folder go
+            path.chmod(0o755)
+
+
+@pytest.mark.parametrize("data_dir", [".", "..", "/", "//", "data/.", "data/..", "data/../"])
+def test_stage_refuses_a_data_dir_not_named_after_its_folder(data_dir):
+    with pytest.raises(UsageError) as err:
+        render("roihu", 4, data_dir=data_dir, stage_gb=10)
+    assert str(err.value).startswith(f"--data-dir {show(data_dir)}: ")
+    assert "--stage copies the folder under its own name" in str(err.value)
+
+
+def test_shared_run_dir_check_says_one_line_per_node(tmp_path):
+    # srun here runs the check on this machine, after deleting the marker when asked to (a node not sharing it).
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "srun").write_text('#!/bin/bash\nwhile [[ $1 == -* ]]; do shift; done\n'
+                               '[ -z "${HIDE:-}" ] || rm -f -- "$5"\nexec "$@"\n')  # fmt: skip
+    (bin_ / "srun").chmod(0o755)
+    run_dir = "runs/x\n$(touch MARK) `touch MARK` 'y\""
+    code = submit.SHARED_RUN_DIR + 'echo "checked"\n'
+    env = {"PATH": f"{bin_}:{os.environ['PATH']}", "RUN_DIR": run_dir, "SLURM_NNODES": "2"}
+    cmd = ["bash", "-c", f"RUN_DIR=$RUN_DIR\n{code}"]
+    ok = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    assert (ok.returncode, ok.stdout, ok.stderr) == (0, "checked\n", ""), ok.stderr
+    hidden = subprocess.run(
+        cmd, cwd=tmp_path, env={**env, "HIDE": "1"}, capture_output=True, text=True, timeout=30
+    )
+    assert hidden.returncode == 1 and hidden.stdout == "", hidden.stdout + hidden.stderr
+    lines = hidden.stderr.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("Error: the run directory $'runs/x\\n") and (
+        f"is not visible on {NODE} (a marker written on {NODE} is missing there)" in lines[0]
+    ), lines  # fmt: skip
+    assert lines[1].endswith("is not shared by every node (see above); not training"), lines
+    assert os.listdir(tmp_path / run_dir) == [] and not list(tmp_path.glob("MARK"))
 
 
 @pytest.mark.parametrize(

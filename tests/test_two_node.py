@@ -1,5 +1,6 @@
 """`app submit` on a real two-node Slurm cluster (tests/two_node_cluster.py): one rank per node, joined
-through srun --mpi=pmix across the nodes' own network; staging to node-local scratch, a killed rank on the
+through srun --mpi=pmix, or (mpi: none, as on roihu and lumi) through Horovod's Gloo rendezvous, across the
+nodes' own network; staging to node-local scratch, a killed rank on the
 second node, the preemption path (USR1 -> checkpoint -> exit 3 -> requeue -> resume), benchmark and report
 with nodes: 2, and the bad inputs that only exist across nodes. `pytest -k two_node` runs them all."""
 
@@ -50,10 +51,12 @@ def cluster(tmp_path_factory):
         c.stop()
 
 
-def submit(cluster, cwd: Path, *args: str, expect: int = 0) -> subprocess.CompletedProcess:
-    """`app submit --cluster local-2node ARGS` from ``cwd`` on the two-node cluster."""
+def submit(
+    cluster, cwd: Path, *args: str, expect: int = 0, profile: str = "local-2node"
+) -> subprocess.CompletedProcess:
+    """`app submit --cluster PROFILE ARGS` from ``cwd`` on the two-node cluster."""
     proc = subprocess.run(
-        [sys.executable, "-m", "app", "submit", "--cluster", "local-2node", *args],
+        [sys.executable, "-m", "app", "submit", "--cluster", profile, *args],
         cwd=cwd, env={**cluster.env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == expect, proc.stdout + proc.stderr
@@ -91,6 +94,46 @@ def test_two_node_job_trains_one_rank_per_node(cluster, tmp_path):
     # The header: Horovod's cross size (nodes) is 2, one rank on each.
     assert "scaleout: 2 node(s) x 1 GPUs" in log and "2 (2 nodes, 1 per node), launcher srun" in log, log
     assert (run / "checkpoints" / "epoch-0001" / "state.json").is_file()
+    state = job_state(cluster, job)
+    assert "JobState=COMPLETED" in state and " NodeList=node[1-2]\n" in state, state
+
+
+GLOO = """\
+# gloo: the two-node Gloo test. app submit --cluster local-2node-gloo --gpus 2 -c gloo.yaml; expected: a minute.
+# 20 steps (0.1-0.3 s each after the first compilation): long enough to see the two ranks, one on each node.
+data: {source: synthetic, num_classes: 10, image_size: 32, synthetic_examples: 64}
+model: {name: resnet20}
+train: {epochs: 1, batch_size: 8, steps_per_epoch: 20, warmup_epochs: 0}
+run: {log_every: 1, tensorboard: false}
+"""
+
+
+def test_two_node_gloo_job_joins_ranks_on_both_nodes_through_the_rendezvous(cluster, tmp_path):
+    # Profile local-2node-gloo (mpi: none, as on roihu and lumi): plain srun starts one rank per node, the job
+    # script serves Horovod's Gloo rendezvous on node1, and the rank on node2 reaches it (and Gloo's peer) over
+    # the nodes' own network, by the host names Slurm and the nodes use.
+    (tmp_path / "gloo.yaml").write_text(GLOO)
+    proc = submit(cluster, tmp_path, "--gpus", "2", "-c", "gloo.yaml", profile="local-2node-gloo")
+    job = job_id(proc)
+    log = tmp_path / "logs" / f"gloo-{job}.out"
+    deadline = time.time() + 180
+    while "epoch 1/1 step 2/20" not in (log.read_text() if log.exists() else ""):
+        assert time.time() < deadline, log.read_text() if log.exists() else "no log"
+        time.sleep(0.5)
+    assert len(ranks_on(cluster, "node1")) == len(ranks_on(cluster, "node2")) == 1, log.read_text()
+    cluster.wait(job)
+    text = log.read_text()
+    run = tmp_path / "runs" / f"gloo-{job}"
+    assert (run / "summary.json").is_file(), text
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["workers"], summary["nodes"], summary["launcher"], summary["horovod_controller"]) == (
+        2, 2, "srun", "gloo"
+    ), summary  # fmt: skip
+    assert summary["replica_weight_spread"] < 1e-6
+    # The header: Horovod size 2, cross size (nodes) 2, one rank on each node, through Gloo.
+    assert (
+        "2 (2 nodes, 1 per node), launcher srun, Horovod controller gloo" in text and "Error" not in text
+    ), text
     state = job_state(cluster, job)
     assert "JobState=COMPLETED" in state and " NodeList=node[1-2]\n" in state, state
 
