@@ -1054,9 +1054,11 @@ class JobPlan:
 
 
 def scaling_jobs(folder: Path, plan: ScalingPlan) -> list[JobPlan]:
-    """A job per part that still misses batch sizes (independent parts are for one machine: none)."""
+    """A job per part that still misses batch sizes (independent parts are for one machine: none). The job's
+    run directory is the study's results folder: on several nodes the job checks every node sees it."""
     return [JobPlan(part.name, part.workers,
-                    tuple(benchmark_args(folder, plan, part, left, part.files()[0], config=False)))
+                    tuple(benchmark_args(folder, plan, part, left, part.files()[0], config=False)),
+                    into=str(Path(folder) / "results"))
             for part in plan.parts if not part.independent and (left := missing(folder, plan, part))]  # fmt: skip
 
 

@@ -203,6 +203,7 @@ def test_dry_run_on_a_cluster_prints_a_job_per_gpu_count_and_a_report_job_after_
         assert f"benchmark \"${{CONFIG_ARGS[@]}}\" \"${{SET_ARGS[@]}}\" --batch-sizes 8,16 --steps 10 --windows 2 " \
                f"--results {out}/t/results/workers-{gpus}.jsonl --timeline" in script  # fmt: skip
         assert f"CONFIG_ARGS=(-c {out}/t/config.yaml)" in script
+        assert f"RUN_DIR={out}/t/results\n" in script  # no runs/<name>-<id> folder for a benchmark
     report_job = scripts[2]
     assert "#SBATCH --dependency=afterany:$JOB_WORKERS_1:$JOB_WORKERS_2" in report_job
     assert f"-m app study report {out}/t\n" in report_job
