@@ -682,6 +682,64 @@ def _ks(ctx, param, value: str | None) -> list[int] | None:
         raise click.BadParameter(f"{brief(value)}: {exc}") from None
 
 
+SLURM_KEYS = ("cluster", "account", "partition", "time", "image", "stage_gb")
+
+
+def slurm_options(cluster_help: str, time_help: str):
+    """The Slurm options every study command takes (with --cluster its runs are jobs), as one decorator."""
+    options = [
+        click.option("--cluster", help=cluster_help),
+        click.option("--account", help="Slurm account / project (with --cluster)."),
+        click.option("--partition", help="Partition (default: the first in the profile that fits)."),
+        click.option("--time", help=time_help),
+        click.option("--image", help="Container image (default: the profile's)."),
+        click.option(
+            "--stage",
+            "stage_gb",
+            type=Int(),
+            default=None,
+            help="Copy --data-dir to node-local disk first (GB).",
+        ),  # fmt: skip
+    ]
+
+    def decorate(f):
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return decorate
+
+
+def slurm_words(slurm: dict) -> list[str]:
+    """The study's Slurm options as command-line words (for the command that continues it)."""
+    flags = {"stage_gb": "--stage"}
+    return [
+        w for k in SLURM_KEYS if slurm.get(k) is not None for w in (flags.get(k, f"--{k}"), str(slurm[k]))
+    ]
+
+
+def refuse_slurm_options(slurm: dict, keys, fix: str) -> None:
+    given = next((k for k in keys if slurm.get(k) is not None), None)
+    if given is not None:
+        raise UsageError(f"{'--stage' if given == 'stage_gb' else '--' + given} {fix}")
+
+
+def prepare_study(
+    study_stage, folder: Path, plan, cfg, command: list[str], slurm: dict | None, dry_run: bool
+) -> bool:
+    """The study folder made (or found holding this study): on Slurm every job script is rendered, and so
+    checked, first, so a request the cluster cannot hold fails before anything is written or submitted."""
+    if slurm:
+        study_stage.prepare(folder, plan, cfg, command, write=False)
+        study_stage.submit_study(folder, plan, cfg, slurm, dry_run=True, echo=lambda line: None)
+    return study_stage.prepare(folder, plan, cfg, command, write=not dry_run)
+
+
+def submit_study(study_stage, folder: Path, plan, cfg, slurm: dict) -> None:
+    study_stage.submit_study(folder, plan, cfg, slurm, dry_run=False, echo=click.echo)
+    click.echo(f"follow it with `app study status {folder}`; the report job writes {folder}/report/")
+
+
 @study.command("large-batch")
 @click.option("-c", "--config", "configs", multiple=True, metavar="FILE",
               help="The baseline's experiment YAML (repeatable): k = 1, on one worker.")  # fmt: skip
@@ -699,23 +757,12 @@ def _ks(ctx, param, value: str | None) -> list[int] | None:
 @click.option("--data-dir", help="TFDS data dir or ImageNet TFRecord folder (data.data_dir) of every run.")
 @click.option("--threads", type=Int(min=0), default=0, show_default=True,
               help="CPU threads per worker of each run (0: the node's cores shared among its workers).")  # fmt: skip
-@click.option(
-    "--cluster", help="Submit each run as a Slurm job on this profile (jobs/clusters/), --np GPUs at most."
-)
-@click.option("--account", help="Slurm account / project (with --cluster).")
-@click.option("--partition", help="Partition (default: the first in the profile that fits).")
-@click.option(
-    "--time", "time_limit", help="Slurm time limit of each run's job; it requeues itself at the limit."
-)
-@click.option("--image", help="Container image (default: the profile's).")
-@click.option(
-    "--stage", "stage_gb", type=Int(), default=None, help="Copy --data-dir to node-local disk first (GB)."
-)
+@slurm_options("Submit each run as a Slurm job on this profile (jobs/clusters/), --np GPUs at most.",
+               "Slurm time limit of each run's job; it requeues itself at the limit.")  # fmt: skip
 @click.option(
     "--dry-run", is_flag=True, help="Print the plan and each run's `app train` command (or job); run nothing."
 )
-def study_large_batch(configs, sets, ks, seeds, name, np_, out, data_dir, threads, cluster, account, partition,
-                      time_limit, image, stage_gb, dry_run):  # fmt: skip
+def study_large_batch(configs, sets, ks, seeds, name, np_, out, data_dir, threads, dry_run, **slurm):
     """RQ3: does accuracy hold at large batches? Goyal et al.'s Table 1 and Figure 2, locally or on Slurm.
 
     The config is the baseline (k = 1) on one worker. For each k > 1: k x its global batch at equal epochs,
@@ -745,12 +792,9 @@ def study_large_batch(configs, sets, ks, seeds, name, np_, out, data_dir, thread
     options = {"data.data_dir": data_dir} if data_dir else {}
     cfg = config.build(configs, sets, options)
     name = name or cfg.name
+    cluster = slurm["cluster"]
     if not cluster:
-        slurm_only = [f for f, v in (("--account", account), ("--partition", partition), ("--time", time_limit),
-                                     ("--image", image), ("--stage", stage_gb)) if v is not None]  # fmt: skip
-        if slurm_only:
-            raise UsageError(f"{slurm_only[0]} is for runs on Slurm: add --cluster, or drop it")
-    if not cluster:
+        refuse_slurm_options(slurm, SLURM_KEYS, "is for runs on Slurm: add --cluster, or drop it")
         study_stage.check_local_workers([np_], "--np")
     examples, where = study_stage.train_examples(cfg)
     plan = study_stage.plan_large_batch(cfg, ks, seeds, np_, name, examples, where)
@@ -759,16 +803,10 @@ def study_large_batch(configs, sets, ks, seeds, name, np_, out, data_dir, thread
                *(a for s in sets for a in ("--set", s)), "--k", ",".join(map(str, plan.ks)), "--seeds", str(seeds),
                "--name", name, "--np", str(np_), "--out", str(out),
                *(["--data-dir", data_dir] if data_dir else []), *(["--threads", str(threads)] if threads else []),
-               *(["--cluster", cluster] if cluster else []), *(["--account", account] if account else []),
-               *(["--partition", partition] if partition else []), *(["--time", time_limit] if time_limit else []),
-               *(["--image", image] if image else []), *(["--stage", str(stage_gb)] if stage_gb is not None else [])]  # fmt: skip
+               *slurm_words(slurm)]  # fmt: skip
     again = shlex.join(command)
-    if cluster:  # every job script is rendered (and checked) before the folder is written
-        slurm = {"cluster": cluster, "account": account, "partition": partition, "time": time_limit,
-                 "image": image, "data_dir": data_dir, "stage_gb": stage_gb}  # fmt: skip
-        study_stage.prepare(folder, plan, cfg, command, write=False)
-        study_stage.submit_study(folder, plan, cfg, slurm, dry_run=True, echo=lambda line: None)
-    new = study_stage.prepare(folder, plan, cfg, command, write=not dry_run)
+    slurm = {**slurm, "data_dir": data_dir} if cluster else None
+    new = prepare_study(study_stage, folder, plan, cfg, command, slurm, dry_run)
     if examples is None:
         click.echo(
             f"note: the training examples could not be counted ({where}): k is not checked against them"
@@ -790,8 +828,7 @@ def study_large_batch(configs, sets, ks, seeds, name, np_, out, data_dir, thread
         return
     click.echo(f"{'created' if new else 'continuing'} {folder}: {len(plan.runs)} runs ({again})")
     if cluster:
-        study_stage.submit_study(folder, plan, cfg, slurm, dry_run=False, echo=click.echo)
-        click.echo(f"follow it with `app study status {folder}`; the report job writes {folder}/report/")
+        submit_study(study_stage, folder, plan, cfg, slurm)
         return
     failed = study_stage.run_local(folder, plan, data_dir, threads, click.echo, again)
     from app import study_report
@@ -891,14 +928,8 @@ def _counts(what: str, example: str):
 )
 @click.option("--independent/--no-independent", default=None,
               help="Also run N independent one-worker processes at once per N (default: locally without GPUs).")  # fmt: skip
-@click.option("--cluster", help="A Slurm profile in jobs/clusters/ (with --gpus).")
-@click.option("--account", help="Slurm account / project (with --cluster).")
-@click.option("--partition", help="Partition (default: the first in the profile that fits).")
-@click.option("--time", "time_limit", help="Slurm time limit of each benchmark job (default: the profile's).")
-@click.option("--image", help="Container image (default: the profile's).")
-@click.option(
-    "--stage", "stage_gb", type=Int(), default=None, help="Copy --data-dir to node-local disk first (GB)."
-)
+@slurm_options("A Slurm profile in jobs/clusters/ (with --gpus).",
+               "Slurm time limit of each benchmark job (default: the profile's).")  # fmt: skip
 @click.option("--name", help="The study's folder name under --out (default: <config name>-scaling).")
 @click.option("--out", type=click.Path(path_type=Path), default=Path("studies"), show_default=True,
               help="Folder that holds the study folders.")  # fmt: skip
@@ -908,8 +939,8 @@ def _counts(what: str, example: str):
 @click.option(
     "--dry-run", is_flag=True, help="Print the plan (and on a cluster every job script); run nothing."
 )
-def study_scaling(configs, sets, np_list, gpu_list, batch_sizes, steps, windows, timeline, independent, cluster,
-                  account, partition, time_limit, image, stage_gb, name, out, data_dir, threads, dry_run):  # fmt: skip
+def study_scaling(configs, sets, np_list, gpu_list, batch_sizes, steps, windows, timeline, independent, name, out,
+                  data_dir, threads, dry_run, **slurm):  # fmt: skip
     """RQ1 + RQ2: throughput per batch size and speedup as workers are added, measured and reported.
 
     Every per-worker batch size is measured (app benchmark) at every worker count: locally with --np one count
@@ -940,17 +971,15 @@ def study_scaling(configs, sets, np_list, gpu_list, batch_sizes, steps, windows,
         raise UsageError(
             "give either --np N,N,... (local processes) or --gpus N,N,... with --cluster (Slurm)"
         )
+    cluster = slurm["cluster"]
     if gpu_list is not None and not cluster:
         raise UsageError(
             "--gpus runs on a Slurm cluster: add --cluster (roihu, lumi, local, ...), or use --np here"
         )
     if np_list is not None:
-        slurm_only = [f for f, v in (("--cluster", cluster), ("--account", account), ("--partition", partition),
-                                     ("--time", time_limit), ("--image", image), ("--stage", stage_gb)) if v is not None]  # fmt: skip
-        if slurm_only:
-            raise UsageError(
-                f"{slurm_only[0]} is for Slurm studies (--gpus with --cluster); drop it with --np"
-            )
+        refuse_slurm_options(
+            slurm, SLURM_KEYS, "is for Slurm studies (--gpus with --cluster); drop it with --np"
+        )
     if gpu_list is not None and independent:
         raise UsageError("--independent runs processes side by side on this machine; use it with --np")
     if np_list is not None:
@@ -971,18 +1000,11 @@ def study_scaling(configs, sets, np_list, gpu_list, batch_sizes, steps, windows,
                "--gpus" if gpu_list is not None else "--np", ",".join(map(str, workers)),
                "--batch-sizes", ",".join(map(str, plan.batch_sizes)), "--steps", str(steps), "--windows", str(windows),
                *(["--timeline"] if timeline else []), "--independent" if independent else "--no-independent",
-               *(["--cluster", cluster] if cluster else []), *(["--account", account] if account else []),
-               *(["--partition", partition] if partition else []), *(["--time", time_limit] if time_limit else []),
-               *(["--image", image] if image else []), *(["--stage", str(stage_gb)] if stage_gb is not None else []),
-               "--name", name, "--out", str(out), *(["--data-dir", data_dir] if data_dir else []),
+               *slurm_words(slurm), "--name", name, "--out", str(out), *(["--data-dir", data_dir] if data_dir else []),
                *(["--threads", str(threads)] if threads else [])]  # fmt: skip
     again = shlex.join(command)
-    if plan.cluster:  # every job script is rendered (and checked) before the folder is written
-        slurm = {"cluster": cluster, "account": account, "partition": partition, "time": time_limit,
-                 "image": image, "data_dir": data_dir, "stage_gb": stage_gb}  # fmt: skip
-        study_stage.prepare(folder, plan, cfg, command, write=False)
-        study_stage.submit_study(folder, plan, cfg, slurm, dry_run=True, echo=lambda line: None)
-    new = study_stage.prepare(folder, plan, cfg, command, write=not dry_run)
+    slurm = {**slurm, "data_dir": data_dir} if plan.cluster else None
+    new = prepare_study(study_stage, folder, plan, cfg, command, slurm, dry_run)
     if dry_run:
         for part in plan.parts:
             left = plan.batch_sizes if new else study_stage.missing(folder, plan, part)
@@ -996,8 +1018,7 @@ def study_scaling(configs, sets, np_list, gpu_list, batch_sizes, steps, windows,
         return
     click.echo(f"{'created' if new else 'continuing'} {folder}: {len(plan.parts)} parts ({again})")
     if plan.cluster:
-        study_stage.submit_study(folder, plan, cfg, slurm, dry_run=False, echo=click.echo)
-        click.echo(f"follow it with `app study status {folder}`; the report job writes {folder}/report/")
+        submit_study(study_stage, folder, plan, cfg, slurm)
         return
     failed = study_stage.run_scaling_local(folder, plan, data_dir, threads, click.echo, again)
     from app import scaling_report
