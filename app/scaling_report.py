@@ -163,10 +163,16 @@ def verdicts(table: dict[int, list[report.Point]], independent, timelines: list[
     return lines
 
 
-def markdown(plan: ScalingPlan, sections: list[tuple[str, tuple, list]], lines: list[str]) -> str:
+def measured_what(results: list[dict]) -> str:
+    """What was measured, from the results (the config's image size may be 0: the dataset's own)."""
+    r = results[0]
+    return f"{r.get('model') or 'input pipeline'}, {r.get('image_size')} px, {r.get('precision')}"
+
+
+def markdown(plan: ScalingPlan, what: str, sections: list[tuple[str, tuple, list]], lines: list[str]) -> str:
     where = f"Slurm profile {plan.cluster}" if plan.cluster else "local processes"
     out = [f"# Scaling study {plan.name}", "",
-           f"{plan.config.get('model.name')}, {plan.config.get('data.image_size') or ''} px, "
+           f"{what}, "
            f"workers {', '.join(map(str, plan.workers))} ({where}), batch sizes per worker "
            f"{', '.join(map(str, plan.batch_sizes))}, {plan.steps} steps each (warmup excluded), mean of "
            f"{plan.windows} windows with a 95% confidence interval.", ""]  # fmt: skip
@@ -196,12 +202,12 @@ def write_report(folder: Path, plan: ScalingPlan, console) -> list[Path]:
     lines = verdicts(table, independent, traces)
     sections = [("Throughput, speedup and efficiency", report.SCALING_COLUMNS, rows),
                 (f"What an ImageNet-1k epoch costs ({IMAGENET_TRAIN_EXAMPLES:,} images at the throughput measured "
-                 f"here: {plan.config.get('model.name')}, {plan.config.get('data.image_size')} px)", COST_COLUMNS,
+                 f"here: {measured_what(results)})", COST_COLUMNS,
                  costs),
                 ("Horovod against independent processes on the same cores", INDEPENDENT_COLUMNS, solo),
                 ("Where the time goes (Horovod timeline)", TIMELINE_COLUMNS, traces)]  # fmt: skip
     md = out / "scaling.md"
-    report.write_text(md, markdown(plan, sections, lines))
+    report.write_text(md, markdown(plan, measured_what(results), sections, lines))
     written = [md]
     for stem, columns, body in (("scaling", report.SCALING_COLUMNS, rows), ("cost", COST_COLUMNS, costs),
                                 ("independent", INDEPENDENT_COLUMNS, solo), ("timeline", TIMELINE_COLUMNS, traces)):  # fmt: skip

@@ -284,7 +284,7 @@ def test_report_answers_rq1_and_rq2_from_hand_made_results(tmp_path):
     assert "| 64 | 8 | 1,520.0 | 14.0 | 1.87 |" in md
     # ... at the model and image size measured, which the title says (a small model's epoch is not ImageNet's)
     assert (
-        "## What an ImageNet-1k epoch costs (1,281,167 images at the throughput measured here: resnet50, 224 px)"
+        "## What an ImageNet-1k epoch costs (1,281,167 images at the throughput measured here: resnet50, 224 px, mixed_bfloat16)"
         in md
     )
     assert "independent" not in md  # no independent baseline was measured
