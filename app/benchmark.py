@@ -266,7 +266,7 @@ def run(
             if timeline:
                 reporter.note(
                     f"timeline of {timeline_steps} more steps: collectives {timeline['collective_fraction']:.0%}, "
-                    f"negotiation {timeline['negotiation_fraction']:.0%}, compute {timeline['compute_fraction']:.0%} "
+                    f"negotiation open {timeline['negotiation_fraction']:.0%}, compute only {timeline['compute_fraction']:.0%} "
                     f"of step time; open {timeline['file']} in ui.perfetto.dev"
                 )
         out.append(result)

@@ -381,9 +381,12 @@ TIMELINE_STEPS = 5  # app benchmark --timeline: enough for every tensor's collec
 @click.option("--results", type=click.Path(path_type=Path), default=Path("results/benchmark.jsonl"), show_default=True,
               help="JSON-lines file the results are appended to.")  # fmt: skip
 @click.option("--precision", type=click.Choice(["auto", "float32", "mixed_float16", "mixed_bfloat16"]))
-@click.option("--timeline", "--horovod-timeline", "timeline", is_flag=True,
+@click.option("--timeline", is_flag=True,
               help=f"Also record Horovod's timeline of {TIMELINE_STEPS} more steps per batch size (allreduce vs compute; "
                    "a trace file for Perfetto next to --results).")  # fmt: skip
+@click.option(
+    "--horovod-timeline", "worker_timeline", is_flag=True, hidden=True
+)  # --timeline as workers get it
 def benchmark(
     configs,
     sets,
@@ -398,6 +401,7 @@ def benchmark(
     results,
     precision,
     timeline,
+    worker_timeline,
 ):
     """Measure training (or input-pipeline) throughput; warmup excluded, mean with a 95% confidence interval.
 
@@ -414,6 +418,7 @@ def benchmark(
 
     options, origins = option_values(data_dir=data_dir, seed=seed, precision=precision)
     cfg = config.build(configs, sets, options, origins=origins)
+    timeline = timeline or worker_timeline
     if timeline and pipeline_only:
         raise UsageError(
             "--timeline records Horovod's collectives, which --pipeline-only has none of; drop one"

@@ -95,7 +95,14 @@ def independent_rows(table: dict[int, list[report.Point]], independent) -> list[
     return rows
 
 
-TIMELINE_COLUMNS = ("batch/worker", "workers", "collectives", "negotiation", "compute", "trace")
+TIMELINE_COLUMNS = (
+    "batch/worker",
+    "workers",
+    "collective in flight",
+    "negotiation open",
+    "compute only",
+    "trace",
+)
 
 
 def timeline_rows(results: list[dict]) -> list[list[str]]:
@@ -158,7 +165,7 @@ def verdicts(table: dict[int, list[report.Point]], independent, timelines: list[
         r = max(top, key=lambda r: int(r[0]))
         lines.append(
             f"where the time goes at {most} workers, batch {r[0]}/worker: collectives {r[2]}, negotiation "
-            f"(waiting for every rank) {r[3]}, compute {r[4]} of step time"
+            f"open (overlapping compute, with the coordination cycle) {r[3]}, compute only {r[4]} of step time"
         )
     return lines
 

@@ -394,8 +394,8 @@ def load_plan(folder: Path, label: str = "STUDY_DIR") -> StudyPlan | ScalingPlan
     path = folder / "study.json"
     if not path.exists():
         raise UsageError(
-            f"{label} {show(folder, limit=None)}: no study.json there; pass a folder `app study large-batch` "
-            "made (studies/<name>)"
+            f"{label} {show(folder, limit=None)}: no study.json there; pass a folder `app study large-batch` or "
+            "`app study scaling` made (studies/<name>)"
         )
     raw = read_regular(path, str(path), STUDY_FILE_LIMIT, "study.json")
     try:
@@ -688,12 +688,19 @@ def run_local(
         echo(f"note: ignoring {', '.join(dropped)} in the runs: the study's plan sets their values")
     failed, stopped = [], False
     with _Lock(folder) as lock, _Forward() as forward:
-        last = attempts(folder)
+        last, jobs = attempts(folder), slurm_states(folder)
         for i, run in enumerate(plan.runs, 1):
             state = run_state(folder, run, last.get(run.name))
             head = f"[{i}/{len(plan.runs)}] {run.name}"
             if state.state == "done":
                 echo(f"{head}: done, skipped")
+                continue
+            job = jobs.get(run.name)
+            if (
+                job and job[1] in ACTIVE
+            ):  # a Slurm job of this study trains it: never two in one run directory
+                echo(f"{head}: its Slurm job {job[0]} is {job[1].lower()}; skipped here")
+                failed.append(run.name)
                 continue
             if forward.signum:
                 stopped = True
@@ -811,6 +818,7 @@ class ScalingPlan:
         return {"kind": self.kind, "config": cfg, "gpus" if self.cluster else "np": list(self.workers),
                 "batch-sizes": list(self.batch_sizes), "steps": self.steps, "windows": self.windows,
                 "timeline": self.timeline, "cluster": self.cluster,
+                "independent": any(p.independent for p in self.parts),
                 "parts": [dataclasses.astuple(p) for p in self.parts]}  # fmt: skip
 
     def to_json(self) -> dict:
@@ -882,7 +890,8 @@ def measured(path: Path, workers: int) -> set[int]:
         for line in text.splitlines():
             with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError, RecursionError):
                 row = json.loads(line)
-                if int(row["workers"]) == workers and float(row["images_per_s"]["mean"]) > 0:
+                mean = float(row["images_per_s"]["mean"])
+                if int(row["workers"]) == workers and math.isfinite(mean) and mean > 0:
                     found.add(int(row["batch_size"]))
     return found
 
@@ -1105,9 +1114,7 @@ def _submit_study(folder: Path, plan, cfg, options: dict, dry_run: bool, echo) -
                 f"{plan.name}-{item.name}", task=list(item.task) if item.task else None, cfg=cfg, into=item.into,
             )  # fmt: skip
         except UsageError as exc:
-            raise UsageError(
-                f"--gpus {item.gpus}: {exc}" if plan.kind == "scaling" else f"{item.name}: {exc}"
-            ) from None
+            raise UsageError(str(exc) if str(exc).startswith("--gpus") else f"{item.name}: {exc}") from None
         jobs.append((item.name, job))
     if not jobs:
         echo("nothing to submit: every part is done or its job is queued or running "

@@ -888,6 +888,9 @@ def render(
         "exclusive_line": "#SBATCH --exclusive\n" if extra else "",  # a binding needs the whole node
         "log_dir": str(log_dir),  # checked plain: #SBATCH lines are not shell, quotes would be kept
         "signal_seconds": signal_lead(time_s),
+        # A task (app benchmark) has no stop handler: SIGUSR1 would only end it early, and a requeue would
+        # measure again what it measured. Training and doctor jobs stop cleanly and requeue.
+        "stop_lines": "" if task else f"#SBATCH --signal=USR1@{signal_lead(time_s)}\n#SBATCH --requeue\n",
         "requeue_code": REQUEUE_EXIT_CODE,
         "run_dir": shlex.quote(resume)
         if resume is not None
@@ -959,6 +962,7 @@ def sbatch(job: Job, test_only: bool = False) -> str:
     return answer.split(";")[0]  # --parsable: "id" or "id;cluster"
 
 
+AFTER_TIME_S = 15 * 60  # the report job's time limit (#SBATCH --time below)
 AFTER_TEMPLATE = """#!/bin/bash
 # scaleout: {purpose} for {cluster}, rendered by app/submit.py (render_after). It starts when the jobs it
 # depends on have ended, however they ended (afterany), and runs one command on one task.
@@ -982,8 +986,9 @@ export PYTHONNOUSERSITE=1 MPLCONFIGDIR=${{TMPDIR:-/tmp}}
 def render_after(first: Job, cluster: Cluster, name: str, args: list[str], after: list[str],
                  account: str | None = None) -> Job:  # fmt: skip
     """A one-task job that runs ``app ARGS`` after the jobs ``after`` (their ids, or placeholders in a dry
-    run) have ended: a study's report. It runs where and how ``first`` (a job of the same study, rendered by
-    :func:`render`) runs `app`, with one GPU of its partition: GPU partitions may refuse jobs without one."""
+    run) have ended: a study's report. It runs `app` as ``first`` (a job of the same study, rendered by
+    :func:`render`) does, with one GPU (GPU partitions may refuse jobs without one) on the first partition
+    that takes a 1-GPU job of 15 minutes, a test partition first."""
     check_name("--name", name)
     for word in args:
         check_text(f"app {args[0]}", word)
@@ -992,8 +997,10 @@ def render_after(first: Job, cluster: Cluster, name: str, args: list[str], after
             raise UsageError(f"job id {show(job_id)}: not a Slurm job id")
     script = AFTER_TEMPLATE.format(
         purpose=f"app {' '.join(args[:2])}", cluster=cluster.name, job_name=name,
-        gpu_request=cluster.gpu_request.format(gpus=1), partition=first.partition,
+        gpu_request=cluster.gpu_request.format(gpus=1),
+        partition=choose_partition(cluster, 1, 1, AFTER_TIME_S, None, prefer_test=True).name,
         account_line=f"#SBATCH --account={account}\n" if account else "", log_dir=first.log_dir,
         after=":".join(after), app=first.app, command=shlex.join(args),
     )  # fmt: skip
-    return Job(script, name, 1, first.partition, first.log_dir, first.runs_dir, None, args[0], first.app)
+    partition = re.search(r"^#SBATCH --partition=(\S+)$", script, re.M).group(1)
+    return Job(script, name, 1, partition, first.log_dir, first.runs_dir, None, args[0], first.app)

@@ -1,5 +1,6 @@
-"""Where a step's time goes, from Horovod's timeline: the share spent in collectives (allreduce) and in
-negotiation (waiting until every rank has submitted a tensor) against the rest, compute.
+"""Where a step's time goes, from Horovod's timeline: the share with a collective (allreduce) in flight, the
+share with only a negotiation open (from a tensor's submission until every rank has submitted it; it
+overlaps the backward pass and includes Horovod's coordination cycle), and the rest, compute only.
 
 `app benchmark --timeline` records Horovod's timeline (HOROVOD_TIMELINE=DYNAMIC, then hvd.start_timeline /
 stop_timeline around a few measured steps) into a Chrome trace file that Perfetto (ui.perfetto.dev) and
