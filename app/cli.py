@@ -998,7 +998,8 @@ def study_scaling(configs, sets, np_list, gpu_list, batch_sizes, steps, windows,
 
         independent = np_list is not None and not gpu_device_nodes()
     plan = study_stage.plan_scaling(cfg, workers, batch_sizes or [cfg.train.batch_size], steps, windows, timeline,
-                                    name, cluster if gpu_list is not None else None, independent)  # fmt: skip
+                                    name, cluster if gpu_list is not None else None, independent,
+                                    study_stage.train_examples(cfg)[0])  # fmt: skip
     folder = out / name
     command = ["app", "study", "scaling", *(a for c in configs for a in ("-c", c)),
                *(a for s in sets for a in ("--set", s)),

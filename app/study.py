@@ -836,7 +836,7 @@ class ScalingPlan:
 
 def plan_scaling(
     cfg, workers: list[int], batch_sizes: list[int], steps: int, windows: int, timeline: bool,
-    name: str, cluster: str | None = None, independent: bool = False,
+    name: str, cluster: str | None = None, independent: bool = False, train_examples: int | None = None,
 ) -> ScalingPlan:  # fmt: skip
     """The benchmarks of RQ1 + RQ2: pure, no I/O. One part per worker count, each measuring every per-worker
     batch size; with ``independent`` (workers sharing one machine's CPU cores) also N one-worker processes
@@ -853,6 +853,17 @@ def plan_scaling(
             f"--steps {steps} --windows {windows}: need at least 5 steps and 2 to --steps windows "
             "(the confidence interval needs 2)"
         )
+    if (
+        train_examples is not None and cfg.data.source != "synthetic"
+    ):  # synthetic data repeats: any batch fits
+        # app benchmark shards the data over the workers: each needs one batch of its share.
+        big = [(b, n) for b in batch_sizes for n in workers if b > train_examples // n]
+        if big:
+            b, n = big[0]
+            raise UsageError(
+                f"--batch-sizes {b}: more than the {train_examples // n:,} training examples each of {n} workers "
+                f"gets ({train_examples:,} in all); use at most {train_examples // max(workers):,}"
+            )
     parts = []
     for n in workers:
         parts.append(PartPlan(f"workers-{n}", n))

@@ -204,3 +204,38 @@ def test_scaling_study_submits_a_job_per_gpu_count_and_a_report_job_after_them(c
     status = subprocess.run([sys.executable, "-m", "app", "study", "status", str(folder)], cwd=tmp_path,
                             env=cluster.env, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert "2 done of 2 parts" in status.stdout, status.stdout + status.stderr
+
+
+LARGE_BATCH_TINY = """\
+# tiny large-batch study: k = 1 and 2 of 8 images, 2 epochs of 4 steps (1 of warmup); expected: a minute a run.
+data: {source: synthetic, num_classes: 10, image_size: 32, synthetic_examples: 64}
+model: {name: resnet20}
+train: {epochs: 2, batch_size: 8, steps_per_epoch: 4, warmup_epochs: 1, eval_steps: 2}
+run: {log_every: 1, tensorboard: false}
+"""
+
+
+def test_large_batch_study_trains_each_run_in_a_job_and_reports_after_them(cluster, tmp_path):
+    (tmp_path / "tiny.yaml").write_text(LARGE_BATCH_TINY)
+    proc = subprocess.run(
+        [sys.executable, "-m", "app", "study", "large-batch", "-c", "tiny.yaml", "--k", "1,2", "--np", "2",
+         "--cluster", "local", "--name", "lb", "--time", "10"],
+        cwd=tmp_path, env={**cluster.env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ids = [
+        line.split()[2].rstrip(":") for line in proc.stdout.splitlines() if line.startswith("submitted job")
+    ]
+    assert len(ids) == 6, proc.stdout  # 5 runs (the baseline and 4 variants at k = 2) and the report
+    cluster.wait(ids[-1], timeout=900)
+    folder = tmp_path / "studies" / "lb"
+    for run in ("baseline-k1-s1", "unscaled-k2-s1", "gradual-warmup-k2-s1"):
+        summary = json.loads(
+            (folder / "runs" / run / "summary.json").read_text()
+        )  # trained into its own folder
+        assert summary["workers"] == (1 if run.startswith("baseline") else 2), summary
+    table = (folder / "report" / "large_batch.md").read_text()
+    assert "| 2 | 16 | scaled LR, gradual warmup |" in table, table
+    status = subprocess.run([sys.executable, "-m", "app", "study", "status", str(folder)], cwd=tmp_path,
+                            env=cluster.env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert "5 done of 5 runs" in status.stdout, status.stdout + status.stderr

@@ -438,6 +438,19 @@ def test_bad_input_is_one_line_exit_2_and_nothing_is_written(tmp_path, monkeypat
     assert not out.exists() and not (Path.cwd() / "pwned").exists()
 
 
+def test_a_batch_larger_than_a_workers_share_of_the_data_is_refused(tmp_path, monkeypatch, capsys):
+    data = tmp_path / "imagenet"
+    data.mkdir()
+    (data / "counts.json").write_text('{"train-00000-of-00001": 1000, "validation-00000-of-00001": 50}')
+    out = tmp_path / "studies"
+    code, _, stderr = app_main(["study", "scaling", "-c", str(ROOT / "configs" / "resnet50_imagenet.yaml"),
+                                "--np", "1,2", "--batch-sizes", "32,600", "--data-dir", str(data), "--out", str(out)],
+                               monkeypatch, capsys)  # fmt: skip
+    assert (code, stderr) == (2, "Error: --batch-sizes 600: more than the 500 training examples each of 2 workers "
+                                 "gets (1,000 in all); use at most 500\n")  # fmt: skip
+    assert not out.exists()
+
+
 def test_study_commands_on_a_login_node_run_without_tensorflow(tmp_path):
     """Each command must succeed (a failure before the code that would import TensorFlow proves nothing)."""
     folder = tmp_path / "s"
