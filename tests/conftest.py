@@ -23,6 +23,36 @@ MPI_ENV = {
 }
 
 
+# Variables by which a launcher tells a process it is one of its ranks. A test that starts Horovod in the pytest
+# process itself (test_compat) makes OpenMPI initialise it as a singleton, which writes PMIX_RANK and friends
+# into this process's environment; every later subprocess would inherit them and take itself for a rank of
+# a launcher (`app study` then refuses to run). Each test's leftovers of that kind are removed after it.
+LAUNCHER_PREFIXES = ("PMIX_", "PMI_", "OMPI_", "HOROVOD_", "SLURM_")
+
+
+def _c_environment() -> set[str]:
+    """The names in the C library's environment, which OpenMPI writes with setenv() behind os.environ's back
+    and which a subprocess started without env= inherits."""
+    import ctypes
+
+    environ = ctypes.POINTER(ctypes.c_char_p).in_dll(ctypes.CDLL(None), "environ")
+    names, i = set(), 0
+    while environ[i] is not None:
+        names.add(environ[i].split(b"=", 1)[0].decode("utf-8", "replace"))
+        i += 1
+    return names
+
+
+@pytest.fixture(autouse=True)
+def no_launcher_variables_leak():
+    before = _c_environment() | set(os.environ)
+    yield
+    for name in (_c_environment() | set(os.environ)) - before:
+        if name.startswith(LAUNCHER_PREFIXES):
+            os.environ.pop(name, None)
+            os.unsetenv(name)
+
+
 def require_tool(name: str) -> str:
     """The tool's path; skip with the reason on a laptop without it, but fail in CI (.ci/run installs it)."""
     path = shutil.which(name, path=f"{BIN}{os.pathsep}{os.environ['PATH']}")
