@@ -552,15 +552,17 @@ def _save_figure(plt, fig, path: Path) -> None:
         plt.close(fig)
 
 
-def write_table(out: Path, stem: str, columns, rows, notes=()) -> list[Path]:
-    """``<stem>.md`` (the table, then ``notes`` as a list) and ``<stem>.csv``."""
-    md = out / f"{stem}.md"
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    if notes:
-        lines += ["", *(f"- {ln}" for ln in notes)]
-    write_text(md, "\n".join(lines) + "\n")
-    path = out / f"{stem}.csv"
+def markdown_table(columns, rows) -> list[str]:
+    """A Markdown table's lines: the header, the rule, a line per row."""
+    return [
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+        *("| " + " | ".join(r) + " |" for r in rows),
+    ]
+
+
+def write_csv(path: Path, columns, rows) -> Path:
+    """``rows`` under a header of ``columns`` as CSV; one line naming the file when it cannot be written."""
     try:
         with open(path, "w", newline="", encoding="utf-8") as f:
             writer = csv.writer(f)
@@ -568,7 +570,17 @@ def write_table(out: Path, stem: str, columns, rows, notes=()) -> list[Path]:
             writer.writerows(rows)
     except OSError as exc:
         raise _write_failed(path, exc) from None
-    return [md, path]
+    return path
+
+
+def write_table(out: Path, stem: str, columns, rows, notes=()) -> list[Path]:
+    """``<stem>.md`` (the table, then ``notes`` as a list) and ``<stem>.csv``."""
+    md = out / f"{stem}.md"
+    lines = markdown_table(columns, rows)
+    if notes:
+        lines += ["", *(f"- {ln}" for ln in notes)]
+    write_text(md, "\n".join(lines) + "\n")
+    return [md, write_csv(out / f"{stem}.csv", columns, rows)]
 
 
 def print_table(console, title: str, columns, rows) -> None:

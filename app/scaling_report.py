@@ -23,7 +23,7 @@ from pathlib import Path
 from app import report
 from app.errors import UsageError
 from app.study import IMAGENET_TRAIN_EXAMPLES, ScalingPlan
-from app.study_report import _csv
+from app.study_report import report_folder
 
 
 def collect(folder: Path, plan: ScalingPlan, note) -> tuple[list[dict], dict[tuple[int, int], list[float]]]:
@@ -186,8 +186,7 @@ def markdown(plan: ScalingPlan, what: str, sections: list[tuple[str, tuple, list
     for title, columns, rows in sections:
         if not rows:
             continue
-        out += [f"## {title}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-        out += ["| " + " | ".join(row) + " |" for row in rows]
+        out += [f"## {title}", "", *report.markdown_table(columns, rows)]
         out.append("")
     out += ["## Verdicts", "", *(f"- {line}" for line in lines), ""]
     return "\n".join(out)
@@ -195,11 +194,7 @@ def markdown(plan: ScalingPlan, what: str, sections: list[tuple[str, tuple, list
 
 def write_report(folder: Path, plan: ScalingPlan, console) -> list[Path]:
     """Everything the scaling report writes into ``folder``/report; prints the tables and the verdicts."""
-    out = Path(folder) / "report"
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"{out}: cannot create the report folder ({exc.strerror or exc})") from None
+    out = report_folder(folder)
     results, independent = collect(folder, plan, lambda message: console.print(f"note: {message}"))
     if not results:
         raise UsageError(f"study folder {folder}: no benchmark results yet; see `app study status {folder}`")
@@ -219,7 +214,7 @@ def write_report(folder: Path, plan: ScalingPlan, console) -> list[Path]:
     for stem, columns, body in (("scaling", report.SCALING_COLUMNS, rows), ("cost", COST_COLUMNS, costs),
                                 ("independent", INDEPENDENT_COLUMNS, solo), ("timeline", TIMELINE_COLUMNS, traces)):  # fmt: skip
         if body:
-            written.append(_csv(out / f"{stem}.csv", columns, body))
+            written.append(report.write_csv(out / f"{stem}.csv", columns, body))
     written += report.plot_scaling(table, out)
     for title, columns, body in sections:
         if body:

@@ -10,7 +10,6 @@ loaded results to rows, lines and the figure, so they are tested on hand-made fi
 
 from __future__ import annotations
 
-import csv
 import json
 import re
 import statistics
@@ -424,22 +423,17 @@ def plot(results: list[RunResult], path: Path) -> Path:
 # ------------------------------------------------------------------------------------------ output
 
 
-def _csv(path: Path, columns, rows) -> Path:
+def report_folder(folder: Path) -> Path:
+    """A study's report folder, created; one line naming it when it cannot be."""
+    out = Path(folder) / "report"
     try:
-        with open(path, "w", newline="", encoding="utf-8") as f:
-            writer = csv.writer(f)
-            writer.writerow(columns)
-            writer.writerows(rows)
+        out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise report._write_failed(path, exc) from None
-    return path
+        raise UsageError(f"{out}: cannot create the report folder ({exc.strerror or exc})") from None
+    return out
 
 
 def markdown(plan: StudyPlan, md_rows, runs, lines, warns) -> str:
-    def table(columns, rows):
-        return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
-                *("| " + " | ".join(r) + " |" for r in rows)]  # fmt: skip
-
     ks = ", ".join(str(k) for k in plan.ks)
     out = [
         f"# Large-batch study {plan.name}: does accuracy hold at large batches?",
@@ -447,7 +441,7 @@ def markdown(plan: StudyPlan, md_rows, runs, lines, warns) -> str:
         f"k = {ks}, {plan.seeds} seed(s) per variant, at most {plan.max_workers} worker(s) per run; "
         f"{plan.config.get('model.name')} on {plan.config.get('data.name') if plan.config.get('data.source') == 'tfds' else plan.config.get('data.source')}.",
         "",
-        *table(COLUMNS, md_rows),
+        *report.markdown_table(COLUMNS, md_rows),
         "",
         *(f"- {ln}" for ln in [*lines, *warns]),
         "",
@@ -455,7 +449,7 @@ def markdown(plan: StudyPlan, md_rows, runs, lines, warns) -> str:
         "",
         "## Runs",
         "",
-        *table(RUN_COLUMNS, runs),
+        *report.markdown_table(RUN_COLUMNS, runs),
         "",
         "## How to read it",
         "",
@@ -466,11 +460,7 @@ def markdown(plan: StudyPlan, md_rows, runs, lines, warns) -> str:
 
 def write_report(folder: Path, plan: StudyPlan, console) -> list[Path]:
     """Everything the report writes into ``folder``/report; prints the table and the verdicts."""
-    out = Path(folder) / "report"
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"{out}: cannot create the report folder ({exc.strerror or exc})") from None
+    out = report_folder(folder)
     results = collect(folder, plan, lambda message: console.print(f"note: {message}"))
     table = cells(results)
     md_rows, csv_rows = table_rows(table)
@@ -478,8 +468,8 @@ def write_report(folder: Path, plan: StudyPlan, console) -> list[Path]:
     lines, warns = verdicts(table), warnings(results)
     md = out / "large_batch.md"
     report.write_text(md, markdown(plan, md_rows, runs, lines, warns))
-    written = [md, _csv(out / "large_batch.csv", CSV_COLUMNS, csv_rows)]
-    written.append(_csv(out / "large_batch_runs.csv", RUN_COLUMNS, runs))
+    written = [md, report.write_csv(out / "large_batch.csv", CSV_COLUMNS, csv_rows)]
+    written.append(report.write_csv(out / "large_batch_runs.csv", RUN_COLUMNS, runs))
     written.append(plot(results, out / "large_batch.png"))
     report.print_table(console, f"Large-batch study {plan.name} (top-1 error, Goyal et al.'s Table 1)", COLUMNS,
                        md_rows)  # fmt: skip
