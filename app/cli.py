@@ -733,8 +733,9 @@ def prepare_study(
     study_stage, folder: Path, plan, cfg, command: list[str], slurm: dict | None, dry_run: bool
 ) -> bool:
     """The study folder made (or found holding this study): on Slurm every job script is rendered, and so
-    checked, first, so a request the cluster cannot hold fails before anything is written or submitted."""
-    if slurm:
+    checked, first, so a request the cluster cannot hold fails before anything is written or submitted (a dry
+    run writes nothing, and renders them once, when it prints them)."""
+    if slurm and not dry_run:
         study_stage.prepare(folder, plan, cfg, command, write=False)
         study_stage.submit_study(folder, plan, cfg, slurm, dry_run=True, echo=lambda line: None)
     return study_stage.prepare(folder, plan, cfg, command, write=not dry_run)
