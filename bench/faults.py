@@ -16,11 +16,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.compat import import_tensorflow  # noqa: E402
+from app.core.compat import import_tensorflow  # noqa: E402
 
 tf = import_tensorflow()
 
-from app import checkpoint, config, data, distributed, train  # noqa: E402
+from app.core import config  # noqa: E402
+from app.data import pipeline as data  # noqa: E402
+from app.engines import horovod as distributed  # noqa: E402
+from app.engines.world import World  # noqa: E402
+from app.training import checkpoint, train  # noqa: E402
 
 
 def agree(calls: int) -> None:
@@ -39,7 +43,7 @@ def agree(calls: int) -> None:
 def checkpoint_times(repeats: int) -> None:
     """Seconds to write (checkpoint.save: weights, momentum, fsync, SHA-256) and to restore ResNet-50."""
     cfg = config.build(["configs/synthetic.yaml"], ["data.num_classes=1000", "data.image_size=224"])
-    world = distributed.World()
+    world = World()
     spec = data.Spec("synthetic", 1000, (224, 224, 3), 1, 1, "example")
     model = train.build_model(cfg, spec, world)
     writes, reads = [], []

@@ -3,7 +3,7 @@
   python bench/run.py [--quick] [--out bench/out]
 
 Every number is measured here, in this run, on these cores, the same way (warmup excluded, windows, 95%
-CI; app.benchmark.summarize_steps); the ratios are the result, the raw numbers are kept in raw.json.
+CI; app.training.benchmark.summarize_steps); the ratios are the result, the raw numbers are kept in raw.json.
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ def faults_group(out, synthetic, steps, measured, rows) -> None:
     line = next(ln for ln in text.splitlines() if '{"agree_s"' in ln)  # horovodrun prefixes "[0]<stdout>:"
     agree_s = json.loads(line[line.index("{") :])["agree_s"]
     ckpt = json.loads(sh([PY, "bench/faults.py", "checkpoint", "3"]).strip().splitlines()[-1])
-    from app.config import RunConfig
+    from app.core.config import RunConfig
 
     every = RunConfig().stop_check_every
     measured |= {"resnet50_step_s_2workers_b32": step_s, "stop_agreement_s": agree_s,

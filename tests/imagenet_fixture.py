@@ -10,7 +10,7 @@ import numpy as np
 def make_tree(
     root: Path, classes: int = 3, per_class: int = 6, val: int = 6, png_as_jpeg: bool = True
 ) -> Path:
-    from app.compat import import_tensorflow
+    from app.core.compat import import_tensorflow
 
     tf = import_tensorflow()
     rng = np.random.default_rng(0)

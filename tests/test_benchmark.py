@@ -8,9 +8,10 @@ import statistics
 import pytest
 from click.testing import CliRunner
 
-from app import benchmark
 from app.cli import cli
-from app.compat import import_tensorflow
+from app.core import results
+from app.core.compat import import_tensorflow
+from app.training import benchmark
 from conftest import ROOT, run_app
 
 TINY = ["-c", "configs/synthetic.yaml", "--set", "model.name=resnet20", "--set", "data.image_size=32"]
@@ -135,7 +136,7 @@ def test_results_never_hold_nan():
     s = benchmark.summarize_steps([0.2] * 10, [0.0] * 10, images_per_step=8, n_windows=1)
     assert s["images_per_s"]["ci95"] is None  # one window has no spread: null, not NaN
     line = json.dumps(
-        benchmark.finite({"a": float("nan"), "b": [float("inf"), 1.5], "c": {"d": -float("inf")}}),
+        results.finite({"a": float("nan"), "b": [float("inf"), 1.5], "c": {"d": -float("inf")}}),
         allow_nan=False,
     )
     assert json.loads(line) == {"a": None, "b": [None, 1.5], "c": {"d": None}}

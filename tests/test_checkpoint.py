@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from app import checkpoint
-from app.compat import import_tensorflow
+from app.core.compat import import_tensorflow
+from app.training import checkpoint
 
 tf = import_tensorflow()
 
@@ -125,7 +125,7 @@ def small_tmpfs(tmp_path):
 
 
 def test_full_disk_gives_one_line_and_keeps_the_earlier_checkpoint(small_tmpfs):
-    from app.errors import AppError
+    from app.core.errors import AppError
 
     v, ckpt = make(1.0)
     checkpoint.save(small_tmpfs, ckpt, 1, {}, keep=3)
@@ -144,7 +144,7 @@ def test_full_disk_gives_one_line_and_keeps_the_earlier_checkpoint(small_tmpfs):
 def test_read_only_run_dir_gives_one_line(tmp_path):
     import subprocess
 
-    from app.errors import AppError
+    from app.core.errors import AppError
 
     run = tmp_path / "run"
     _, ckpt = make(1.0)
@@ -189,7 +189,7 @@ def test_damaged_state_file_is_skipped_not_a_traceback(tmp_path, files, why):
 def test_resume_rewrites_torn_metrics_files(tmp_path, torn):
     import json
 
-    from app.output import append_metrics, reconcile_metrics
+    from app.training.output import append_metrics, reconcile_metrics
 
     for epoch in (1, 2):
         append_metrics(tmp_path, {"epoch": epoch, "loss": 0.5 / epoch, "val_accuracy": 0.5 + epoch / 10})

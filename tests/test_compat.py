@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import app  # noqa: F401  (installs the keras -> tf_keras alias first)
-from app.compat import import_tensorflow
+from app.core.compat import import_tensorflow
 
 
 def test_tf_keras_is_keras_2():
@@ -85,11 +85,11 @@ def test_keras_3_imported_first_stops_with_one_line():
 
 
 def test_a_seeded_model_builds_on_every_supported_python():
-    # Python 3.12 refuses tf_keras's randint(1, 1e9) after set_random_seed; app.compat converts the bounds and
+    # Python 3.12 refuses tf_keras's randint(1, 1e9) after set_random_seed; app.core.compat converts the bounds and
     # keeps the numbers 3.11 draws (the same generator state, the same sequence).
     import random
 
-    from app.compat import _IntBoundsRandom
+    from app.core.compat import _IntBoundsRandom
 
     converting, plain = _IntBoundsRandom(5), random.Random(5)
     assert [converting.randint(1, 1e9) for _ in range(3)] == [plain.randint(1, 10**9) for _ in range(3)]

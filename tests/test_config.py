@@ -9,9 +9,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from app import config
 from app.cli import cli
-from app.errors import UsageError
+from app.core import config
+from app.core.errors import UsageError
 from conftest import ROOT
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -513,7 +513,7 @@ def test_an_alias_bomb_is_refused_at_once(tmp_path):
 
 
 def test_quoted_values_are_short_and_one_line():
-    from app.errors import brief
+    from app.core.errors import brief
 
     bomb = ["lol"] * 10
     for _ in range(8):

@@ -8,14 +8,15 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from app.compat import import_tensorflow
+from app.core.compat import import_tensorflow
 
 tf = import_tensorflow()
 
-from app import config, data  # noqa: E402
 from app.cli import cli  # noqa: E402
-from app.convert import convert  # noqa: E402
-from app.errors import AppError, UsageError  # noqa: E402
+from app.core import config  # noqa: E402
+from app.core.errors import AppError, UsageError  # noqa: E402
+from app.data import pipeline as data  # noqa: E402
+from app.data.convert import convert  # noqa: E402
 from conftest import IN_CI  # noqa: E402
 from imagenet_fixture import make_tree  # noqa: E402
 

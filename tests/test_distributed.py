@@ -110,15 +110,15 @@ def test_fp16_with_accumulation_on_two_workers_is_refused_once(tmp_path):
 
 
 def test_an_error_of_one_rank_alone_is_printed_with_its_rank(tmp_path, monkeypatch):
-    from app import distributed
+    from app.engines import world
 
     errors = tmp_path / "errors"
     errors.mkdir()
-    monkeypatch.setenv(distributed.ERROR_DIR_VAR, str(errors))
-    assert distributed.report_to_launcher(1, 1, "disk of node 2 is full")
-    assert distributed.report_to_launcher(0, 2, "bad input")
-    assert distributed.report_to_launcher(3, 2, "bad input")  # the same as rank 0's: said once
-    assert distributed.collected_errors(str(errors)) == [
+    monkeypatch.setenv(world.ERROR_DIR_VAR, str(errors))
+    assert world.report_to_launcher(1, 1, "disk of node 2 is full")
+    assert world.report_to_launcher(0, 2, "bad input")
+    assert world.report_to_launcher(3, 2, "bad input")  # the same as rank 0's: said once
+    assert world.collected_errors(str(errors)) == [
         {"rank": 0, "code": 2, "message": "bad input"},
         {"rank": 1, "code": 1, "message": "disk of node 2 is full"},
     ]
@@ -128,7 +128,7 @@ def test_evaluation_of_two_workers_is_the_saved_model_on_every_example(tmp_path)
     # Batch-norm statistics are averaged across the workers before evaluation and checkpointing, and the
     # evaluation split (5 images, 1 file: sharded by example) is counted once although 5 is odd: so what
     # training reports is exactly what `app evaluate` measures on the saved checkpoint, on one worker.
-    from app.convert import convert
+    from app.data.convert import convert
     from conftest import run_app
     from imagenet_fixture import make_tree
 

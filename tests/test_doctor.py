@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from app.doctor import bandwidths, nccl_network
+from app.engines.doctor import bandwidths, nccl_network
 from conftest import run_app
 
 

@@ -45,7 +45,7 @@ def wait_for(proc: subprocess.Popen, text: str, timeout: float = 300) -> list[st
 
 def workers(proc: subprocess.Popen) -> dict[int, int]:
     """rank -> pid of the training processes started below ``proc`` (from their environment)."""
-    from app.distributed import _worker_pids
+    from app.engines.local import _worker_pids
 
     out = {}
     for pid in _worker_pids(proc.pid):
@@ -70,7 +70,7 @@ def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str, floa
 
 
 def weights(run: Path, epoch: int) -> dict[str, np.ndarray]:
-    from app.compat import import_tensorflow
+    from app.core.compat import import_tensorflow
 
     tf = import_tensorflow()
     reader = tf.train.load_checkpoint(str(run / "checkpoints" / f"epoch-{epoch:04d}" / "ckpt"))
@@ -187,7 +187,7 @@ def test_a_hung_file_system_cannot_keep_the_watchdog_from_ending_a_stall(tmp_pat
     (tmp_path / ".heartbeat").mkdir()
     os.mkfifo(tmp_path / ".heartbeat" / "rank-0.tmp")
     code = (
-        "import time; from app.distributed import Watchdog\n"
+        "import time; from app.engines.horovod import Watchdog\n"
         f"w = Watchdog({str(tmp_path)!r}, 0, 2, timeout=2).start(); w.progress(); time.sleep(30)"
     )
     t0 = time.monotonic()
@@ -199,20 +199,20 @@ def test_a_hung_file_system_cannot_keep_the_watchdog_from_ending_a_stall(tmp_pat
 
 @pytest.mark.parametrize("value", ["abc", "90.5", "-1", "1e3", "nan", "inf", "٩٠"])
 def test_bad_stall_times_are_refused(monkeypatch, value):
-    from app import distributed
-    from app.errors import UsageError
+    from app.core.errors import UsageError
+    from app.engines import world
 
     monkeypatch.setenv("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", value)
     with pytest.raises(UsageError, match="HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=.*: whole seconds, 0 or more"):
-        distributed.stall_settings()
+        world.stall_settings()
 
 
 def test_stall_times_default_and_accept_whole_seconds(monkeypatch):
-    from app import distributed
+    from app.engines import world
 
     monkeypatch.setenv("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "")
     monkeypatch.setenv("HOROVOD_STALL_CHECK_TIME_SECONDS", " 30 ")
-    assert distributed.stall_settings() == {
+    assert world.stall_settings() == {
         "HOROVOD_STALL_CHECK_TIME_SECONDS": 30,
         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": 600,
     }

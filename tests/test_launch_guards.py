@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.distributed import allocated_gpus, check_gpus_seen, check_world_size, launched_size
-from app.errors import AppError
+from app.core.errors import AppError
+from app.engines.world import allocated_gpus, check_gpus_seen, check_world_size, launched_size
 
 CUDA_BUILD = {"is_cuda_build": True, "is_rocm_build": False}
 CPU_BUILD = {"is_cuda_build": False, "is_rocm_build": False}
@@ -98,7 +98,7 @@ def test_a_batch_script_running_app_alone_is_told_to_use_srun():
     ],
 )
 def test_which_launcher_started_this_process(monkeypatch, env, launcher):
-    from app.distributed import LAUNCHER_RANK_VARS, detected_launcher
+    from app.engines.world import LAUNCHER_RANK_VARS, detected_launcher
 
     for var in [*LAUNCHER_RANK_VARS.values(), "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS"]:
         monkeypatch.delenv(var, raising=False)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from app.compat import import_tensorflow
+from app.core.compat import import_tensorflow
 
 tf = import_tensorflow()
-from app.models import ARCHITECTURES, create_model  # noqa: E402
+from app.training.models import ARCHITECTURES, create_model  # noqa: E402
 
 
 def count(variables) -> int:

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from app import rendezvous
-from app.errors import AppError, UsageError
+from app.core.errors import AppError, UsageError
+from app.engines import rendezvous
 from conftest import ROOT
 
 

@@ -10,9 +10,10 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from app import report
 from app.cli import cli
-from app.errors import UsageError
+from app.core import results as core_results
+from app.core.errors import UsageError
+from app.reports import benchmarks as report
 
 
 def result(batch, workers, ips, wait=0.01, model="resnet50", **kw):
@@ -227,7 +228,7 @@ def test_a_torn_last_line_is_skipped_with_a_note(tmp_path):
     with open(run / "metrics.jsonl", "a") as f:
         f.write('{"epoch": 3, "val_accu')  # a write cut short: no newline after it
     notes = []
-    assert [r["epoch"] for r in report.read_metrics(run, notes.append)] == [1, 2]
+    assert [r["epoch"] for r in core_results.read_metrics(run, notes.append)] == [1, 2]
     assert notes == [f"{run / 'metrics.jsonl'} line 3: ignoring a torn last line (an interrupted write)"]
     results = write(tmp_path / "bench.jsonl", STUDY)
     with open(results, "a") as f:
@@ -244,7 +245,7 @@ def test_null_metrics_are_absent_values(tmp_path):
     (run / "metrics.jsonl").write_text(
         '{"epoch": 1, "loss": null, "val_accuracy": 0.5}\n{"epoch": 2, "val_accuracy": null}\n'
     )
-    rows = report.read_metrics(run)
+    rows = core_results.read_metrics(run)
     assert rows == [{"epoch": 1, "val_accuracy": 0.5}, {"epoch": 2}]
     code, text = report_cli(run, "--out", tmp_path / "out")
     assert code == 0 and "best: run reached 50.00% validation accuracy" in text
@@ -374,7 +375,7 @@ def test_devices_and_fifos_are_refused_not_read(tmp_path):
 
 
 def test_a_results_file_over_the_size_limit(tmp_path, monkeypatch):
-    monkeypatch.setattr(report, "READ_LIMIT", 100)
+    monkeypatch.setattr(core_results, "READ_LIMIT", 100)
     path = write(tmp_path / "bench.jsonl", STUDY)
     code, text = report_cli(path, "--out", tmp_path / "out")
     assert (code, text) == (

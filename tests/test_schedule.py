@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from app import config, distributed
-from app.schedule import lr_callback, make_schedule
+from app.core import config
+from app.engines import horovod as distributed
+from app.training.schedule import lr_callback, make_schedule
 
 
 def cfg(**train):

@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from app import config, study, study_report
-from app.errors import UsageError
+from app.core import config
+from app.core.errors import UsageError
+from app.reports import large_batch as study_report
+from app.study import plans as study
 from conftest import ROOT, run_app
 
 FASHION = str(ROOT / "configs" / "study_fashion_mnist.yaml")
@@ -77,7 +79,7 @@ def test_plan_is_goyals_table_1_grid_on_one_worker():
 
 def test_the_runs_configs_give_the_planned_lr_and_warmup():
     # Each run's --set overrides on top of the study's config build the config `app train` will train.
-    from app.schedule import make_schedule
+    from app.training.schedule import make_schedule
 
     p, cfg = plan(), fashion()
     for run in p.runs:

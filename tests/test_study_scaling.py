@@ -18,9 +18,12 @@ import pytest
 from rich.console import Console
 from test_study import app_main
 
-from app import config, report, scaling_report, study, timeline
-from app.distributed import Preempted
-from app.errors import UsageError
+from app.core import config
+from app.core.errors import Preempted, UsageError
+from app.engines import timeline
+from app.reports import benchmarks as report
+from app.reports import scaling as scaling_report
+from app.study import plans as study
 from conftest import ROOT, TINY_SYNTHETIC
 
 SYNTHETIC = str(ROOT / "configs" / "synthetic.yaml")
@@ -218,7 +221,7 @@ def test_a_submission_while_another_app_study_holds_the_folder_is_refused(tmp_pa
     folder = tmp_path / "s"
     p = splan(cluster="local")
     study.prepare(folder, p, cfg(), ["app"])
-    from app import submit
+    from app.cluster import submit
 
     monkeypatch.setattr(submit, "sbatch", lambda job, test_only=False: pytest.fail("submitted"))
     options = {"cluster": "local"}

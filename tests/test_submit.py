@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from app import submit
 from app.cli import cli
-from app.errors import UsageError, brief, show
+from app.cluster import submit
+from app.core.errors import UsageError, brief, show
 
 GOLDEN = Path(__file__).parent / "golden"
 CLUSTERS = ["lumi", "roihu", "local", "local-gloo"]
@@ -1239,7 +1239,7 @@ def test_sbatch_failing_without_a_word(fake_sbatch, monkeypatch):
 
 
 def _saved_run(folder: Path) -> Path:
-    from app import config
+    from app.core import config
 
     folder.mkdir(parents=True)
     (folder / "config.yaml").write_text(config.dump(config.build(["configs/synthetic.yaml"])))

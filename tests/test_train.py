@@ -103,7 +103,7 @@ def test_missing_data_dir(tmp_path):
 
 
 def test_corrupt_tfrecord_mid_training_names_the_file_and_keeps_checkpoints(tmp_path):
-    from app.convert import convert
+    from app.data.convert import convert
 
     raw = make_tree(tmp_path / "raw", classes=2, per_class=8, val=4)
     records = tmp_path / "records"
@@ -191,8 +191,8 @@ def test_resume_whose_checkpoint_does_not_fit_keeps_the_saved_config(tmp_path):
 
 @pytest.mark.parametrize("damage", ["jpeg", "schema"])
 def test_bad_record_mid_training_is_named(tmp_path, damage):
-    from app.compat import import_tensorflow
-    from app.convert import convert
+    from app.core.compat import import_tensorflow
+    from app.data.convert import convert
 
     tf = import_tensorflow()
     raw = make_tree(tmp_path / "raw", classes=2, per_class=4, val=2, png_as_jpeg=False)

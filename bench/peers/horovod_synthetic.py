@@ -11,13 +11,13 @@ import sys
 import time
 
 import app  # noqa: F401
-from app.benchmark import summarize_steps
-from app.compat import import_tensorflow
+from app.core.compat import import_tensorflow
+from app.training.benchmark import summarize_steps
 
 tf = import_tensorflow()
 import horovod.tensorflow as hvd  # noqa: E402
 
-from app.models import create_model  # noqa: E402
+from app.training.models import create_model  # noqa: E402
 
 batch, steps, threads, precision = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 hvd.init()

@@ -10,8 +10,8 @@ import sys
 import time
 
 import app  # noqa: F401  (Keras 2 under the name keras)
-from app.benchmark import summarize_steps
-from app.compat import import_tensorflow
+from app.core.compat import import_tensorflow
+from app.training.benchmark import summarize_steps
 
 tf = import_tensorflow()
 kind, path, batch, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])

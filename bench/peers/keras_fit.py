@@ -9,8 +9,8 @@ import sys
 import time
 
 import app  # noqa: F401
-from app.benchmark import summarize_steps
-from app.compat import import_tensorflow
+from app.core.compat import import_tensorflow
+from app.training.benchmark import summarize_steps
 
 tf = import_tensorflow()
 batch, steps, threads = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])

@@ -10,10 +10,11 @@ import sys
 import numpy as np
 
 import app  # noqa: F401
-from app.compat import import_tensorflow
+from app.core.compat import import_tensorflow
 
 tf = import_tensorflow()
-from app import distributed, models  # noqa: E402
+from app.engines import horovod as distributed  # noqa: E402
+from app.training import models  # noqa: E402
 
 out, accumulation = sys.argv[1], int(sys.argv[2])
 tf.config.experimental.enable_op_determinism()

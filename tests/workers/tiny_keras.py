@@ -7,7 +7,7 @@ import json
 import sys
 
 import app  # noqa: F401  (keras -> tf_keras before Horovod)
-from app.compat import import_tensorflow
+from app.core.compat import import_tensorflow
 
 tf = import_tensorflow()
 import horovod.tensorflow.keras as hvd  # noqa: E402

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from app.errors import AppError, UsageError
+from app.core.errors import AppError, UsageError
 
 AUTOTUNE = tf.data.AUTOTUNE
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
@@ -224,7 +224,7 @@ def debian_fashion_mnist(root: Path = DEBIAN_FASHION_MNIST):
 def _tfds_source(cfg, rank: int, workers: int) -> Source:
     import tensorflow_datasets as tfds
 
-    from app.config import tfds_data_dir
+    from app.core.config import tfds_data_dir
 
     data_dir = tfds_data_dir(cfg.data_dir)
     if cfg.data_dir and not Path(cfg.data_dir).is_dir():
@@ -271,7 +271,7 @@ def _tfds_source(cfg, rank: int, workers: int) -> Source:
 
 def _download(builder, name: str, data_dir: str, rank: int) -> None:
     """Prepare a TFDS dataset that is not there yet (rank 0 downloads; needs network)."""
-    from app.distributed import broadcast_object
+    from app.engines.horovod import broadcast_object
 
     error = None
     if rank == 0:
@@ -416,7 +416,7 @@ class SyntheticSource(Source):
 
 
 def open_source(cfg, rank: int = 0, workers: int = 1, seed: int = 0) -> Source:
-    """The dataset named by ``cfg`` (an app.config.DataConfig) for ``rank`` of ``workers``."""
+    """The dataset named by ``cfg`` (an app.core.config.DataConfig) for ``rank`` of ``workers``."""
     if cfg.source == "tfds":
         source = _tfds_source(cfg, rank, workers)
     elif cfg.source == "imagenet":

@@ -8,7 +8,7 @@ Two halves, one per side of `srun`:
   Horovod's rendezvous HTTP server (``horovod.runner.http.http_server.RendezvousServer``) with the host
   assignments Horovod's own launcher would make (``horovod.runner.common.util.hosts``), prints its port and
   serves until it is stopped (the job script's EXIT trap, also on a requeue).
-- :func:`join` (called by :func:`app.distributed.init` before ``hvd.init()``) maps each task's Slurm variables
+- :func:`join` (called by :func:`app.engines.horovod.init` before ``hvd.init()``) maps each task's Slurm variables
   (``SLURM_PROCID``, ``SLURM_STEP_NUM_TASKS``, ``SLURM_LOCALID``, ``SLURM_NODEID``, the tasks per node and
   number of nodes of the step, ``SLURMD_NODENAME``) to the ``HOROVOD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE/CROSS_RANK/CROSS_SIZE/HOSTNAME``
   that Horovod's Gloo controller reads, and waits, with a time limit, until every rank has arrived.
@@ -27,7 +27,7 @@ import time
 import urllib.error
 import urllib.request
 
-from app.errors import AppError, UsageError, brief, show
+from app.core.errors import AppError, UsageError, brief, show
 
 ADDR_VAR, PORT_VAR = "HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT"
 TIMEOUT_VAR = "HOROVOD_GLOO_TIMEOUT_SECONDS"

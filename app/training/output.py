@@ -19,7 +19,7 @@ import tensorflow as tf
 from rich.console import Console
 from rich.table import Table
 
-from app.benchmark import finite
+from app.core.results import finite, read_metrics
 
 
 class _DropOneOffWarnings(logging.Filter):
@@ -32,7 +32,7 @@ class Reporter:
     """Prints on rank 0 only; on other ranks TensorFlow's Python warnings are silenced too (errors still show)."""
 
     def __init__(self, rank: int, console: Console | None = None):
-        from app.distributed import detected_launcher
+        from app.engines.world import detected_launcher
 
         self.enabled = rank == 0
         # Under a launcher, output ends in a job log even when mpirun hands ranks a pty: plain text there.
@@ -166,7 +166,6 @@ def reconcile_metrics(run_dir: Path, epoch: int, saved_row: dict | None, note) -
     for ``epoch`` itself that a crash kept from being written (it is written after the checkpoint) is
     restored from the checkpoint's own copy. TensorBoard keeps what it has: it shows a re-run epoch twice.
     """
-    from app.report import read_metrics
 
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir, note)

@@ -15,92 +15,36 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.errors import AppError, UsageError, brief, read_regular, size_text
+from app.core.errors import AppError, UsageError, brief, read_regular
+from app.core.results import (
+    is_number,
+    is_positive_int,
+    json_lines,
+    note_to_stderr,
+    parse_json,
+    read_metrics,
+    read_text,
+)
 
 REQUIRED = ("batch_size", "workers", "images_per_s")
 GOOD, FAIR = 0.90, 0.70  # scaling-efficiency bands for the one-line verdicts
 INPUT_BOUND = 0.10  # a run whose steps wait this long for data is input-bound
-READ_LIMIT = 512 * 2**20  # bytes of one results file, metrics.jsonl or summary.json (the input is read whole)
 
 
 # ------------------------------------------------------------------------------------------ loading
-
-
-def _stderr_note(message: str) -> None:
-    print(f"note: {message}", file=sys.stderr)
-
-
-def read_text(path: Path, kind: str = "JSON-lines file") -> str:
-    """A text file's contents, or one line naming it when it cannot be read, is not a regular file (/dev/zero
-    or a FIFO never ends), is larger than ``READ_LIMIT`` or is not text."""
-    data = read_regular(path, str(path), READ_LIMIT, kind)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"{path}: not a text file (undecodable byte at offset {exc.start})") from None
-
-
-def _json(text: str, where: str, fix: str) -> object:
-    """``json.loads`` for valid JSON that Python refuses: a number of thousands of digits, nesting deeper
-    than the interpreter's stack; one line naming ``where`` (file and line) instead."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        raise
-    except ValueError:  # int() of more than 4300 digits
-        raise UsageError(f"{where}: a number with too many digits to read; {fix}") from None
-    except RecursionError:
-        raise UsageError(f"{where}: nested too deeply to read; {fix}") from None
-
-
-def _json_lines(path: Path, what: str, note, skip_bad: bool = False) -> list[tuple[int, object]]:
-    """(line number, value) of every non-empty line. A last line cut short (no newline after it, not JSON)
-    is what an interrupted write leaves: it is skipped with a note. Any other bad line is an error (with
-    ``skip_bad``, skipped with a note too)."""
-    text = read_text(path, f"JSON-lines file (at most {size_text(READ_LIMIT)})")
-    lines = text.splitlines()
-    last = max((n for n, line in enumerate(lines, 1) if line.strip()), default=0)
-    out = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            out.append((n, _json(line, f"{path} line {n}", f"each line must be {what}")))
-        except json.JSONDecodeError as exc:
-            if n == last and not text.endswith("\n"):
-                (note or _stderr_note)(f"{path} line {n}: ignoring a torn last line (an interrupted write)")
-                continue
-            if skip_bad:
-                (note or _stderr_note)(f"{path} line {n}: not JSON ({exc.msg}); left out")
-                continue
-            raise UsageError(f"{path} line {n}: not JSON ({exc.msg}); each line must be {what}") from None
-        except UsageError as exc:
-            if not skip_bad:
-                raise
-            (note or _stderr_note)(f"{exc}; left out")
-            continue
-    return out
-
-
-def _number(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _positive_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def load_results(path: Path, note=None, skip_bad: bool = False) -> list[dict]:
     """Benchmark results from one JSON-lines file, each line checked. With ``skip_bad`` (a study's results,
     where a damaged line is measured again) a bad line is left out with a note instead of failing the file."""
     rows = []
-    for n, row in _json_lines(path, "one `app benchmark` result", note, skip_bad):
+    for n, row in json_lines(path, "one `app benchmark` result", note, skip_bad):
         try:
             rows.append(_check_result(row, f"{path} line {n}"))
         except UsageError as exc:
             if not skip_bad:
                 raise
-            (note or _stderr_note)(f"{exc}; left out")
+            (note or note_to_stderr)(f"{exc}; left out")
     if not rows:
         raise UsageError(f"{path}: no results in it; run `app benchmark --results {path}` first")
     return rows
@@ -115,18 +59,18 @@ def _check_result(row, where: str) -> dict:
             f"{where}: missing {', '.join(missing) or 'images_per_s.mean'}; is this an `app benchmark` results file?"
         )
     for key in ("batch_size", "workers"):
-        if not _positive_int(row[key]):
+        if not is_positive_int(row[key]):
             raise UsageError(f"{where}: {key} must be a positive integer, got {brief(row[key])}")
     ips = row["images_per_s"]
-    if not _number(ips["mean"]) or ips["mean"] <= 0:
+    if not is_number(ips["mean"]) or ips["mean"] <= 0:
         raise UsageError(f"{where}: images_per_s.mean must be a positive number, got {brief(ips['mean'])}")
     for key, value in (
         ("images_per_s.ci95", ips.get("ci95")),
         ("input_wait_fraction", row.get("input_wait_fraction")),
     ):
-        if value is not None and not _number(value):
+        if value is not None and not is_number(value):
             raise UsageError(f"{where}: {key} must be a number or null, got {brief(value)}")
-    if row.get("nodes") is not None and not _positive_int(row["nodes"]):
+    if row.get("nodes") is not None and not is_positive_int(row["nodes"]):
         raise UsageError(f"{where}: nodes must be a positive integer or null, got {brief(row['nodes'])}")
     return row
 
@@ -140,41 +84,12 @@ class Run:
     dataset: str | None = None
 
 
-METRIC_NUMBERS = ("accuracy", "val_accuracy", "val_loss", "epoch_time_s")
-
-
-def read_metrics(run_dir: Path, note=None) -> list[dict]:
-    """The per-epoch rows of a run's metrics.jsonl ([] before the first epoch ends).
-
-    A torn last line (an interrupted write) is skipped with a ``note`` (default: one line on stderr); any
-    other damage is an error naming the file and line. Null values (a metric that was not a finite number)
-    are dropped from their row, as if the metric was absent.
-    """
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    rows = []
-    for n, row in _json_lines(path, "one epoch's metrics", note):
-        if not isinstance(row, dict) or not _positive_int(row.get("epoch")):
-            raise UsageError(
-                f"{path} line {n}: not an epoch's metrics (no epoch number); the file is damaged"
-            )
-        row = {k: v for k, v in row.items() if v is not None}
-        bad = [k for k in METRIC_NUMBERS if k in row and not _number(row[k])]
-        if bad:
-            raise UsageError(
-                f"{path} line {n}: {bad[0]} is not a number ({brief(row[bad[0]])}); the file is damaged"
-            )
-        rows.append(row)
-    return rows
-
-
 def _run_identity(path: Path, summary: dict) -> tuple[str | None, str | None]:
     """(model, dataset) of a run: from summary.json, else (a run still going) from its config.yaml."""
     model, dataset = summary.get("model"), summary.get("dataset")
     if model is None or dataset is None:
         try:
-            from app.config import CONFIG_FILE_LIMIT, parse_yaml
+            from app.core.config import CONFIG_FILE_LIMIT, parse_yaml
 
             where = path / "config.yaml"
             tree = parse_yaml(read_regular(where, str(where), CONFIG_FILE_LIMIT).decode(), str(where))
@@ -198,7 +113,7 @@ def load_run(path: Path, note=None) -> Run:
     if summary_path.exists():
         fix = "the file is damaged: remove it (`app train --run-dir` on the finished run writes it again)"
         try:
-            summary = _json(read_text(summary_path, "JSON file"), str(summary_path), fix)
+            summary = parse_json(read_text(summary_path, "JSON file"), str(summary_path), fix)
         except json.JSONDecodeError as exc:
             raise UsageError(
                 f"{summary_path}: not JSON ({exc.msg}, line {exc.lineno}); the file is damaged: remove it "
@@ -313,7 +228,7 @@ def _cores_shared(rows: list[dict], nodes: int) -> int:
     if nodes != 1 or any(e.get("gpu_count") != 0 for e in envs):
         return 0
     cores = [e.get("cpu_count") for e in envs]
-    return max(c for c in cores if _positive_int(c)) if any(_positive_int(c) for c in cores) else 0
+    return max(c for c in cores if is_positive_int(c)) if any(is_positive_int(c) for c in cores) else 0
 
 
 def verdicts(table: dict[int, list[Point]]) -> list[str]:

@@ -16,9 +16,9 @@ import click
 from click.core import ParameterSource
 
 from app import __version__
-from app.compat import KerasError, import_tensorflow
-from app.distributed import REQUEUE_EXIT_CODE, detected_launcher, rank_from_env, report_to_launcher
-from app.errors import AppError, UsageError, brief, one_line
+from app.core.compat import KerasError, import_tensorflow
+from app.core.errors import REQUEUE_EXIT_CODE, AppError, UsageError, brief, one_line
+from app.engines.world import detected_launcher, rank_from_env, report_to_launcher
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "APP", "max_content_width": 100}
 
@@ -159,7 +159,7 @@ def info(as_json: bool) -> None:
       app info
       app info --json | jq .horovod
     """
-    from app import info as info_stage
+    from app.engines import info as info_stage
 
     report = info_stage.collect()
     if as_json:
@@ -203,7 +203,7 @@ def doctor(megabytes, iterations, threads, np_, as_json):
     if megabytes > 8192:
         raise UsageError(f"--megabytes {megabytes}: at most 8192 (one allreduce buffer in memory per rank)")
     relaunch(np_)
-    from app import doctor as doctor_stage
+    from app.engines import doctor as doctor_stage
 
     report = doctor_stage.run(megabytes, iterations, threads)
     failed = any(not c["ok"] for c in report["checks"])  # the same on every rank: the checks are gathered
@@ -244,7 +244,7 @@ def relaunch(np_: int | None, extra: list[str] = ()) -> None:
     workers through horovodrun, and exit with their status."""
     if not np_ or np_ == 1 or detected_launcher():
         return
-    from app.distributed import launch_local
+    from app.engines.local import launch_local
 
     argv, skip = [], False
     for arg in sys.argv[1:]:
@@ -288,7 +288,7 @@ def train(
       mpirun -np 8 app train -c configs/synthetic.yaml --set train.steps_per_epoch=100
       app train --run-dir runs/fashion_mnist-20261202-140000     # resume
     """
-    from app import config
+    from app.core import config
 
     options, origins = option_values(
         data_dir=data_dir, seed=seed, epochs=epochs, batch_size=batch_size,
@@ -296,11 +296,11 @@ def train(
     )  # fmt: skip
     cfg, resolved = config.for_run(configs, sets, options, run_dir, origins)
     relaunch(np_, [] if run_dir else ["--run-dir", str(resolved)])  # every worker gets the same run directory
-    from app.distributed import StopRequest
+    from app.engines.faults import StopRequest
 
     request = StopRequest().install()  # SIGUSR1/SIGTERM from the start: never the default (death)
     import_tensorflow()  # first, through compat: Keras 2 checked, start-up noise filtered
-    from app.train import train_and_evaluate
+    from app.training.train import train_and_evaluate
 
     train_and_evaluate(cfg, resolved, threads, request)
 
@@ -321,7 +321,7 @@ def evaluate(run_dir, configs, sets, data_dir, seed, threads, np_, epoch):
       app evaluate runs/fashion_mnist-20261202-140000
       app evaluate runs/resnet50-1234567 --epoch 90 --data-dir /scratch/imagenet --np 4
     """
-    from app import config
+    from app.core import config
 
     saved = os.path.join(run_dir, "config.yaml")
     if not os.path.lexists(saved):
@@ -331,7 +331,7 @@ def evaluate(run_dir, configs, sets, data_dir, seed, threads, np_, epoch):
     cfg = config.build(configs, sets, options, base=base, origins=origins)
     relaunch(np_)
     import_tensorflow()
-    from app.train import evaluate_run
+    from app.training.train import evaluate_run
 
     evaluate_run(cfg, run_dir, epoch, threads)
 
@@ -414,7 +414,7 @@ def benchmark(
       app benchmark -c configs/resnet50_imagenet.yaml --data-dir /scratch/imagenet --pipeline-only
       app report results/benchmark.jsonl
     """
-    from app import config
+    from app.core import config
 
     options, origins = option_values(data_dir=data_dir, seed=seed, precision=precision)
     cfg = config.build(configs, sets, options, origins=origins)
@@ -424,12 +424,12 @@ def benchmark(
             "--timeline records Horovod's collectives, which --pipeline-only has none of; drop one"
         )
     if timeline:
-        from app.distributed import enable_timeline
+        from app.engines.horovod import enable_timeline
 
         enable_timeline()  # before the workers start: they inherit it
     relaunch(np_)
     import_tensorflow()
-    from app.benchmark import run
+    from app.training.benchmark import run
 
     run(cfg, batch_sizes or [cfg.train.batch_size], steps, windows, pipeline_only, results, threads,
         TIMELINE_STEPS if timeline else 0)  # fmt: skip
@@ -479,7 +479,7 @@ def report(inputs, out, target_accuracy):
     """
     from rich.console import Console
 
-    from app import report as report_stage
+    from app.reports import benchmarks as report_stage
 
     report_stage.make_report(
         list(inputs), out, target_accuracy, Console(width=None if sys.stdout.isatty() else 120)
@@ -549,7 +549,7 @@ def submit(
       app submit --cluster roihu --gpus 32 --account project_2001234 --resume runs/resnet50_imagenet-4242
       app submit --cluster lumi --gpus 16 --account project_465000001 --smoke
     """
-    from app import submit as submit_stage
+    from app.cluster import submit as submit_stage
 
     job = submit_stage.render(
         submit_stage.load_cluster(cluster), gpus, list(configs), list(sets), time_limit, account, partition,
@@ -585,7 +585,7 @@ def rendezvous(hosts, spec):
       app rendezvous --hosts "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -)" \\
                      --tasks-per-node "$SLURM_TASKS_PER_NODE" > port.txt &
     """
-    from app import rendezvous as rendezvous_stage
+    from app.engines import rendezvous as rendezvous_stage
 
     rendezvous_stage.serve(hosts.split(","), spec)
 
@@ -622,7 +622,7 @@ def imagenet_to_tfrecord(src, dest, train_shards, validation_shards, labels_file
     """
     from rich.progress import Progress
 
-    from app.convert import convert
+    from app.data.convert import convert
 
     with Progress(disable=not sys.stdout.isatty()) as bar:
         task = bar.add_task("writing shards", total=None)
@@ -677,7 +677,7 @@ def study() -> None:
 
 
 def _ks(ctx, param, value: str | None) -> list[int] | None:
-    from app.study import parse_ks
+    from app.study.plans import parse_ks
 
     if value is None:
         return None
@@ -788,8 +788,8 @@ def study_large_batch(configs, sets, ks, seeds, name, np_, out, data_dir, thread
 
     from rich.console import Console
 
-    from app import config
-    from app import study as study_stage
+    from app.core import config
+    from app.study import plans as study_stage
 
     if detected_launcher() and not dry_run:  # every rank would run the whole study into the same folder
         raise UsageError(
@@ -837,7 +837,7 @@ def study_large_batch(configs, sets, ks, seeds, name, np_, out, data_dir, thread
         submit_study(study_stage, folder, plan, cfg, slurm)
         return
     failed = study_stage.run_local(folder, plan, data_dir, threads, click.echo, again)
-    from app import study_report
+    from app.reports import large_batch as study_report
 
     study_report.write_report(folder, plan, Console(width=None if sys.stdout.isatty() else 120))
     if failed:
@@ -864,7 +864,7 @@ def study_status(study_dir):
     from rich.console import Console
     from rich.table import Table
 
-    from app import study as study_stage
+    from app.study import plans as study_stage
 
     plan = study_stage.load_plan(study_dir)
     console = Console(width=None if sys.stdout.isatty() else 120, highlight=False)
@@ -900,7 +900,7 @@ def study_status(study_dir):
 
 def _counts(what: str, example: str):
     def convert(ctx, param, value: str | None) -> list[int] | None:
-        from app.study import parse_counts
+        from app.study.plans import parse_counts
 
         if value is None:
             return None
@@ -966,8 +966,8 @@ def study_scaling(configs, sets, np_list, gpu_list, batch_sizes, steps, windows,
 
     from rich.console import Console
 
-    from app import config
-    from app import study as study_stage
+    from app.core import config
+    from app.study import plans as study_stage
 
     if detected_launcher() and not dry_run:
         raise UsageError(
@@ -995,7 +995,7 @@ def study_scaling(configs, sets, np_list, gpu_list, batch_sizes, steps, windows,
     name = name or f"{cfg.name}-scaling"
     workers = np_list if np_list is not None else gpu_list
     if independent is None:
-        from app.distributed import gpu_device_nodes
+        from app.engines.world import gpu_device_nodes
 
         independent = np_list is not None and not gpu_device_nodes()
     plan = study_stage.plan_scaling(cfg, workers, batch_sizes or [cfg.train.batch_size], steps, windows, timeline,
@@ -1028,7 +1028,7 @@ def study_scaling(configs, sets, np_list, gpu_list, batch_sizes, steps, windows,
         submit_study(study_stage, folder, plan, cfg, slurm)
         return
     failed = study_stage.run_scaling_local(folder, plan, data_dir, threads, click.echo, again)
-    from app import scaling_report
+    from app.reports import scaling as scaling_report
 
     scaling_report.write_report(folder, plan, Console(width=None if sys.stdout.isatty() else 120))
     if failed:
@@ -1052,16 +1052,16 @@ def study_report_command(study_dir):
     """
     from rich.console import Console
 
-    from app import study as study_stage
+    from app.study import plans as study_stage
 
     plan = study_stage.load_plan(study_dir)
     console = Console(width=None if sys.stdout.isatty() else 120)
     if plan.kind == "scaling":
-        from app import scaling_report
+        from app.reports import scaling as scaling_report
 
         scaling_report.write_report(study_dir, plan, console)
     else:
-        from app import study_report
+        from app.reports import large_batch as study_report
 
         study_report.write_report(study_dir, plan, console)
 

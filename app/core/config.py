@@ -21,13 +21,13 @@ from pathlib import Path
 
 import yaml
 
-from app.errors import UsageError, brief, read_regular, show
+from app.core.errors import UsageError, brief, read_regular, show
 
 MODELS = ("resnet50", "resnet18", "resnet20", "resnet32", "resnet56")
 SOURCES = ("tfds", "imagenet", "synthetic")
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 SCHEDULES = ("step", "cosine", "constant")
-WARMUPS = ("gradual", "constant")  # Goyal et al.'s two warmups (see app.schedule)
+WARMUPS = ("gradual", "constant")  # Goyal et al.'s two warmups (see app.training.schedule)
 # The experiment's name names its run directory (runs/<name>-<date>) and, through app submit, its Slurm job:
 # letters, digits and . _ + - only, never a path, never an option. One definition, used by submit too.
 SAFE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")

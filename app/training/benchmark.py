@@ -9,7 +9,7 @@ interval. One JSON line per (batch size) is appended to the results file, by ran
 With ``timeline_steps`` and several workers, that many further steps (after the measured ones, so they do not count) run under
 Horovod's timeline; the trace goes next to the results file (<results>.timeline/w<workers>-b<batch>-<time>.json,
 it opens in Perfetto) and the result line gets the shares of those steps' time spent in collectives and
-negotiation (app.timeline).
+negotiation (app.engines.timeline).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 
 from app import __version__
-from app.errors import UsageError
+from app.core.errors import UsageError
+from app.core.results import finite
 
 # Student's t, two-sided 95%, for 1..30 degrees of freedom; written out to avoid a SciPy dependency.
 T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
@@ -82,23 +83,11 @@ def summarize_steps(
     }
 
 
-def finite(value):
-    """``value`` with every NaN or infinite float (nested in dicts and lists) replaced by None: JSON has no
-    NaN, and ``json.dumps(..., allow_nan=False)`` then guarantees every line stays valid JSON."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [finite(v) for v in value]
-    return value
-
-
 def environment(world) -> dict:
     """Where the numbers were measured."""
     import tensorflow as tf
 
-    from app.compat import keras_flavour
+    from app.core.compat import keras_flavour
 
     gpus = tf.config.list_physical_devices("GPU")
     gpu_model = tf.config.experimental.get_device_details(gpus[0]).get("device_name") if gpus else None
@@ -172,8 +161,9 @@ def run(
 
     import tensorflow as tf
 
-    from app import data, distributed
-    from app.train import build_model, setup
+    from app.data import pipeline as data
+    from app.engines import horovod as distributed
+    from app.training.train import build_model, setup
 
     synthetic = cfg.data.source == "synthetic"
     if pipeline_only and synthetic:
@@ -227,7 +217,7 @@ def run(
                         images.numpy()
                 window = time.perf_counter() - t0
             if world.is_chief:
-                from app.timeline import shares
+                from app.engines.timeline import shares
 
                 timeline = {"file": str(trace), "steps": timeline_steps, **shares(trace, window)}
         images_per_step = batch * world.size

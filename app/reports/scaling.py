@@ -1,12 +1,12 @@
 """The scaling study's report (RQ1 + RQ2) from a study folder of `app study scaling`.
 
 Reads the benchmark results the study wrote (results/workers-<n>.jsonl, and for the independent baseline
-results/independent-<n>/process-<i>.jsonl) and builds on `app report`'s scaling table (app.report.scaling):
+results/independent-<n>/process-<i>.jsonl) and builds on `app report`'s scaling table (app.reports.benchmarks.scaling):
 
 - RQ1, per-GPU batch: images/s per worker for each batch size, what an ImageNet-1k epoch costs at each
   point (wall-clock minutes and GPU-hours), input wait, and the best per-worker batch here;
 - RQ2, workers: speedup and efficiency against the fewest workers with the ideal line and 95% error bars,
-  the point where adding workers stops paying (efficiency below app.report.FAIR), and, where the
+  the point where adding workers stops paying (efficiency below app.reports.benchmarks.FAIR), and, where the
   workers shared one machine's CPU cores, Horovod's N workers against N independent processes at once, the
   baseline that separates communication from core sharing;
 - where the time goes: the share of step time spent in collectives, in negotiation and in compute, from
@@ -20,10 +20,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app import report
-from app.errors import UsageError
-from app.study import IMAGENET_TRAIN_EXAMPLES, ScalingPlan
-from app.study_report import report_folder
+from app.core.results import is_number
+from app.reports import benchmarks as report
+from app.core.errors import UsageError
+from app.study.plans import IMAGENET_TRAIN_EXAMPLES, ScalingPlan
+from app.reports.large_batch import report_folder
 
 
 def collect(folder: Path, plan: ScalingPlan, note) -> tuple[list[dict], dict[tuple[int, int], list[float]]]:
@@ -111,7 +112,7 @@ def timeline_rows(results: list[dict]) -> list[list[str]]:
     for r in results:
         t = r.get("timeline")
         if isinstance(t, dict) and all(
-            report._number(t.get(k))
+            is_number(t.get(k))
             for k in ("collective_fraction", "negotiation_fraction", "compute_fraction")
         ):
             newest[(int(r["batch_size"]), int(r["workers"]))] = t

@@ -23,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
-from app.errors import AppError, UsageError
+from app.core.errors import AppError, UsageError
 
 IMAGE_EXTENSIONS = {".jpeg", ".jpg", ".png"}
 
@@ -86,7 +86,7 @@ def _write_shard(
     dest: str, name: str, items: list[tuple[str, str]], index: dict[str, int]
 ) -> tuple[str, int]:
     """Write one shard (in a worker process) and return (file name, examples)."""
-    from app.compat import import_tensorflow
+    from app.core.compat import import_tensorflow
 
     tf = import_tensorflow()
 

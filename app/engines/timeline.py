@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from app.errors import UsageError, read_regular
+from app.core.errors import UsageError, read_regular
 
 READ_LIMIT = 256 * 2**20  # bytes: a few steps of ResNet-50 are a few MB
 

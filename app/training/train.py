@@ -2,7 +2,7 @@
 
 The order follows Horovod's Keras example: init and pin the device, data sharded by rank, model, LR scaled by
 the global batch, DistributedOptimizer, callbacks Broadcast -> MetricAverage -> LR schedule -> evaluation ->
-checkpoint/metrics (rank 0 only). Lines that exist only because of distribution call app.distributed.
+checkpoint/metrics (rank 0 only). Lines that exist only because of distribution call app.engines.horovod.
 """
 
 from __future__ import annotations
@@ -17,12 +17,23 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from app import checkpoint, data, distributed, models
-from app.config import MIN_IMAGE_SIZE, Config, checkpoint_interval, dump
-from app.errors import AppError, UsageError
-from app.output import MetricsWriter, Progress, Reporter, reconcile_metrics, write_json, write_text_atomic
-from app.report import read_metrics
-from app.schedule import lr_callback, make_schedule
+from app.core.config import MIN_IMAGE_SIZE, Config, checkpoint_interval, dump
+from app.core.errors import REQUEUE_EXIT_CODE, AppError, Preempted, UsageError
+from app.core.results import read_metrics
+from app.data import pipeline as data
+from app.engines import faults
+from app.engines import horovod as distributed
+from app.engines.world import World
+from app.training import checkpoint, models
+from app.training.output import (
+    MetricsWriter,
+    Progress,
+    Reporter,
+    reconcile_metrics,
+    write_json,
+    write_text_atomic,
+)
+from app.training.schedule import lr_callback, make_schedule
 
 # -------------------------------------------------------------------------------------- components
 
@@ -35,7 +46,7 @@ def resolve_precision(precision: str) -> str:
     if gpus:  # bf16 on Ampere and newer (no loss scaling needed), fp16 on older GPUs such as V100
         capability = tf.config.experimental.get_device_details(gpus[0]).get("compute_capability", (0, 0))
         return "mixed_bfloat16" if capability >= (8, 0) else "mixed_float16"
-    from app.info import cpu_has_avx512_bf16
+    from app.engines.info import cpu_has_avx512_bf16
 
     return "mixed_bfloat16" if cpu_has_avx512_bf16() else "float32"
 
@@ -59,7 +70,7 @@ def metrics(num_classes: int) -> list:
     return out
 
 
-def build_model(cfg: Config, spec: data.Spec, world: distributed.World):
+def build_model(cfg: Config, spec: data.Spec, world: World):
     """The compiled Keras model with its (Horovod-wrapped) SGD optimizer, variables built for restoring."""
     model = models.create_model(
         cfg.model.name,
@@ -108,7 +119,7 @@ def evaluate(model, dataset, num_classes: int, tick=None) -> dict:
     sums = np.zeros(4)
     for images, labels in dataset:
         sums += step(images, labels).numpy()
-        if tick is not None:  # evaluation is progress too (see distributed.Watchdog)
+        if tick is not None:  # evaluation is progress too (see faults.Watchdog)
             tick()
     loss, top1, topk, n = distributed.allreduce_sum(sums)  # [horovod] exact totals over all ranks
     result = {"val_loss": loss / max(n, 1), "val_accuracy": top1 / max(n, 1), "val_examples": n}
@@ -164,8 +175,8 @@ class CheckpointWriter:
 def stop_message(number: float, when: str, kept: str, run_dir) -> str:
     """The line of a clean stop: the same on every rank (the agreed signal), so it is printed once."""
     return (
-        f"stopped by {distributed.StopRequest.name(number)} {when}: {kept}; a Slurm job requeues itself (exit "
-        f"status {distributed.REQUEUE_EXIT_CODE}), else continue with `app train --run-dir {run_dir}`"
+        f"stopped by {faults.StopRequest.name(number)} {when}: {kept}; a Slurm job requeues itself (exit "
+        f"status {REQUEUE_EXIT_CODE}), else continue with `app train --run-dir {run_dir}`"
     )
 
 
@@ -176,7 +187,7 @@ class Interruptions(tf.keras.callbacks.Callback):
     stop signal and, for time-based checkpoints, whether rank 0's clock says one is due; step-based ones
     need no agreement. A checkpoint is always taken on an update boundary, so accumulation stays exact: the
     batch-norm statistics are averaged, rank 0 writes it, and a barrier lets no rank leave before it is
-    complete. On a stop every rank then raises :class:`~app.distributed.Preempted` (exit status 3). At an
+    complete. On a stop every rank then raises :class:`~app.engines.horovod.Preempted` (exit status 3). At an
     epoch end the epoch's own checkpoint (written just before, by :class:`MetricsWriter`) serves. Must be
     the last callback.
     """
@@ -209,7 +220,7 @@ class Interruptions(tf.keras.callbacks.Callback):
             if stop:
                 message = self._stop_message(self.write.path(self.epoch, step), step, stop)
                 self._checkpoint(step, message)
-                raise distributed.Preempted(message)
+                raise Preempted(message)
         if due:
             self._checkpoint(step)
 
@@ -222,7 +233,7 @@ class Interruptions(tf.keras.callbacks.Callback):
             message = self._stop_message(self.write.path(epoch + 1, 0), 0, stop, epoch + 1)
             self.write.stopped(message)
             distributed.agree([0.0])  # [horovod] the marker is there before any rank exits
-            raise distributed.Preempted(message)
+            raise Preempted(message)
 
     def _checkpoint(self, step: int, stop_message: str | None = None):
         distributed.average_model_state(self.model)
@@ -250,7 +261,7 @@ class Plan:
     accumulation_steps: int = 1  # backward passes per optimizer update
 
 
-def plan(cfg: Config, spec: data.Spec, world: distributed.World) -> Plan:
+def plan(cfg: Config, spec: data.Spec, world: World) -> Plan:
     t = cfg.train
     local = spec.train_examples // t.batch_size
     if t.steps_per_epoch:
@@ -265,7 +276,7 @@ def plan(cfg: Config, spec: data.Spec, world: distributed.World) -> Plan:
     return Plan(steps, t.batch_size * world.size, cfg.global_batch(world.size), t.accumulation_steps)
 
 
-def header(reporter: Reporter, cfg: Config, spec: data.Spec, world: distributed.World, p: Plan, policy: str, run_dir, start_epoch: int, start_step: int = 0) -> None:  # fmt: skip
+def header(reporter: Reporter, cfg: Config, spec: data.Spec, world: World, p: Plan, policy: str, run_dir, start_epoch: int, start_step: int = 0) -> None:  # fmt: skip
     s = make_schedule(cfg, world.size)
     t = cfg.train
     if not t.warmup_epochs:
@@ -302,7 +313,7 @@ def header(reporter: Reporter, cfg: Config, spec: data.Spec, world: distributed.
 # ------------------------------------------------------------------------------------------ stages
 
 
-def setup(cfg: Config, threads: int = 0) -> tuple[distributed.World, Reporter, str]:
+def setup(cfg: Config, threads: int = 0) -> tuple[World, Reporter, str]:
     """Join the workers, seed, and set the precision policy (before any model is built)."""
     if cfg.model.jit_compile:
         os.environ.setdefault("HOROVOD_ENABLE_XLA_OPS", "1")  # allreduce inside XLA-compiled steps
@@ -314,7 +325,7 @@ def setup(cfg: Config, threads: int = 0) -> tuple[distributed.World, Reporter, s
     return world, reporter, set_precision(cfg, world, reporter)
 
 
-def set_precision(cfg: Config, world: distributed.World, reporter: Reporter) -> str:
+def set_precision(cfg: Config, world: World, reporter: Reporter) -> str:
     """The precision policy for ``cfg`` on ``world``, set globally (called again when a resume changed the
     accumulation steps, before any model is built)."""
     policy = resolve_precision(cfg.model.precision)
@@ -338,11 +349,11 @@ def set_precision(cfg: Config, world: distributed.World, reporter: Reporter) -> 
 
 
 def train_and_evaluate(
-    cfg: Config, run_dir: Path, threads: int = 0, request: distributed.StopRequest | None = None
+    cfg: Config, run_dir: Path, threads: int = 0, request: faults.StopRequest | None = None
 ) -> dict:
     """Train ``cfg`` in ``run_dir`` (resuming from its latest valid checkpoint) and return the summary.
     ``request``: the stop-signal handler, installed as early as the caller could."""
-    request = request or distributed.StopRequest().install()
+    request = request or faults.StopRequest().install()
     world, reporter, policy = setup(cfg, threads)
     run_dir = Path(run_dir)
     source = data.open_source(cfg.data, world.rank, world.size, cfg.run.seed)
@@ -413,7 +424,7 @@ def train_and_evaluate(
         message = stop_message(stop, "before training started", kept, run_dir)
         write.stopped(message)  # rank 0's marker for the job script
         distributed.agree([0.0])  # [horovod] the marker is there before any rank exits
-        raise distributed.Preempted(message)
+        raise Preempted(message)
     eval_ds = (
         data.eval_dataset(source, cfg.train.batch_size, cfg.train.eval_steps) if cfg.run.evaluate else None
     )
@@ -427,7 +438,7 @@ def train_and_evaluate(
         ]
         if eval_ds is not None:
             out.append(EvaluateEachEpoch(eval_ds, spec.num_classes, watchdog.progress))
-        out.append(distributed.watchdog_callback(watchdog))
+        out.append(faults.watchdog_callback(watchdog))
         if world.is_chief:  # [horovod] only rank 0 writes checkpoints, metrics and progress
             steps = p.steps_per_epoch - first_step
             out += [
@@ -448,7 +459,7 @@ def train_and_evaluate(
     first_whole = start_epoch + 1 if start_step else start_epoch
     if first_whole < cfg.train.epochs:
         segments.append((first_whole, 0))
-    watchdog = distributed.Watchdog(run_dir, world.rank, world.size).start()  # [horovod] no silent stall
+    watchdog = faults.Watchdog(run_dir, world.rank, world.size).start()  # [horovod] no silent stall
     try:
         for first_epoch, first_step in segments:
             last = first_epoch + 1 if first_step else cfg.train.epochs
@@ -471,7 +482,7 @@ def train_and_evaluate(
     return summarize(cfg, run_dir, world, p, policy, spread) if world.is_chief else {}
 
 
-def keep_global_batch(cfg: Config, state: dict, world: distributed.World, reporter: Reporter) -> Config:
+def keep_global_batch(cfg: Config, state: dict, world: World, reporter: Reporter) -> Config:
     """A resume on another number of workers keeps the checkpoint's global batch by changing the
     accumulation steps where they can absorb it; else it stops with what would change, unless
     ``run.allow_new_global_batch`` says to go on with the new one."""
@@ -527,7 +538,7 @@ def resume_step(state: dict, p: Plan, reporter: Reporter) -> int:
 
 
 def summarize(
-    cfg: Config, run_dir: Path, world: distributed.World, p: Plan, policy: str, spread: float | None = None
+    cfg: Config, run_dir: Path, world: World, p: Plan, policy: str, spread: float | None = None
 ) -> dict:
     """summary.json: the run's shape and outcome, from metrics.jsonl (so it spans resumes)."""
     rows = read_metrics(run_dir)

@@ -8,8 +8,8 @@ import shutil
 import sys
 
 from app import __version__
-from app.compat import import_tensorflow, keras_flavour
-from app.config import tfds_data_dir
+from app.core.compat import import_tensorflow, keras_flavour
+from app.core.config import tfds_data_dir
 
 TOOLS = ("horovodrun", "mpirun", "srun", "sbatch", "apptainer", "singularity", "docker", "podman")
 

@@ -31,7 +31,14 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 
-from app.errors import AppError
+from app.core.errors import AppError
+from app.engines.world import (
+    allocated_gpus,
+    check_gpus_seen,
+    check_world_size,
+    gpu_device_nodes,
+    launched_size,
+)
 
 WARMUP = 2
 
@@ -96,15 +103,15 @@ def run(megabytes: float, iterations: int, threads: int = 0) -> dict:
 def finish(failed: bool) -> None:
     """[horovod] Every rank waits here until rank 0 has printed, then all exit with the same status: a rank
     that left first with status 1 would make srun --kill-on-bad-exit end rank 0 before its table."""
-    from app import distributed as dist
+    from app.engines import horovod as dist
 
     dist.allgather_object(failed)
 
 
 def _run(megabytes: float, iterations: int, threads: int, nccl_dir: str | None) -> dict:
-    from app import distributed as dist
-    from app.compat import import_tensorflow
-    from app.info import horovod_build, tensorflow_build
+    from app.core.compat import import_tensorflow
+    from app.engines import horovod as dist
+    from app.engines.info import horovod_build, tensorflow_build
 
     tf = import_tensorflow()
     hvd_build, tf_build = horovod_build(), tensorflow_build(tf)
@@ -138,18 +145,16 @@ def _run(megabytes: float, iterations: int, threads: int, nccl_dir: str | None) 
         "host": socket.gethostname(),
         "local_rank": world.local_rank,
         "gpus_seen": len(gpus),
-        "allocated": dist.allocated_gpus(os.environ, dist.gpu_device_nodes()),
-        "launched": dist.launched_size(os.environ),
+        "allocated": allocated_gpus(os.environ, gpu_device_nodes()),
+        "launched": launched_size(os.environ),
     }
     device_problem = world_problem = None
     try:
-        dist.check_gpus_seen(
-            len(gpus), os.environ, dist.gpu_device_nodes(), dict(tf.sysconfig.get_build_info())
-        )
+        check_gpus_seen(len(gpus), os.environ, gpu_device_nodes(), dict(tf.sysconfig.get_build_info()))
     except AppError as exc:
         device_problem = str(exc)
     try:
-        dist.check_world_size(world.size, os.environ)
+        check_world_size(world.size, os.environ)
     except AppError as exc:
         world_problem = str(exc)
     ranks = dist.allgather_object({**mine, "device_problem": device_problem, "world_problem": world_problem})

@@ -30,11 +30,10 @@ from pathlib import Path
 
 import yaml
 
-from app.config import SAFE, SAFE_HINT  # one definition: a config's name is its job's default name
-from app.distributed import REQUEUE_EXIT_CODE
-from app.errors import AppError, UsageError, one_line, show
+from app.core.config import SAFE, SAFE_HINT  # one definition: a config's name is its job's default name
+from app.core.errors import REQUEUE_EXIT_CODE, AppError, UsageError, one_line, show
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CLUSTERS = ROOT / "jobs" / "clusters"
 TEMPLATE = ROOT / "jobs" / "train.sbatch"
 SMOKE_TIME = "10"  # --smoke: `app doctor` takes a minute or two; ten leaves room for a slow container start
@@ -779,7 +778,7 @@ def render(
             raise UsageError(
                 "--config: name at least one experiment file, e.g. -c configs/resnet50_imagenet.yaml"
             )
-        from app import config as config_module
+        from app.core import config as config_module
 
         options = {"data.data_dir": data_dir} if data_dir else {}
         # Fails now rather than on the compute nodes. The config's checks include its name (config.SAFE), the

@@ -9,7 +9,7 @@ arguments), so a Slurm executor can take the same plan later. One folder holds a
     studies/<name>/config.yaml      the baseline's resolved config, which every run starts from
     studies/<name>/runs/<run>/      ordinary `app train` run directories, <variant>-k<k>-s<seed>
     studies/<name>/attempts.jsonl   each run's exit status, one line per attempt (for `app study status`)
-    studies/<name>/report/          the tables and plots (app.study_report)
+    studies/<name>/report/          the tables and plots (app.reports.large_batch)
 
 A run is done when its summary.json is there; any other run is started again with the same arguments, and
 `app train` resumes a run directory from its latest checkpoint, so an interrupted study continues where it
@@ -41,8 +41,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from app import config as config_mod
-from app.errors import AppError, UsageError, brief, read_regular, show
+from app.core import config as config_mod
+from app.core.errors import AppError, UsageError, brief, read_regular, show
 
 KINDS = ("large-batch", "scaling")
 FORMAT = 1  # of study.json
@@ -58,8 +58,8 @@ LABELS = {
     "gradual-warmup": "scaled LR, gradual warmup",
 }
 WARMED = {"constant-warmup": "constant", "gradual-warmup": "gradual"}  # variant -> train.warmup
-IMAGENET_TRAIN_EXAMPLES = 1_281_167  # as app.data, which imports TensorFlow
-DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")  # as app.data
+IMAGENET_TRAIN_EXAMPLES = 1_281_167  # as app.data.pipeline, which imports TensorFlow
+DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")  # as app.data.pipeline
 
 
 # ------------------------------------------------------------------------------------------- plan
@@ -170,7 +170,7 @@ LOCAL_WORKERS_PER_CORE = 4  # local workers beyond this many per core (or GPU) a
 def check_local_workers(counts: list[int], flag: str) -> None:
     """Local worker counts this machine can hold: at most ``LOCAL_WORKERS_PER_CORE`` per CPU core (or GPU).
     Each is a process with its own copy of TensorFlow; a typo such as --np 1,200 would start them all."""
-    from app.distributed import gpu_device_nodes
+    from app.engines.world import gpu_device_nodes
 
     slots = max(os.cpu_count() or 1, len(gpu_device_nodes()))
     limit = LOCAL_WORKERS_PER_CORE * slots
@@ -255,12 +255,12 @@ def plan_large_batch(
             sets.append(f"train.steps_per_epoch={cap // workers}")
         sets.append(f"run.seed={seed}")
         run_cfg = config_mod.build(sets=sets, base=config_mod.flat(cfg), base_where="the study's config")
-        from app.schedule import make_schedule  # pure arithmetic; no TensorFlow
+        from app.training.schedule import make_schedule  # pure arithmetic; no TensorFlow
 
         schedule = make_schedule(run_cfg, workers)
         steps = None if train_examples is None else train_examples // (workers * t.batch_size)
         if cap and (steps is None or cfg.data.source == "synthetic"):
-            steps = cap // workers  # app.train.plan: synthetic data takes steps_per_epoch as it is
+            steps = cap // workers  # app.training.train.plan: synthetic data takes steps_per_epoch as it is
         elif cap:
             steps = min(steps, cap // workers)
         updates = None if steps is None else steps // accumulation
@@ -379,7 +379,7 @@ def _tfds_examples(d) -> tuple[int, str] | None:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    """As app.output.write_text_atomic (which imports TensorFlow): aside, fsynced, renamed."""
+    """As app.training.output.write_text_atomic (which imports TensorFlow): aside, fsynced, renamed."""
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
@@ -529,7 +529,7 @@ def running_run(folder: Path) -> str | None:
 def run_state(folder: Path, run: RunPlan, last_exit: int | None = None, running: bool = False) -> RunState:
     """A run's state from its files: done (summary.json and every epoch), running, failed (the last attempt
     exited with an error), partial (epochs done, or stopped) or pending."""
-    from app.report import read_metrics
+    from app.core.results import read_metrics
 
     where = run_dir(folder, run)
     try:
@@ -732,7 +732,7 @@ def run_local(
                 failed.append(run.name)
         lock.current(None)
     if stopped:
-        from app.distributed import Preempted
+        from app.core.errors import Preempted
 
         why = f"by {signal.Signals(forward.signum).name}" if forward.signum else "as its run stopped"
         raise Preempted(f"study stopped {why}: the run in progress checkpointed; `{again}` continues it")
@@ -1008,7 +1008,7 @@ def run_scaling_local(
                 failed.append(part.name)
         lock.current(None)
     if stopped:
-        from app.distributed import Preempted
+        from app.core.errors import Preempted
 
         raise Preempted(
             f"study stopped by {signal.Signals(forward.signum).name}; `{again}` continues it (measured batch "
@@ -1106,7 +1106,7 @@ def submit_study(
 
 
 def _submit_study(folder: Path, plan, cfg, options: dict, dry_run: bool, echo) -> dict[str, str]:
-    from app import submit as submit_stage
+    from app.cluster import submit as submit_stage
 
     cluster = submit_stage.load_cluster(options["cluster"])
     folder = Path(folder)

@@ -112,3 +112,12 @@ def read_regular(path: str | os.PathLike, label: str, limit: int, kind: str = "f
             f"{label}: larger than {size_text(limit)}, the limit for a {kind}; is it the right file?"
         )
     return data
+
+
+REQUEUE_EXIT_CODE = 3  # stopped on request with a checkpoint: a Slurm job requeues itself on it
+
+
+class Preempted(AppError):
+    """Training stopped on SIGUSR1/SIGTERM after writing a checkpoint; every rank exits with status 3."""
+
+    exit_code = REQUEUE_EXIT_CODE

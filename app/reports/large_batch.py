@@ -16,9 +16,10 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app import report
-from app.errors import UsageError
-from app.study import LABELS, VARIANTS, RunPlan, StudyPlan, run_dir, states
+from app.core.results import read_metrics, read_text
+from app.reports import benchmarks as report
+from app.core.errors import UsageError
+from app.study.plans import LABELS, VARIANTS, RunPlan, StudyPlan, run_dir, states
 
 # Verdicts: a variant whose mean error is within this many percentage points of the baseline's (or within
 # the sum of the two standard deviations over seeds, if larger) "matches" it. Run-to-run noise of one seed
@@ -78,7 +79,7 @@ def updates_per_epoch(run_path: Path, batch_size: int) -> int | None:
             found.append((int(m.group(1)), int(m.group(2) or 0), path))
     for *_, path in sorted(found, reverse=True):
         try:
-            state = json.loads(report.read_text(path, "JSON file"))
+            state = json.loads(read_text(path, "JSON file"))
             steps, workers, global_batch = (
                 int(state[k]) for k in ("steps_per_epoch", "workers", "global_batch")
             )
@@ -96,7 +97,7 @@ def collect(folder: Path, plan: StudyPlan, note=None) -> list[RunResult]:
     for run, state in zip(plan.runs, states(folder, plan), strict=True):
         path = run_dir(folder, run)
         try:
-            rows = report.read_metrics(path, note) if state.state != "pending" else []
+            rows = read_metrics(path, note) if state.state != "pending" else []
         except UsageError as exc:
             (note or (lambda message: None))(f"{exc}; {run.name} left out")
             rows = []

@@ -71,7 +71,7 @@ class Schedule:
 
 
 def make_schedule(cfg, workers: int) -> Schedule:
-    """The schedule of ``cfg`` (an app.config.Config) on ``workers`` workers."""
+    """The schedule of ``cfg`` (an app.core.config.Config) on ``workers`` workers."""
     t = cfg.train
     target = cfg.scaled_lr(workers)
     return Schedule(
@@ -89,7 +89,7 @@ def make_schedule(cfg, workers: int) -> Schedule:
 def lr_callback(schedule: Schedule, steps_per_epoch: int, first_step: int = 0):
     """Horovod's per-batch LR callback applying ``schedule`` at every step of every epoch. ``first_step``:
     the steps of the first epoch already done before a mid-epoch resume (its batches count from 0 again)."""
-    from app.distributed import schedule_callback
+    from app.engines.horovod import schedule_callback
 
     def multiplier(epoch: float) -> float:
         # Horovod passes epoch + batch / steps_per_epoch (the progress before the batch): back to the integer

@@ -22,7 +22,7 @@ import shutil
 import time
 from pathlib import Path
 
-from app.errors import AppError
+from app.core.errors import AppError
 
 PREFIX = "ckpt"
 STATE = "state.json"

@@ -1,0 +1,121 @@
+"""Reading what runs and benchmarks leave behind: JSON-lines files (a torn last line from an interrupted write is
+skipped with a note), a run's per-epoch metrics, and the rule that keeps every written number valid JSON.
+
+The one place both sides use: training appends metrics and checks them on resume, reports read them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+from app.core.errors import UsageError, brief, read_regular, size_text
+
+READ_LIMIT = 512 * 2**20  # bytes of one results file, metrics.jsonl or summary.json (the input is read whole)
+
+
+def note_to_stderr(message: str) -> None:
+    print(f"note: {message}", file=sys.stderr)
+
+
+def read_text(path: Path, kind: str = "JSON-lines file") -> str:
+    """A text file's contents, or one line naming it when it cannot be read, is not a regular file (/dev/zero
+    or a FIFO never ends), is larger than ``READ_LIMIT`` or is not text."""
+    data = read_regular(path, str(path), READ_LIMIT, kind)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not a text file (undecodable byte at offset {exc.start})") from None
+
+
+def parse_json(text: str, where: str, fix: str) -> object:
+    """``json.loads`` for valid JSON that Python refuses: a number of thousands of digits, nesting deeper
+    than the interpreter's stack; one line naming ``where`` (file and line) instead."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except ValueError:  # int() of more than 4300 digits
+        raise UsageError(f"{where}: a number with too many digits to read; {fix}") from None
+    except RecursionError:
+        raise UsageError(f"{where}: nested too deeply to read; {fix}") from None
+
+
+def json_lines(path: Path, what: str, note, skip_bad: bool = False) -> list[tuple[int, object]]:
+    """(line number, value) of every non-empty line. A last line cut short (no newline after it, not JSON)
+    is what an interrupted write leaves: it is skipped with a note. Any other bad line is an error (with
+    ``skip_bad``, skipped with a note too)."""
+    text = read_text(path, f"JSON-lines file (at most {size_text(READ_LIMIT)})")
+    lines = text.splitlines()
+    last = max((n for n, line in enumerate(lines, 1) if line.strip()), default=0)
+    out = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append((n, parse_json(line, f"{path} line {n}", f"each line must be {what}")))
+        except json.JSONDecodeError as exc:
+            if n == last and not text.endswith("\n"):
+                (note or note_to_stderr)(f"{path} line {n}: ignoring a torn last line (an interrupted write)")
+                continue
+            if skip_bad:
+                (note or note_to_stderr)(f"{path} line {n}: not JSON ({exc.msg}); left out")
+                continue
+            raise UsageError(f"{path} line {n}: not JSON ({exc.msg}); each line must be {what}") from None
+        except UsageError as exc:
+            if not skip_bad:
+                raise
+            (note or note_to_stderr)(f"{exc}; left out")
+            continue
+    return out
+
+
+def is_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+METRIC_NUMBERS = ("accuracy", "val_accuracy", "val_loss", "epoch_time_s")
+
+
+def read_metrics(run_dir: Path, note=None) -> list[dict]:
+    """The per-epoch rows of a run's metrics.jsonl ([] before the first epoch ends).
+
+    A torn last line (an interrupted write) is skipped with a ``note`` (default: one line on stderr); any
+    other damage is an error naming the file and line. Null values (a metric that was not a finite number)
+    are dropped from their row, as if the metric was absent.
+    """
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = []
+    for n, row in json_lines(path, "one epoch's metrics", note):
+        if not isinstance(row, dict) or not is_positive_int(row.get("epoch")):
+            raise UsageError(
+                f"{path} line {n}: not an epoch's metrics (no epoch number); the file is damaged"
+            )
+        row = {k: v for k, v in row.items() if v is not None}
+        bad = [k for k in METRIC_NUMBERS if k in row and not is_number(row[k])]
+        if bad:
+            raise UsageError(
+                f"{path} line {n}: {bad[0]} is not a number ({brief(row[bad[0]])}); the file is damaged"
+            )
+        rows.append(row)
+    return rows
+
+
+def finite(value):
+    """``value`` with every NaN or infinite float (nested in dicts and lists) replaced by None: JSON has no
+    NaN, and ``json.dumps(..., allow_nan=False)`` then guarantees every line stays valid JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value

@@ -1,0 +1,217 @@
+"""Who this process is among the workers, and the guards that no silent fallback passes: which launcher started
+it (horovodrun, mpirun, srun, PMIx), how many processes the launcher started against how many joined, GPUs
+allocated against GPUs seen, and the errors workers leave for `app --np`.
+
+Reads only the environment and the device files: no Horovod or TensorFlow here, so the CLI and the login-node
+commands may use it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+
+from app.core.errors import AppError, UsageError, brief
+
+# Environment variables by which each launcher tells a process its rank.
+LAUNCHER_RANK_VARS = {
+    "horovodrun": "HOROVOD_RANK",
+    "mpirun": "OMPI_COMM_WORLD_RANK",
+    "srun": "SLURM_PROCID",
+    "pmix": "PMIX_RANK",
+}
+
+
+# Horovod's stall inspector: warn (naming the ranks that did not submit a tensor) after 60 s, shut down after
+# 600 s. The shutdown time also bounds scaleout's own watchdog (see Watchdog). Both stay overridable.
+STALL_DEFAULTS = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "60", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "600"}
+
+
+def whole(value: str) -> int | None:
+    """``value`` as a count (ASCII digits only, at most 9: what launchers and Horovod's strtol agree on)."""
+    value = value.strip()
+    return int(value) if re.fullmatch(r"[0-9]{1,9}", value) else None
+
+
+def stall_settings() -> dict[str, int]:
+    """Horovod's stall times from the environment (scaleout's defaults where unset or empty), checked: Horovod
+    reads them with strtol, so '90.5' would silently be 90 and 'abc' 0 there."""
+    out = {}
+    for var, default in STALL_DEFAULTS.items():
+        value = os.environ.get(var, "").strip() or default
+        seconds = whole(value)
+        if seconds is None:
+            raise UsageError(
+                f"{var}={brief(value)}: whole seconds, 0 or more (unset it for scaleout's {default})"
+            )
+        os.environ[var] = value
+        out[var] = seconds
+    return out
+
+
+# Where each launcher announces how many processes it started, innermost first: `app --np` (horovodrun) inside
+# a Slurm job sets HOROVOD_SIZE for its workers while SLURM_NTASKS still describes the job.
+LAUNCHER_SIZE_VARS = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS")
+
+
+# What says GPUs were given to this process: CUDA/ROCm's own masks, then Slurm's allocation.
+GPU_ALLOCATION_VARS = (
+    "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS",
+    "SLURM_GPUS_ON_NODE",
+)  # fmt: skip
+
+
+GPU_DEVICE_NODES = ("/dev/nvidia[0-9]*", "/dev/kfd")  # NVIDIA's per-GPU nodes; AMD's compute interface
+
+
+ALLOW_CPU_VAR = "SCALEOUT_ALLOW_CPU"
+
+
+def launched_size(env) -> tuple[str, int] | None:
+    """(variable, number of processes) as the launcher announced it, or None when nothing launched this one.
+
+    In a Slurm batch script (SLURM_PROCID set, no srun step) SLURM_NTASKS is what the job asked for: a lone
+    `app train` there would train alone while the job holds N tasks' GPUs.
+    """
+    for var in LAUNCHER_SIZE_VARS:
+        if (n := whole(env.get(var, ""))) is not None:
+            return var, n
+    if "SLURM_PROCID" in env and (n := whole(env.get("SLURM_NTASKS", ""))) is not None:
+        return "SLURM_NTASKS", n
+    return None
+
+
+def check_world_size(size: int, env) -> None:
+    """[horovod] Refuse a job whose launcher started N processes that did not join one Horovod job of N."""
+    launched = launched_size(env)
+    if launched is None or launched[1] == size:
+        return
+    var, n = launched
+    if var == "SLURM_NTASKS":  # the batch script itself, not an srun step
+        raise AppError(
+            f"this Slurm job has {n} tasks (SLURM_NTASKS={n}) but `app` runs alone in its batch script: start "
+            f"it with `srun app ...` (app submit's job script does), or with --np {n} on one node"
+        )
+    raise AppError(
+        f"{var}={n} processes were started, but Horovod joined {size}: the ranks did not find each other, so "
+        f"{n} separate trainings would run. Check the launcher's MPI plugin (srun --mpi=pmix or pmi2, as "
+        "`srun --mpi=list` shows), that the container keeps the launcher's environment (no --cleanenv), and "
+        "that the image's MPI matches the host's (`app info`)"
+    )
+
+
+def allocated_gpus(env, device_nodes) -> str | None:
+    """The variable (with its value) that says this process was given GPUs whose device files exist here."""
+    if not device_nodes:  # no GPU device here (a CPU node, or the test cluster's fake GPUs: plain files)
+        return None
+    for var in GPU_ALLOCATION_VARS[
+        :3
+    ]:  # a CUDA/ROCm mask, where set, decides: "" or -1 hides GPUs on purpose
+        if var in env:
+            value = env[var].strip()
+            return f"{var}={value}" if value and value != "NoDevFiles" and not value.startswith("-") else None
+    for var in GPU_ALLOCATION_VARS[3:]:
+        value = env.get(var, "").strip()
+        if value and not (var == "SLURM_GPUS_ON_NODE" and value == "0"):  # a count; the others list indices
+            return f"{var}={value}"
+    return None
+
+
+def check_gpus_seen(gpus_seen: int, env, device_nodes, build: dict) -> None:
+    """Refuse to train on the CPU of a GPU allocation: TensorFlow sees no GPU, but the job was given some."""
+    allocated = allocated_gpus(env, device_nodes)
+    if gpus_seen or allocated is None or env.get(ALLOW_CPU_VAR) == "1":
+        return
+    if not (build.get("is_cuda_build") or build.get("is_rocm_build")):
+        why = "this TensorFlow is a CPU-only build (use the image for this cluster, see README 'Images')"
+    else:
+        why = (
+            "the GPUs are not reachable inside the container or the driver is too old (Apptainer needs "
+            "--nv, or --rocm on AMD; Docker --gpus all)"
+        )
+    raise AppError(
+        f"GPUs were allocated ({allocated}, {device_nodes[0]}) but TensorFlow sees none: {why}; `app info` shows "
+        f"the build and devices. To train on the CPU on purpose, set {ALLOW_CPU_VAR}=1"
+    )
+
+
+def gpu_device_nodes() -> list[str]:
+    import glob
+
+    return sorted(p for pattern in GPU_DEVICE_NODES for p in glob.glob(pattern))
+
+
+@dataclass(frozen=True)
+class World:
+    """Who this process is among the workers, and how they were started and talk."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    local_size: int = 1
+    nodes: int = 1
+    launcher: str = "none"  # horovodrun | mpirun | srun | pmix | none
+    controller: str = "gloo"  # Horovod's controller: mpi or gloo
+
+    @property
+    def is_chief(self) -> bool:
+        return self.rank == 0
+
+
+def detected_launcher() -> str | None:
+    """The launcher that started this process, if any (so `app train` joins rather than launches)."""
+    for name, var in LAUNCHER_RANK_VARS.items():
+        if var in os.environ and (name != "srun" or _srun_step_tasks() > 1):
+            return name
+    return None
+
+
+def _srun_step_tasks() -> int:
+    """Tasks of the srun step this process is in: 0 in a batch script (SLURM_PROCID is set there too, but
+    only srun sets SLURM_STEP_NUM_TASKS), so `app train --np N` in a batch script launches its N workers."""
+    return whole(os.environ.get("SLURM_STEP_NUM_TASKS", "")) or 0
+
+
+def rank_from_env() -> int:
+    """This process's rank as its launcher announced it (0 when not launched), without importing Horovod."""
+    for var in LAUNCHER_RANK_VARS.values():
+        if var in os.environ:
+            return int(os.environ[var])
+    return 0
+
+
+ERROR_DIR_VAR = "SCALEOUT_ERROR_DIR"  # set by launch_local: where its workers leave their error lines
+
+
+def report_to_launcher(rank: int, code: int, message: str) -> bool:
+    """Under `app --np`, leave this worker's error for the launching process, which prints each different
+    message once (rank 0's first) and exits with its status; True when it was left there."""
+    folder = os.environ.get(ERROR_DIR_VAR)
+    if not folder:
+        return False
+    try:
+        with open(os.path.join(folder, f"rank-{rank}.json"), "w") as f:
+            json.dump({"rank": rank, "code": code, "message": message}, f)
+    except OSError:
+        return False  # then the worker prints it itself
+    return True
+
+
+def collected_errors(folder: str) -> list[dict]:
+    """The errors left by :func:`report_to_launcher`, rank 0's first, each different message once."""
+    errors = []
+    for name in os.listdir(folder):
+        try:
+            with open(os.path.join(folder, name)) as f:
+                errors.append(json.load(f))
+        except (OSError, ValueError):
+            continue
+    errors.sort(key=lambda e: e.get("rank", 0))
+    unique, seen = [], set()
+    for error in errors:
+        if error.get("message") not in seen:
+            seen.add(error.get("message"))
+            unique.append(error)
+    return unique
