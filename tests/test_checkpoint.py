@@ -231,3 +231,53 @@ def test_a_resume_on_more_workers_numbers_new_checkpoints_lower_yet_they_win(tmp
     twice = checkpoint.save(tmp_path, ckpt, 2, {"steps_per_epoch": 600}, keep=2, step=1200)  # same name again
     assert checkpoint.latest(tmp_path)[1] == twice
     assert len(list((checkpoint.checkpoint_dir(tmp_path) / checkpoint.SUPERSEDED).iterdir())) == 1
+
+
+@pytest.mark.parametrize(
+    "edit, why",
+    [
+        ('"epoch": 2', "no epoch"),
+        ('"epoch": 1e999', "epoch is 'inf', not a whole number from 0 to 1e+12"),
+        ('"epoch": "2"', "epoch is '2', not a whole number from 0 to 1e+12"),
+        ('"epoch": 2.5', "epoch is '2.5', not a whole number from 0 to 1e+12"),
+        ('"step": -5', "step is '-5', not a whole number from 0 to 1e+12"),
+        ('"workers": true', "workers is 'True', not a whole number from 1 to 1e+12"),
+        ('"steps_per_epoch": 0', "steps_per_epoch is '0', not a whole number from 1 to 1e+12"),
+        ('"metrics": {"loss": "low"}', "its metrics are not a mapping of numbers"),
+        ("[]", "not a JSON object"),
+    ],
+)
+def test_a_state_file_with_wrong_contents_is_damaged_and_skipped(tmp_path, edit, why):
+    """Valid JSON is not enough: every field resuming reads is checked against its range (issue 22, item 17)."""
+    import json
+
+    _, ckpt = make(1.0)
+    checkpoint.save(tmp_path, ckpt, 1, {}, keep=3)
+    newest = checkpoint.save(tmp_path, ckpt, 2, {"workers": 1, "steps_per_epoch": 10}, keep=3)
+    state = json.loads((newest / "state.json").read_text())
+    if edit == "[]":
+        text = "[]"
+    elif edit == '"epoch": 2':
+        text = json.dumps({k: v for k, v in state.items() if k != "epoch"})
+    else:
+        key = edit.split(":")[0].strip('"')
+        text = json.dumps({**state, key: "PLACEHOLDER"}).replace('"PLACEHOLDER"', edit.split(": ", 1)[1])
+    (newest / "state.json").write_text(text)
+    skipped: list[str] = []
+    assert checkpoint.latest(tmp_path, skipped)[0] == 1
+    assert skipped == [f"{newest}: state.json is damaged ({why})"]
+
+
+def test_a_damaged_checkpoint_of_the_same_name_is_kept_aside_when_that_epoch_is_written_again(tmp_path):
+    """Skipped, then the same epoch is trained again: the damaged copy goes to superseded/, never deleted."""
+    v, ckpt = make(1.0)
+    checkpoint.save(tmp_path, ckpt, 1, {}, keep=3)
+    damaged = checkpoint.save(tmp_path, ckpt, 2, {}, keep=3)
+    (damaged / "state.json").write_text('{"epoch": "two"}')
+    assert checkpoint.latest(tmp_path)[1].name == "epoch-0001"
+    v.assign(tf.fill([3], 2.0))
+    again = checkpoint.save(tmp_path, ckpt, 2, {}, keep=3)
+    assert checkpoint.latest(tmp_path)[1] == again
+    kept = checkpoint.checkpoint_dir(tmp_path) / checkpoint.SUPERSEDED / "epoch-0002"
+    assert (kept / "state.json").read_text() == '{"epoch": "two"}'
+    assert (kept / "ckpt.index").is_file()  # the weights the user may still want

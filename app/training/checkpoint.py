@@ -53,17 +53,51 @@ def _digest(path: Path) -> str:
     return sha.hexdigest()
 
 
+# What resuming reads from state.json, with the range each value must lie in: a valid-looking file with a wrong
+# value (a string for a number, 1e999, a negative step) is as damaged as an unreadable one, and is skipped.
+COUNT_LIMIT = 10**12  # epochs, steps and workers beyond this are no training anyone ran
+STATE_COUNTS = {"epoch": (0, True), "step": (0, False), "workers": (1, False), "global_batch": (1, False),
+                "steps_per_epoch": (1, False)}  # key: (smallest value, required)  # fmt: skip
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def state_problem(state) -> str | None:
+    """What is wrong with the contents of a parsed state.json, or None when every field resuming reads is there
+    with a value in its range."""
+    if not isinstance(state, dict):
+        return "not a JSON object"
+    for key, (low, required) in STATE_COUNTS.items():
+        if key not in state:
+            if required:
+                return f"no {key}"
+            continue
+        value = state[key]
+        if not _whole(value) or not low <= value <= COUNT_LIMIT:
+            return f"{key} is {str(value)[:40]!r}, not a whole number from {low} to {COUNT_LIMIT:.0e}"
+    if not isinstance(state.get("files", {}), dict):
+        return "its file list is not a mapping"
+    metrics = state.get("metrics", {})
+    if not isinstance(metrics, dict) or not all(
+        isinstance(v, int | float | None) and not isinstance(v, bool) for v in metrics.values()
+    ):
+        return "its metrics are not a mapping of numbers"
+    return None
+
+
 def problem(path: Path) -> str | None:
     """Why the checkpoint at ``path`` cannot be used, or None when it is complete and intact: its state file
     parses, every file it lists has the recorded size and checksum, and TensorFlow can read its index."""
     try:
         state = json.loads((path / STATE).read_text())
-        int(state["epoch"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, RecursionError):
         return f"{STATE} missing or unreadable"
+    wrong = state_problem(state)
+    if wrong:
+        return f"{STATE} is damaged ({wrong})"
     files = state.get("files", {})
-    if not isinstance(files, dict):
-        return f"{STATE} is damaged (its file list is not a mapping)"
     for name, entry in files.items():
         if not isinstance(name, str) or "/" in name or name in ("", ".", "..") or name == STATE:
             return f"{STATE} is damaged (it lists {name!r}, not a file of the checkpoint)"
@@ -164,8 +198,8 @@ def save(run_dir: Path, checkpoint, epoch: int, state: dict, keep: int, step: in
         shutil.rmtree(tmp, ignore_errors=True)
         raise _write_error(root, exc) from None
     final = root / name
-    if final.exists():  # only an invalid leftover can be here (we resume from the latest valid one)
-        final.rename(root / f".replaced-{name}-{os.getpid()}")
+    if final.exists():  # only a skipped (damaged) one can be here: kept for the user, as the newer ones are
+        _set_aside(root, final)
     os.rename(tmp, final)
     _fsync(root)
     _supersede_after(root, final)
@@ -187,12 +221,17 @@ def _supersede_after(root: Path, final: Path) -> None:
     mine = _progress_of(final)
     for _, path in list_checkpoints(root.parent):
         if _progress_of(path) > mine:
-            aside = root / SUPERSEDED
-            aside.mkdir(exist_ok=True)
-            target = aside / path.name
-            if target.exists():
-                target = aside / f"{path.name}-{time.time_ns()}"
-            os.rename(path, target)
+            _set_aside(root, path)
+
+
+def _set_aside(root: Path, path: Path) -> None:
+    """Move checkpoint ``path`` into ``checkpoints/superseded/``, under a new name if that one is taken."""
+    aside = root / SUPERSEDED
+    aside.mkdir(exist_ok=True)
+    target = aside / path.name
+    if target.exists():
+        target = aside / f"{path.name}-{time.time_ns()}"
+    os.rename(path, target)
 
 
 def _write_error(root: Path, exc: Exception) -> AppError:
