@@ -10,7 +10,9 @@ image/format, image/filename, image/object/bbox/* (empty: boxes are optional and
 whole image). PNG and CMYK files hidden among ImageNet's JPEGs are re-encoded as RGB JPEG.
 
 Shards are written in parallel processes, each to a temporary name renamed when complete; existing output is
-never overwritten without --force.
+never overwritten without --force. Before the first shard, the names this conversion will write go into
+DEST/.scaleout-convert.json (its manifest): --force later removes only files a conversion wrote (that
+manifest's and counts.json's names), never another file in DEST, whatever its name.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import csv
 import json
 import os
 import random
+import re
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
@@ -26,6 +29,9 @@ from pathlib import Path
 from app.core.errors import AppError, UsageError
 
 IMAGE_EXTENSIONS = {".jpeg", ".jpg", ".png"}
+MANIFEST = ".scaleout-convert.json"  # the files a conversion writes, listed before it writes them
+COUNTS = "counts.json"
+OUTPUT_NAME = re.compile(r"(train|validation)-[0-9]{5}-of-[0-9]{5}")  # the only shard names it writes
 
 
 def _images(folder: Path) -> list[Path]:
@@ -42,6 +48,12 @@ def scan(
     wnids = sorted(p.name for p in train_dir.iterdir() if p.is_dir())
     if not wnids:
         raise UsageError(f"SRC {src}/train: no class folders (train/<wnid>/*.JPEG)")
+    empty = next((w for w in wnids if not _images(train_dir / w)), None)
+    if empty is not None:  # it would still take a label, shifting every later class's by one
+        raise UsageError(
+            f"SRC {train_dir / empty}: a class folder without images (.JPEG, .JPG or .PNG) would still take a "
+            "label; remove it or add its images"
+        )
     train = [(str(p), w) for w in wnids for p in _images(train_dir / w)]
     if not train:
         raise UsageError(f"SRC {src}/train: no .JPEG images in the class folders")
@@ -151,6 +163,11 @@ def convert(
     src, dest = Path(src), Path(dest)
     if not src.is_dir():
         raise UsageError(f"SRC {src}: no such directory")
+    if dest.resolve() == src.resolve() or src.resolve() in dest.resolve().parents:
+        raise UsageError(
+            f"DEST {dest} is inside SRC {src}: converting again would read the output as images; "
+            "choose a DEST outside SRC"
+        )
     wnids, train, val = scan(src, labels_file)
     for what, n, items in (
         ("--train-shards", train_shards, train),
@@ -158,12 +175,7 @@ def convert(
     ):
         if not 1 <= n <= len(items):
             raise UsageError(f"{what} {n}: must be between 1 and the {len(items)} images there")
-    existing = sorted(p.name for p in dest.glob("*-of-*")) if dest.is_dir() else []
-    if existing and not force:
-        raise UsageError(
-            f"DEST {dest}: already holds {existing[0]} and {len(existing) - 1} more; pass --force to overwrite"
-        )
-    dest.mkdir(parents=True, exist_ok=True)
+    previous = _previous_output(dest, force)
     random.Random(seed).shuffle(train)  # every shard holds a mix of classes
     index = {w: i + 1 for i, w in enumerate(wnids)}  # labels 1..1000, as the standard layout stores them
     jobs = [
@@ -171,6 +183,8 @@ def convert(
         for split, n, items in (("train", train_shards, train), ("validation", validation_shards, val))
         for i in range(n)
     ]
+    dest.mkdir(parents=True, exist_ok=True)
+    _write_json(dest / MANIFEST, {"format": 1, "files": sorted({*previous, *(name for name, _ in jobs)})})
     counts: dict[str, int] = {}
     # Spawned (not forked) workers: each imports TensorFlow itself, which is not fork-safe once loaded.
     with ProcessPoolExecutor(max_workers=workers or os.cpu_count(), mp_context=get_context("spawn")) as pool:
@@ -181,15 +195,47 @@ def convert(
                 counts[name] = n
                 if progress:
                     progress(len(counts), len(jobs))
-        except BadImage as exc:  # fail fast: no new shard starts; running ones remove their temporary files
+        except (
+            BadImage
+        ) as exc:  # fail fast: no new shard starts; running ones finish or remove their temporaries
             pool.shutdown(wait=True, cancel_futures=True)
+            written = sum(1 for f in futures if f.done() and not f.cancelled() and f.exception() is None)
             raise AppError(
                 f"{exc}; remove or replace it, then convert again with --force "
-                f"({len(counts)} of {len(jobs)} shards were written to {dest})"
+                f"({written} of {len(jobs)} shards were written to {dest})"
             ) from None
     # --force: the old layout's shards that this conversion did not overwrite would mix into the new one.
-    for old in existing:
-        if old not in counts:
-            (dest / old).unlink(missing_ok=True)
-    (dest / "counts.json").write_text(json.dumps(dict(sorted(counts.items())), indent=1) + "\n")
+    for old in sorted(previous - set(counts)):
+        (dest / old).unlink(missing_ok=True)
+    _write_json(dest / COUNTS, dict(sorted(counts.items())))
+    _write_json(dest / MANIFEST, {"format": 1, "files": sorted(counts)})
     return counts
+
+
+def _previous_output(dest: Path, force: bool) -> set[str]:
+    """The shard names an earlier conversion wrote into ``dest`` (its manifest and counts.json), which only
+    --force may replace. Files it did not write are never counted, so never removed."""
+    if not dest.is_dir():
+        return set()
+    ours = {p.name for p in dest.iterdir() if OUTPUT_NAME.fullmatch(p.name)}
+    if ours and not force:
+        first = min(ours)
+        raise UsageError(
+            f"DEST {dest}: already holds {first} and {len(ours) - 1} more; pass --force to overwrite"
+        )
+    listed: set[str] = set()
+    for name, key in ((MANIFEST, "files"), (COUNTS, None)):
+        try:
+            data = json.loads((dest / name).read_text())
+            names = data[key] if key else list(data)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # missing or damaged: then nothing of it is removed
+        listed |= {n for n in names if isinstance(n, str) and OUTPUT_NAME.fullmatch(n)}
+    return listed
+
+
+def _write_json(path: Path, data) -> None:
+    """Write ``data`` aside, then rename: a reader sees the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
