@@ -170,7 +170,7 @@ def test_integer_options_take_ascii_digits_only(args, message):
 
 
 def test_every_integer_option_uses_the_ascii_type():
-    from app.cli import Int
+    from app.cli.base import Int
 
     def walk(group):
         for command in group.commands.values():

@@ -1,0 +1,146 @@
+"""`app benchmark` (throughput at a sweep of batch sizes) and `app report` (tables and plots from its results
+and from run directories)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from app.cli.base import Fraction, Int, cli, config_options, option_values, parse_int_list, relaunch
+from app.core.compat import import_tensorflow
+from app.core.errors import UsageError, brief
+
+
+def _batch_sizes(ctx, param, value: str | None) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        sizes = parse_int_list(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"{brief(value)}: expected comma-separated integers (ASCII digits), e.g. 32,64,128"
+        ) from None
+    if not sizes or min(sizes) <= 0:
+        raise click.BadParameter(f"{brief(value)}: batch sizes must be positive integers, e.g. 32,64,128")
+    return sizes
+
+
+TIMELINE_STEPS = 5  # app benchmark --timeline: enough for every tensor's collective, a small trace file
+
+
+@cli.command()
+@config_options
+@click.option(
+    "--batch-sizes",
+    callback=_batch_sizes,
+    metavar="N,N,...",
+    help="Per-worker batch sizes to sweep (default: the config's).",
+)
+@click.option(
+    "--steps",
+    type=Int(min=5),
+    default=50,
+    show_default=True,
+    help="Steps per batch size, warmup included.",
+)
+@click.option(
+    "--windows",
+    type=Int(min=2),
+    default=5,
+    show_default=True,
+    help="Measurement windows (for the confidence interval: at least 2).",
+)
+@click.option(
+    "--pipeline-only", is_flag=True, help="Measure the tf.data input pipeline alone (images/s delivered)."
+)
+@click.option("--results", type=click.Path(path_type=Path), default=Path("results/benchmark.jsonl"), show_default=True,
+              help="JSON-lines file the results are appended to.")  # fmt: skip
+@click.option("--precision", type=click.Choice(["auto", "float32", "mixed_float16", "mixed_bfloat16"]))
+@click.option("--timeline", is_flag=True,
+              help=f"Also record Horovod's timeline of {TIMELINE_STEPS} more steps per batch size (allreduce vs compute; "
+                   "a trace file for Perfetto next to --results).")  # fmt: skip
+@click.option(
+    "--horovod-timeline", "worker_timeline", is_flag=True, hidden=True
+)  # --timeline as workers get it
+def benchmark(
+    configs,
+    sets,
+    data_dir,
+    seed,
+    threads,
+    np_,
+    batch_sizes,
+    steps,
+    windows,
+    pipeline_only,
+    results,
+    precision,
+    timeline,
+    worker_timeline,
+):
+    """Measure training (or input-pipeline) throughput; warmup excluded, mean with a 95% confidence interval.
+
+    Sweep workers by launching it at 1, 2, 4, ... workers (--np locally, app submit on a cluster), then
+    read all results with `app report`.
+
+    \b
+    Example:
+      app benchmark -c configs/synthetic.yaml --batch-sizes 32,64,128 --np 2
+      app benchmark -c configs/resnet50_imagenet.yaml --data-dir /scratch/imagenet --pipeline-only
+      app report results/benchmark.jsonl
+    """
+    from app.core import config
+
+    options, origins = option_values(data_dir=data_dir, seed=seed, precision=precision)
+    cfg = config.build(configs, sets, options, origins=origins)
+    timeline = timeline or worker_timeline
+    if timeline and pipeline_only:
+        raise UsageError(
+            "--timeline records Horovod's collectives, which --pipeline-only has none of; drop one"
+        )
+    if timeline:
+        from app.engines.horovod import enable_timeline
+
+        enable_timeline()  # before the workers start: they inherit it
+    relaunch(np_)
+    import_tensorflow()
+    from app.training.benchmark import run
+
+    run(cfg, batch_sizes or [cfg.train.batch_size], steps, windows, pipeline_only, results, threads,
+        TIMELINE_STEPS if timeline else 0)  # fmt: skip
+
+
+@cli.command()
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=Path("reports"),
+    show_default=True,
+    help="Folder for the tables and plots.",
+)
+@click.option(
+    "--target-accuracy",
+    type=Fraction(),
+    help="Accuracy for time-to-accuracy, in (0, 1] (default: the lowest best accuracy among the runs).",
+)
+def report(inputs, out, target_accuracy):
+    """Tables and plots from benchmark results (JSON lines) and training run directories.
+
+    Scaling: throughput vs workers, speedup and efficiency per per-worker batch size (Markdown, CSV, PNG).
+    Training: validation accuracy and loss vs epoch and vs wall-clock, time-to-accuracy.
+
+    \b
+    Example:
+      app report results/benchmark.jsonl --out reports/
+      app report runs/resnet50_imagenet-123 runs/resnet50_imagenet_naive-124
+    """
+    from rich.console import Console
+
+    from app.reports import app_report as report_stage
+
+    report_stage.make_report(
+        list(inputs), out, target_accuracy, Console(width=None if sys.stdout.isatty() else 120)
+    )

@@ -1,0 +1,161 @@
+"""The commands about a cluster allocation: `app submit` (a Slurm job), `app doctor` (is it ready to train) and
+`app rendezvous` (Gloo's rendezvous for ranks that plain srun starts)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from app.cli.base import NP_OPTION, THREADS_OPTION, Int, cli, relaunch
+from app.core.errors import UsageError
+
+
+@cli.command()
+@click.option(
+    "--megabytes",
+    type=Int(min=1),
+    default=100,
+    show_default=True,
+    help="Allreduce buffer size in MiB (100 is about ResNet-50's float32 gradients); at most 8192.",
+)
+@click.option("--iterations", type=Int(min=1), default=10, show_default=True, help="Timed allreduces.")
+@THREADS_OPTION
+@NP_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (rank 0).")
+def doctor(megabytes, iterations, threads, np_, as_json):
+    """Check that this allocation is ready to train: build, GPUs, ranks, a timed allreduce, NCCL's network.
+
+    Run it as training runs: inside a job (`srun app doctor`, or `app submit --smoke`), or locally with --np.
+    Exits 1 naming the first problem.
+
+    \b
+    Example:
+      app doctor --np 2 --megabytes 10
+      srun --mpi=pmix apptainer exec --nv scaleout.sif app doctor
+    """
+    if megabytes > 8192:
+        raise UsageError(f"--megabytes {megabytes}: at most 8192 (one allreduce buffer in memory per rank)")
+    relaunch(np_)
+    from app.engines import doctor as doctor_stage
+
+    report = doctor_stage.run(megabytes, iterations, threads)
+    failed = any(not c["ok"] for c in report["checks"])  # the same on every rank: the checks are gathered
+    if report["rank"] == 0:  # rank 0 speaks for every rank
+        if as_json:
+            click.echo(json.dumps(report, indent=2, sort_keys=True))
+        else:
+            from rich.console import Console
+
+            doctor_stage.render(report, Console(width=None if sys.stdout.isatty() else 120))
+        sys.stdout.flush()
+    doctor_stage.finish(failed)
+    if report["rank"] != 0:
+        sys.exit(1 if failed else 0)
+    doctor_stage.verdict(report)
+
+
+@cli.command()
+@click.option("--gpus", type=Int(), required=True, help="Total GPUs (one worker each).")
+@click.option(
+    "--cluster",
+    required=True,
+    help="A profile in jobs/clusters/ (roihu, lumi; tests: local, local-gloo, local-2node).",
+)
+@click.option(
+    "-c", "--config", "configs", multiple=True, metavar="FILE", help="Experiment YAML (repeatable)."
+)
+@click.option(
+    "--set", "sets", multiple=True, metavar="KEY=VALUE", help="Config override passed to app train."
+)
+@click.option("--time", "time_limit", help="Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (default: the profile's).")  # fmt: skip
+@click.option("--account", help="Slurm account / project (required on CSC and LUMI systems).")
+@click.option("--partition", help="Partition (default: the first in the profile that fits).")
+@click.option("--image", help="Container image (default: the profile's).")
+@click.option("--data-dir", help="Dataset folder for data.data_dir.")
+@click.option(
+    "--stage",
+    "stage_gb",
+    type=Int(),
+    default=None,
+    help="Copy --data-dir to node-local disk first (GB to request, >= 1).",
+)
+@click.option("--resume", "resume", metavar="RUN_DIR",
+              help="Continue this run directory (its saved config and latest checkpoint) in a new job.")  # fmt: skip
+@click.option("--name", help="Job name (default: the config's name).")
+@click.option("--smoke", is_flag=True,
+              help="Run `app doctor` in the same job shape instead of training (no -c; 10 min; a test partition).")  # fmt: skip
+@click.option("--dry-run", is_flag=True, help="Print the rendered script; submit nothing.")
+@click.option("--test-only", is_flag=True, help="Ask sbatch --test-only whether and when it would run.")
+def submit(
+    gpus,
+    cluster,
+    configs,
+    sets,
+    time_limit,
+    account,
+    partition,
+    image,
+    data_dir,
+    stage_gb,
+    resume,
+    name,
+    smoke,
+    dry_run,
+    test_only,
+):
+    """Submit a training job for N GPUs to a Slurm cluster (one task per GPU).
+
+    Near its time limit the job checkpoints and requeues itself; a run that stopped for good (cancelled,
+    failed, out of requeues) continues in a new job with --resume RUN_DIR. On a new cluster, first submit
+    --smoke: the same nodes, tasks, container, environment and launch running `app doctor`.
+
+    \b
+    Example:
+      app submit --cluster roihu --gpus 32 -c configs/resnet50_imagenet.yaml --account project_2001234 \\
+                 --data-dir /scratch/project_2001234/imagenet --time 12:00:00
+      app submit --cluster lumi --gpus 8 -c configs/synthetic.yaml --account project_465000001 --dry-run
+      app submit --cluster roihu --gpus 32 --account project_2001234 --resume runs/resnet50_imagenet-4242
+      app submit --cluster lumi --gpus 16 --account project_465000001 --smoke
+    """
+    from app.cluster import jobscript, profiles
+    from app.cluster import submit as submit_stage
+
+    job = jobscript.render(
+        profiles.load_cluster(cluster), gpus, list(configs), list(sets), time_limit, account, partition,
+        image, data_dir, stage_gb, name, resume=resume, smoke=smoke,
+    )  # fmt: skip
+    if dry_run:  # exactly the script sbatch would get (click.echo would strip escape sequences off a pipe)
+        sys.stdout.write(job.script)
+        return
+    answer = submit_stage.sbatch(job, test_only)
+    if test_only:
+        click.echo(answer)
+        return
+    click.echo(f"submitted job {answer}: {job.nodes} node(s), {gpus} GPUs, partition {job.partition}")
+    click.echo(f"  log:     {job.log_dir}/{job.job_name}-{answer}.out")
+    if job.command == "train":
+        click.echo(f"  run dir: {job.run_dir or f'{job.runs_dir}/{job.job_name}-{answer}'}")
+
+
+@cli.command()
+@click.option(
+    "--hosts", required=True, metavar="NODE,...", help="The job's nodes, in Slurm's node-list order."
+)
+@click.option("--tasks-per-node", "spec", required=True, metavar="COUNTS",
+              help="Slurm's SLURM_TASKS_PER_NODE for those nodes, e.g. 4 or 2(x3),1.")  # fmt: skip
+def rendezvous(hosts, spec):
+    """Serve Horovod's Gloo rendezvous for ranks that plain srun starts (a profile's mpi: none).
+
+    Prints the port it listens on, then serves until stopped (SIGTERM). The job script of `app submit` runs it
+    in the background on the job's first node; each rank joins it in `hvd.init()` (see app/engines/rendezvous.py).
+
+    \b
+    Example:
+      app rendezvous --hosts "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -)" \\
+                     --tasks-per-node "$SLURM_TASKS_PER_NODE" > port.txt &
+    """
+    from app.engines import rendezvous as rendezvous_stage
+
+    rendezvous_stage.serve(hosts.split(","), spec)
