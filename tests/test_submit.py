@@ -13,7 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from app.cli import cli
-from app.cluster import submit
+from app.cluster import checks, jobscript, profile_rules, profiles, staging, submit
+from app.core.config import SAFE, SAFE_HINT
 from app.core.errors import UsageError, brief, show
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -26,12 +27,12 @@ def render(cluster: str, gpus: int, **kw):
     kw.setdefault("data_dir", None)
     kw.setdefault("python", "/opt/venv/bin/python")
     configs = kw.pop("configs", ["configs/synthetic.yaml"])
-    return submit.render(submit.load_cluster(cluster), gpus, configs, **kw)
+    return jobscript.render(profiles.load_cluster(cluster), gpus, configs, **kw)
 
 
 def cases():
     for cluster in CLUSTERS:
-        gpn = submit.load_cluster(cluster).gpus_per_node
+        gpn = profiles.load_cluster(cluster).gpus_per_node
         for gpus in sorted({1, gpn, 32}):
             yield cluster, gpus
 
@@ -178,7 +179,7 @@ def test_partition_choice_and_staging():
     assert "--exclusive" not in partial and "--cpu-bind" not in partial and partial.count("--mpi=none") == 1
 
 
-# --stage's per-node part (submit.STAGE_ON_NODE), run by bash directly as srun would run it on one node.
+# --stage's per-node part (staging.STAGE_ON_NODE), run by bash directly as srun would run it on one node.
 NODE = os.uname().nodename
 
 
@@ -191,7 +192,7 @@ def stage_on_node(
     **env: str,
 ) -> subprocess.CompletedProcess:
     """``stage_on_node DATA GB`` with $LOCAL_SCRATCH set to ``scratch`` (unset if None), as ``user`` if given."""
-    code = submit._stage("LOCAL_SCRATCH", gb)
+    code = staging._stage("LOCAL_SCRATCH", gb)
     code = code[: code.index("srun ")] + 'stage_on_node "$@"'
     env = {"PATH": os.environ["PATH"], "LC_ALL": "C.UTF-8", **env}
     if scratch is not None:
@@ -336,7 +337,7 @@ def test_shared_run_dir_check_says_one_line_per_node(tmp_path):
                                '[ -z "${HIDE:-}" ] || rm -f -- "$5"\nexec "$@"\n')  # fmt: skip
     (bin_ / "srun").chmod(0o755)
     run_dir = "runs/x\n$(touch MARK) `touch MARK` 'y\""
-    code = submit.SHARED_RUN_DIR + 'echo "checked"\n'
+    code = staging.SHARED_RUN_DIR + 'echo "checked"\n'
     env = {"PATH": f"{bin_}:{os.environ['PATH']}", "RUN_DIR": run_dir, "SLURM_NNODES": "2"}
     cmd = ["bash", "-c", f"RUN_DIR=$RUN_DIR\n{code}"]
     ok = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
@@ -394,7 +395,7 @@ def test_shared_run_dir_check_says_one_line_per_node(tmp_path):
         ),
         (
             dict(cluster="roihu", gpus=4, time_limit="4 hours"),
-            f"--time '4 hours': expected {submit.TIME_FORMATS}",
+            f"--time '4 hours': expected {checks.TIME_FORMATS}",
         ),
         (
             dict(cluster="roihu", gpus=4, account=None),
@@ -402,7 +403,7 @@ def test_shared_run_dir_check_says_one_line_per_node(tmp_path):
         ),
         (
             dict(cluster="lumi", gpus=4, account="p; rm -rf ~"),
-            f"--account 'p; rm -rf ~': {submit.SAFE_HINT}",
+            f"--account 'p; rm -rf ~': {SAFE_HINT}",
         ),
         (
             dict(cluster="lumi", gpus=8, stage_gb=100, data_dir="/flash/x"),
@@ -423,7 +424,7 @@ def test_shared_run_dir_check_says_one_line_per_node(tmp_path):
         ),
         (
             dict(cluster="roihu", gpus=4, name="my job"),
-            f"--name 'my job': {submit.SAFE_HINT}",
+            f"--name 'my job': {SAFE_HINT}",
         ),
         (dict(cluster="roihu", gpus=4, smoke=True), "-c/--config: --smoke runs app doctor, which takes no config or data; drop -c/--config"),
         (dict(cluster="local", gpus=2, smoke=True, configs=[], sets=["a=1"]),
@@ -455,7 +456,7 @@ def test_config_errors_surface_at_submit():
     with pytest.raises(UsageError, match="train.epochs must be int"):
         render("roihu", 4, sets=["train.epochs=3; touch /tmp/pwned"])
     with pytest.raises(UsageError, match="--config nope.yaml: no such file"):
-        submit.render(submit.load_cluster("local"), 1, ["nope.yaml"])
+        jobscript.render(profiles.load_cluster("local"), 1, ["nope.yaml"])
 
 
 @pytest.mark.parametrize(
@@ -500,9 +501,9 @@ def test_submit_starts_instantly_without_tensorflow():
 
 def test_invalid_cluster_profile(monkeypatch, tmp_path):
     (tmp_path / "broken.yaml").write_text("name: broken\ngpus_per_node: 4\npartitions: []\nsurprise: 1\n")
-    monkeypatch.setattr(submit, "CLUSTERS", tmp_path)
+    monkeypatch.setattr(profiles, "CLUSTERS", tmp_path)
     with pytest.raises(UsageError, match=r"broken.yaml: invalid cluster profile \(.*surprise"):
-        submit.load_cluster("broken")
+        profiles.load_cluster("broken")
 
 
 # --- Hostile strings through every submit input ------------------------------------------------------------
@@ -673,7 +674,7 @@ def test_hostile_strings_never_reach_a_shell(where, hostile, hostile_configs, sh
     train = calls[-1]
     assert train[0] == "srun" and "train" in train, train
     job_name = script.split("#SBATCH --job-name=")[1].split("\n")[0]
-    assert submit.SAFE.fullmatch(job_name) and _adjacent(train, ["--run-dir", f"runs/{job_name}-77"])
+    assert SAFE.fullmatch(job_name) and _adjacent(train, ["--run-dir", f"runs/{job_name}-77"])
     if pair:
         assert _adjacent(train, pair), (pair, train)
     staged = where == "--data-dir staged"
@@ -720,7 +721,7 @@ def test_hostile_profile_values_never_reach_a_shell(key, hostile, shims, tmp_pat
     text = yaml.safe_dump(profile)  # non-ASCII escaped: a raw NEL would end the line
     assert yaml.safe_load(text) == profile  # the file says exactly what the test means
     (tmp_path / "hostile.yaml").write_text(text, encoding="utf-8")
-    monkeypatch.setattr(submit, "CLUSTERS", tmp_path)
+    monkeypatch.setattr(profiles, "CLUSTERS", tmp_path)
     result = CliRunner().invoke(
         cli, ["submit", "--cluster", "hostile", "--gpus", "2", "-c", SYNTHETIC, "--dry-run"]
     )
@@ -732,7 +733,7 @@ def test_hostile_profile_values_never_reach_a_shell(key, hostile, shims, tmp_pat
             f"Error: {tmp_path / 'hostile.yaml'}: invalid cluster profile ({key.split()[0]}"
         ), line
         return
-    assert key != "env name" or submit.ENV_NAME.fullmatch(hostile), (
+    assert key != "env name" or profile_rules.ENV_NAME.fullmatch(hostile), (
         "a name that is no variable name was taken"
     )
     script = result.stdout_bytes.decode()
@@ -819,7 +820,7 @@ def _gone(pid: int) -> bool:
 def test_the_rendezvous_server_is_started_waited_for_and_stopped(
     mode, srun_exit, code, line, shims, tmp_path, monkeypatch
 ):
-    monkeypatch.setattr(submit, "RENDEZVOUS_WAIT_S", 1)
+    monkeypatch.setattr(jobscript, "RENDEZVOUS_WAIT_S", 1)
     script = render("local-gloo", 2, python=str(shims / "python")).script
     calls, envs, scratch, pid_file = (tmp_path / n for n in ("calls", "envs", "scratch", "pid"))
     for folder in (calls, envs, scratch):
@@ -895,7 +896,7 @@ def test_smoke_prefers_a_test_partition_and_keeps_the_job_shape(cluster, gpus, p
 def _shape(script: str) -> list[str]:
     """A job script without what differs between a smoke test and training of the same time: partition, name,
     the first comment and echo line, the configs, the run dir (and its check on every node) and the command."""
-    script = script.replace(submit.SHARED_RUN_DIR, "")  # only training has a run dir to check
+    script = script.replace(staging.SHARED_RUN_DIR, "")  # only training has a run dir to check
     skip = (
         "#SBATCH --partition",
         "#SBATCH --job-name",
@@ -936,14 +937,14 @@ def test_smoke_from_the_command_line(fake_sbatch):
     ],
 )  # fmt: skip
 def test_slurm_time_formats(value, secs):
-    assert submit.parse_time(value) == secs
+    assert checks.parse_time(value) == secs
 
 
 def _time_error(value: str, problem: str) -> str:
     plain = value and len(value) <= 80 and value.isascii() and value.isprintable() and " " not in value
     shown = value if plain else brief(value)  # longer than 80 characters: shortened
     accepted = (
-        f"; accepted: {submit.TIME_FORMATS}" if problem.endswith("be 0-59") or "0-23" in problem else ""
+        f"; accepted: {checks.TIME_FORMATS}" if problem.endswith("be 0-59") or "0-23" in problem else ""
     )
     return f"--time {shown}: {problem}{accepted}"
 
@@ -951,23 +952,23 @@ def _time_error(value: str, problem: str) -> str:
 @pytest.mark.parametrize(
     "value, problem",
     [
-        ("0", f"0 means no time limit to Slurm; give a limit: {submit.TIME_FORMATS}"),
-        ("00:00:00", f"0 means no time limit to Slurm; give a limit: {submit.TIME_FORMATS}"),
-        ("0-0", f"0 means no time limit to Slurm; give a limit: {submit.TIME_FORMATS}"),
-        ("UNLIMITED", f"give a finite time limit: {submit.TIME_FORMATS}"),
-        ("infinite", f"give a finite time limit: {submit.TIME_FORMATS}"),
-        ("-1", f"give a finite time limit: {submit.TIME_FORMATS}"),
-        ("", f"expected {submit.TIME_FORMATS}"),
-        ("-5", f"expected {submit.TIME_FORMATS}"),
-        ("\u0664\u0660", f"expected {submit.TIME_FORMATS}"),  # Arabic-Indic digits: int() would take them
-        ("\uff14:00:00", f"expected {submit.TIME_FORMATS}"),  # fullwidth 4
-        ("4 hours", f"expected {submit.TIME_FORMATS}"),
-        (" 90", f"expected {submit.TIME_FORMATS}"),
-        ("90\n", f"expected {submit.TIME_FORMATS}"),
-        ("1:2:3:4", f"expected {submit.TIME_FORMATS}"),
-        ("1-2-3", f"expected {submit.TIME_FORMATS}"),
-        ("1.5", f"expected {submit.TIME_FORMATS}"),
-        ("9" * 5000, f"expected {submit.TIME_FORMATS}"),
+        ("0", f"0 means no time limit to Slurm; give a limit: {checks.TIME_FORMATS}"),
+        ("00:00:00", f"0 means no time limit to Slurm; give a limit: {checks.TIME_FORMATS}"),
+        ("0-0", f"0 means no time limit to Slurm; give a limit: {checks.TIME_FORMATS}"),
+        ("UNLIMITED", f"give a finite time limit: {checks.TIME_FORMATS}"),
+        ("infinite", f"give a finite time limit: {checks.TIME_FORMATS}"),
+        ("-1", f"give a finite time limit: {checks.TIME_FORMATS}"),
+        ("", f"expected {checks.TIME_FORMATS}"),
+        ("-5", f"expected {checks.TIME_FORMATS}"),
+        ("\u0664\u0660", f"expected {checks.TIME_FORMATS}"),  # Arabic-Indic digits: int() would take them
+        ("\uff14:00:00", f"expected {checks.TIME_FORMATS}"),  # fullwidth 4
+        ("4 hours", f"expected {checks.TIME_FORMATS}"),
+        (" 90", f"expected {checks.TIME_FORMATS}"),
+        ("90\n", f"expected {checks.TIME_FORMATS}"),
+        ("1:2:3:4", f"expected {checks.TIME_FORMATS}"),
+        ("1-2-3", f"expected {checks.TIME_FORMATS}"),
+        ("1.5", f"expected {checks.TIME_FORMATS}"),
+        ("9" * 5000, f"expected {checks.TIME_FORMATS}"),
         ("1-24", "hours after the day must be 0-23"),
         ("1-12:60", "minutes after hours must be 0-59"),
         ("1:60:00", "minutes after hours must be 0-59"),
@@ -977,7 +978,7 @@ def _time_error(value: str, problem: str) -> str:
 )
 def test_bad_times_are_refused_in_one_line(value, problem):
     with pytest.raises(UsageError) as err:
-        submit.parse_time(value)
+        checks.parse_time(value)
     assert str(err.value) == _time_error(value, problem)
     result = CliRunner().invoke(cli, ["submit", *LOCAL, "--time", value, "--dry-run"])
     assert result.exit_code == 2 and result.output == f"Error: {_time_error(value, problem)}\n"
@@ -989,7 +990,7 @@ def test_bad_times_are_refused_in_one_line(value, problem):
 def test_usr1_lead_is_shorter_than_the_job(value, signal):
     script = render("roihu", 4, time_limit=value).script
     assert f"#SBATCH --time={value}\n" in script and f"#SBATCH --signal=USR1@{signal}\n" in script
-    assert all(submit.signal_lead(t) < t for t in range(submit.MIN_TIME_SECONDS, 3 * 86400, 97))
+    assert all(checks.signal_lead(t) < t for t in range(checks.MIN_TIME_SECONDS, 3 * 86400, 97))
 
 
 @pytest.mark.parametrize(
@@ -1025,14 +1026,14 @@ def test_four_minutes_is_not_four_hours():
         (LOCAL + ["--partition", ""],
          "--partition '': empty; name one or leave --partition out to take the first that fits"),
         (ROIHU + ["--image", ""], "--image '': empty; leave --image out to use the profile's image"),
-        (ROIHU + ["--image", "-x.sif"], f"--image -x.sif: {submit.PLAIN_HINT}"),
+        (ROIHU + ["--image", "-x.sif"], f"--image -x.sif: {checks.PLAIN_HINT}"),
         (LOCAL + ["--image", "/x.sif"], "--image: local runs without a container (runtime native); drop --image"),
         (LOCAL + ["--set", ""], "--set '': empty; give a value or leave the option out"),
         (["--cluster", "local", "--gpus", "1", "-c", ""], "--config '': empty; give a value or leave the option out"),
-        (LOCAL + ["--name", "a" * 129], f"--name '{'a' * 37}...{'a' * 38}': {submit.SAFE_HINT}"),  # shortened
-        (LOCAL + ["--name", "-x"], f"--name -x: {submit.SAFE_HINT}"),
+        (LOCAL + ["--name", "a" * 129], f"--name '{'a' * 37}...{'a' * 38}': {SAFE_HINT}"),  # shortened
+        (LOCAL + ["--name", "-x"], f"--name -x: {SAFE_HINT}"),
         (LOCAL + ["--set", "name=.hidden"],
-         f"name: .hidden cannot name a run directory or job; {submit.SAFE_HINT}; rename the config file or pass "
+         f"name: .hidden cannot name a run directory or job; {SAFE_HINT}; rename the config file or pass "
          "--set name=NAME (from --set name)"),
         (["--cluster", "../jobs/clusters/roihu", "--gpus", "1"], f"--cluster ../jobs/clusters/roihu: unknown cluster; {CHOOSE}"),
         (["--cluster", "..", "--gpus", "1"], f"--cluster ..: unknown cluster; {CHOOSE}"),
@@ -1051,7 +1052,7 @@ def test_a_hostile_config_stem_is_refused_as_the_experiment_name(tmp_path):
     # The name becomes the run directory on the compute node too: --name alone (the job's) does not help.
     config = _config_named(tmp_path, "x;touch F;#")
     refused = (
-        f"Error: name: 'x;touch F;#' cannot name a run directory or job; {submit.SAFE_HINT}; rename the config "
+        f"Error: name: 'x;touch F;#' cannot name a run directory or job; {SAFE_HINT}; rename the config "
         f"file or pass --set name=NAME (from config {config!r})\n"
     )
     for extra in ([], ["--name", "x"]):
@@ -1085,15 +1086,15 @@ PLACEHOLDERS = "{job_id}, {user}, {node_id}, {local_id}, {proc_id}"
         (GOOD_PROFILE.replace('max_time: "36:00:00"}', "max_time: 36:00:00}", 1),
          'partitions[0].max_time must be a quoted Slurm time such as "04:00:00", got 129600 (YAML reads unquoted 04:00:00 as a number)'),
         (GOOD_PROFILE.replace('max_time: "36:00:00"}', 'max_time: "1-25"}', 1),
-         f"partitions[0].max_time 1-25: hours after the day must be 0-23; accepted: {submit.TIME_FORMATS}"),
+         f"partitions[0].max_time 1-25: hours after the day must be 0-23; accepted: {checks.TIME_FORMATS}"),
         (GOOD_PROFILE.replace('default_time: "04:00:00"', 'default_time: "1"'), "default_time 1 is shorter than 2 minutes"),
         (GOOD_PROFILE.replace('default_time: "04:00:00"', 'default_time: "UNLIMITED"'),
-         f"default_time UNLIMITED: give a finite time limit: {submit.TIME_FORMATS}"),
-        (GOOD_PROFILE.replace("name: gpumedium, ", "name: 'gpu;medium', ", 1), f"partitions[0].name 'gpu;medium': {submit.SAFE_HINT}"),
+         f"default_time UNLIMITED: give a finite time limit: {checks.TIME_FORMATS}"),
+        (GOOD_PROFILE.replace("name: gpumedium, ", "name: 'gpu;medium', ", 1), f"partitions[0].name 'gpu;medium': {SAFE_HINT}"),
         (GOOD_PROFILE.replace("{name: gpumedium, max_nodes: 4,", "{name: gpumedium,", 1), "partitions[0].max_nodes is missing"),
         (GOOD_PROFILE.replace("min_gpus: 4,", "min_gpus: 0,"), "partitions[1].min_gpus must be a whole number >= 1, got 0"),
         (GOOD_PROFILE.replace("test: true}", "test: 'yes'}"), "partitions[2].test must be true or false, got yes"),
-        (GOOD_PROFILE.replace("partitions:   ", "partitions: {}\nold:"), "unknown key old; known: " + ", ".join(submit.KEYS)),
+        (GOOD_PROFILE.replace("partitions:   ", "partitions: {}\nold:"), "unknown key old; known: " + ", ".join(profile_rules.KEYS)),
         ("name: m\ngpus_per_node: 4\ngpu_request: '--gres=gpu:{gpus}'\ncpus_per_gpu: 1\npartitions: {}\n", "partitions must be a list, got {}"),
         ("name: m\ngpus_per_node: 4\ngpu_request: '--gres=gpu:{gpus}'\ncpus_per_gpu: 1\npartitions: []\n", "partitions is empty; list at least one GPU partition"),
         ("name: m\ngpus_per_node: 4\ngpu_request: '--gres=gpu:{gpus}'\ncpus_per_gpu: 1\npartitions: [gpu]\n",
@@ -1112,8 +1113,8 @@ PLACEHOLDERS = "{job_id}, {user}, {node_id}, {local_id}, {proc_id}"
         (GOOD_PROFILE.replace("mpi: none", "mpi: [none]"), "mpi must be a non-empty string, got ['none']"),
         (GOOD_PROFILE + "srun_args: --hint=nomultithread\n", "srun_args must be a list, got --hint=nomultithread"),
         (GOOD_PROFILE + "srun_args: ['--mpi=pmix']\n", "srun_args[0] --mpi=pmix: set mpi: (pmix, pmi2 or none) instead"),
-        (GOOD_PROFILE + "srun_args: ['-N 2']\n", f"srun_args[0] '-N 2': {submit.SRUN_ARG_HINT}"),
-        (GOOD_PROFILE + "srun_args: [--hint=nomultithread, 7]\n", f"srun_args[1] 7: {submit.SRUN_ARG_HINT}"),
+        (GOOD_PROFILE + "srun_args: ['-N 2']\n", f"srun_args[0] '-N 2': {profile_rules.SRUN_ARG_HINT}"),
+        (GOOD_PROFILE + "srun_args: [--hint=nomultithread, 7]\n", f"srun_args[1] 7: {profile_rules.SRUN_ARG_HINT}"),
         (GOOD_PROFILE + "srun_args: ['--ntasks=3']\n",
          "srun_args[0] --ntasks=3: app submit sets it (the job's shape and environment)"),
         (GOOD_PROFILE + "full_node_srun_args: ['--help']\n", "full_node_srun_args[0] --help: srun would start no task with it"),
@@ -1124,9 +1125,9 @@ PLACEHOLDERS = "{job_id}, {user}, {node_id}, {local_id}, {proc_id}"
         (GOOD_PROFILE + "srun_args: ['--expor=NONE']\n",
          "srun_args[0] --expor=NONE: app submit sets it (the job's shape and environment)"),
         (GOOD_PROFILE + "srun_args: ['--multi-prog']\n",
-         f"srun_args[0] --multi-prog: not an srun option a profile may set; use one of {', '.join(submit.SRUN_ALLOWED)} (written in full)"),
+         f"srun_args[0] --multi-prog: not an srun option a profile may set; use one of {', '.join(profile_rules.SRUN_ALLOWED)} (written in full)"),
         (GOOD_PROFILE + "srun_args: ['--output=/x']\n",
-         f"srun_args[0] --output=/x: not an srun option a profile may set; use one of {', '.join(submit.SRUN_ALLOWED)} (written in full)"),
+         f"srun_args[0] --output=/x: not an srun option a profile may set; use one of {', '.join(profile_rules.SRUN_ALLOWED)} (written in full)"),
         (GOOD_PROFILE + "srun_args: ['--cpu-bind']\n", "srun_args[0] --cpu-bind: write it as --cpu-bind=VALUE"),
         (GOOD_PROFILE + "srun_args: ['--overlap=1']\n", "srun_args[0] --overlap=1: write it as --overlap without a value"),
         (GOOD_PROFILE + "env: {PWD: /x}\n", "env.PWD: set by the job script or its launcher; leave it out"),
@@ -1159,17 +1160,17 @@ PLACEHOLDERS = "{job_id}, {user}, {node_id}, {local_id}, {proc_id}"
          "container binds must be plain absolute paths (letters, digits and . _ / -), got '/a b'"),
         (GOOD_PROFILE.replace("env: TMPDIR", "env: 'TMPDIR}; x'"),
          "scratch.env 'TMPDIR}; x': an environment variable name such as LOCAL_SCRATCH or TMPDIR"),
-        (GOOD_PROFILE.replace("scratch:   ", "scratch: [1]\nx:"), "unknown key x; known: " + ", ".join(submit.KEYS)),
+        (GOOD_PROFILE.replace("scratch:   ", "scratch: [1]\nx:"), "unknown key x; known: " + ", ".join(profile_rules.KEYS)),
         (GOOD_PROFILE.replace("  max_gb: 150", '  gres: "nvme:{gb};x"\n  max_gb: 150'),
          "scratch.gres 'nvme:1;x': letters, digits and . _ : , / = - only"),
         (GOOD_PROFILE.replace("  max_gb: 150", "  #"), "scratch without gres needs max_gb: the node-local disk every job gets, in GB"),
-        (GOOD_PROFILE.replace("name: roihu", 'name: "roihu\\n"'), f"name 'roihu\\n': {submit.SAFE_HINT}"),
+        (GOOD_PROFILE.replace("name: roihu", 'name: "roihu\\n"'), f"name 'roihu\\n': {SAFE_HINT}"),
     ],
 )  # fmt: skip
 def test_invalid_cluster_profiles_one_line(text, problem, monkeypatch, tmp_path):
     assert text != GOOD_PROFILE, "the case's replace() found nothing to replace"
     (tmp_path / "bad.yaml").write_bytes(text if isinstance(text, bytes) else text.encode())
-    monkeypatch.setattr(submit, "CLUSTERS", tmp_path)
+    monkeypatch.setattr(profiles, "CLUSTERS", tmp_path)
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(
         cli, ["submit", "--cluster", "bad", "--gpus", "1", "-c", SYNTHETIC, "--dry-run"]
@@ -1180,8 +1181,8 @@ def test_invalid_cluster_profiles_one_line(text, problem, monkeypatch, tmp_path)
 
 
 def test_shipped_profiles_are_valid():
-    for name in submit.available():
-        assert submit.load_cluster(name).name == name
+    for name in profiles.available():
+        assert profiles.load_cluster(name).name == name
 
 
 # --- sbatch: the script goes to logs/ ---------------------------------------------------------------------------
@@ -1249,7 +1250,7 @@ def _saved_run(folder: Path) -> Path:
 @pytest.mark.parametrize("name", ["synthetic-4242", "it's a $(touch PWNED) run"])
 def test_resume_continues_a_run_directory_in_a_new_job(tmp_path, name):
     run = _saved_run(tmp_path / name)
-    job = submit.render(submit.load_cluster("roihu"), 4, [], ["train.epochs=120"], account="project_2001234",
+    job = jobscript.render(profiles.load_cluster("roihu"), 4, [], ["train.epochs=120"], account="project_2001234",
                         resume=str(run))  # fmt: skip
     assert job.run_dir == run and job.job_name == "synthetic"
     assert f"RUN_DIR={__import__('shlex').quote(str(run))}\n" in job.script
@@ -1259,13 +1260,13 @@ def test_resume_continues_a_run_directory_in_a_new_job(tmp_path, name):
 
 def test_resume_errors(tmp_path):
     run = _saved_run(tmp_path / "run")
-    roihu = submit.load_cluster("roihu")
+    roihu = profiles.load_cluster("roihu")
     with pytest.raises(UsageError, match="continues with the run's saved config; drop -c/--config"):
-        submit.render(roihu, 4, ["configs/synthetic.yaml"], account="p", resume=str(run))
+        jobscript.render(roihu, 4, ["configs/synthetic.yaml"], account="p", resume=str(run))
     with pytest.raises(UsageError, match="not a run directory \\(no config.yaml\\)"):
-        submit.render(roihu, 4, [], account="p", resume=str(tmp_path))
+        jobscript.render(roihu, 4, [], account="p", resume=str(tmp_path))
     with pytest.raises(UsageError) as err:  # a change a resume does not allow, found before submitting
-        submit.render(roihu, 4, [], ["train.batch_size=7"], account="p", resume=str(run))
+        jobscript.render(roihu, 4, [], ["train.batch_size=7"], account="p", resume=str(run))
     assert str(err.value).startswith(
         f"--resume {run}: resuming with a different config (train.batch_size 64 (saved) vs 7"
     )
@@ -1307,8 +1308,8 @@ def test_sbatch_that_prints_no_job_id(fake_sbatch):
 def test_resume_messages_name_submit_options(tmp_path):
     run = _saved_run(tmp_path / "run")
     with pytest.raises(UsageError) as err:
-        submit.render(
-            submit.load_cluster("roihu"), 4, [], ["train.batch_size=7"], account="p", resume=str(run)
+        jobscript.render(
+            profiles.load_cluster("roihu"), 4, [], ["train.batch_size=7"], account="p", resume=str(run)
         )
     assert str(err.value) == (
         f"--resume {run}: resuming with a different config (train.batch_size 64 (saved) vs 7 (given)); "
@@ -1316,7 +1317,7 @@ def test_resume_messages_name_submit_options(tmp_path):
     )
     (run / "config.yaml").write_text("")
     with pytest.raises(UsageError) as err:
-        submit.render(submit.load_cluster("roihu"), 4, [], account="p", resume=str(run))
+        jobscript.render(profiles.load_cluster("roihu"), 4, [], account="p", resume=str(run))
     assert str(err.value) == (
         f"{run / 'config.yaml'}: the run's saved config is empty; restore it, or submit without --resume"
     )
@@ -1329,5 +1330,5 @@ def test_a_submit_directory_with_a_comma_or_colon_is_refused_before_it_splits_th
     folder.mkdir()
     monkeypatch.chdir(folder)
     with pytest.raises(UsageError) as err:
-        render("roihu", 4, configs=[str(submit.ROOT / "configs/synthetic.yaml")])
+        render("roihu", 4, configs=[str(profiles.ROOT / "configs/synthetic.yaml")])
     assert "holds a comma or colon, which would split the container's --bind list" in str(err.value)
