@@ -13,6 +13,7 @@ from rich.console import Console
 from app.cli import cli
 from app.core import results as core_results
 from app.core.errors import UsageError
+from app.reports import app_report
 from app.reports import benchmarks as report
 
 
@@ -88,7 +89,7 @@ def test_report_files_plots_and_time_to_accuracy(tmp_path):
     b = make_run(tmp_path, "naive", [0.4, 0.6, 0.70], 100.0, 32)
     out = tmp_path / "report"
     console = Console(file=io.StringIO(), width=120)
-    written = report.make_report([results, a, b], out, None, console)
+    written = app_report.make_report([results, a, b], out, None, console)
     assert "batch 256/worker scales at 94% to 32 workers: near-linear" in console.file.getvalue()
     names = sorted(p.name for p in written)
     assert names == sorted(
@@ -402,7 +403,7 @@ def test_outputs_that_cannot_be_written_are_one_line(tmp_path):
 
 def test_verdicts_follow_the_table_in_markdown(tmp_path):
     results = write(tmp_path / "bench.jsonl", STUDY)
-    report.make_report([results], tmp_path / "out", None, Console(file=io.StringIO()))
+    app_report.make_report([results], tmp_path / "out", None, Console(file=io.StringIO()))
     md = (tmp_path / "out" / "scaling.md").read_text()
     assert md.endswith("\n\n- batch 32/worker scales at 61% to 32 workers: communication-bound\n"
                        "- batch 256/worker scales at 94% to 32 workers: near-linear\n"

@@ -19,7 +19,21 @@ from rich.console import Console
 from app.core import config
 from app.core.errors import UsageError
 from app.reports import large_batch as study_report
-from app.study import plans as study
+from app.study.dataset import train_examples
+from app.study.files import _Lock
+from app.study.folder import load_plan, prepare
+from app.study.large_batch import (
+    VARIANTS,
+    RunPlan,
+    StudyPlan,
+    parse_ks,
+    plan_large_batch,
+    run_dir,
+    train_args,
+    workers_for,
+)
+from app.study.local import _record, run_local
+from app.study.state import INTERRUPTED, RunState, states, todo
 from conftest import ROOT, run_app
 
 FASHION = str(ROOT / "configs" / "study_fashion_mnist.yaml")
@@ -29,8 +43,8 @@ def fashion(*sets: str) -> config.Config:
     return config.build([FASHION], list(sets))
 
 
-def plan(ks=(1, 8), seeds=1, np_=1, examples=60000, cfg=None, name="s") -> study.StudyPlan:
-    return study.plan_large_batch(cfg or fashion(), list(ks), seeds, np_, name, examples, "test")
+def plan(ks=(1, 8), seeds=1, np_=1, examples=60000, cfg=None, name="s") -> StudyPlan:
+    return plan_large_batch(cfg or fashion(), list(ks), seeds, np_, name, examples, "test")
 
 
 def app_main(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
@@ -109,9 +123,9 @@ def test_workers_then_accumulation_make_up_k(np_, expected):
 
 def test_a_huge_k_or_np_is_planned_at_once_and_local_workers_are_bounded(tmp_path, monkeypatch, capsys):
     started = time.monotonic()
-    assert study.workers_for(999_999_937, 999_999_999) == 999_999_937  # a prime: only 1 or itself
-    assert study.workers_for(2 * 999_999_937, 10**9) == 999_999_937
-    assert study.workers_for(12, 5) == 4 and study.workers_for(7, 6) == 1
+    assert workers_for(999_999_937, 999_999_999) == 999_999_937  # a prime: only 1 or itself
+    assert workers_for(2 * 999_999_937, 10**9) == 999_999_937
+    assert workers_for(12, 5) == 4 and workers_for(7, 6) == 1
     assert time.monotonic() - started < 2  # it used to try every number up to --np (minutes)
     code, _, stderr = app_main(["study", "large-batch", "-c", str(ROOT / "configs" / "study_fashion_mnist.yaml"),
                                 "--k", "1,8", "--np", "100000", "--out", str(tmp_path), "--dry-run"], monkeypatch, capsys)  # fmt: skip
@@ -183,13 +197,13 @@ def test_configs_the_study_cannot_use(sets, message):
     [("1,8", [1, 8]), ("8", [1, 8]), (" 32, 1 ,8", [1, 8, 32]), ("+2", [1, 2])],
 )
 def test_k_lists(text, expected):
-    assert study.parse_ks(text) == expected
+    assert parse_ks(text) == expected
 
 
 def test_train_args_are_an_argv_with_hostile_paths_kept_whole(tmp_path):
     folder = tmp_path / "a b$(touch x)'\"\nc"
     run = plan(np_=2).runs[-1]
-    args = study.train_args(folder, run, data_dir="/d; rm -rf ~", threads=1)
+    args = train_args(folder, run, data_dir="/d; rm -rf ~", threads=1)
     assert args[:3] == ["train", "-c", str(folder / "config.yaml")]
     assert args[args.index("--run-dir") + 1] == str(folder / "runs" / "gradual-warmup-k8-s1")
     assert args[args.index("--np") + 1] == "2" and args[args.index("--data-dir") + 1] == "/d; rm -rf ~"
@@ -201,24 +215,22 @@ def test_train_examples_without_tensorflow(tmp_path):
     info.parent.mkdir(parents=True)
     info.write_text(json.dumps({"splits": [{"name": "test", "shardLengths": ["10000"]},
                                            {"name": "train", "shardLengths": ["30000", "30000"]}]}))  # fmt: skip
-    assert study.train_examples(fashion(f"data.data_dir={tmp_path}")) == (60000, str(info))
-    assert (
-        study.train_examples(fashion(f"data.data_dir={tmp_path}", "data.train_split=train[:50%]"))[0] is None
-    )
+    assert train_examples(fashion(f"data.data_dir={tmp_path}")) == (60000, str(info))
+    assert train_examples(fashion(f"data.data_dir={tmp_path}", "data.train_split=train[:50%]"))[0] is None
     synthetic = fashion("data.source=synthetic", "data.num_classes=10", "data.synthetic_examples=1000")
-    assert study.train_examples(synthetic) == (1000, "data.synthetic_examples")
+    assert train_examples(synthetic) == (1000, "data.synthetic_examples")
     (tmp_path / "counts.json").write_text(json.dumps({"train-00000-of-00002": 7, "train-00001-of-00002": 5,
                                                       "validation-00000-of-00001": 3}))  # fmt: skip
     imagenet = fashion("data.source=imagenet", f"data.data_dir={tmp_path}")
-    assert study.train_examples(imagenet) == (12, str(tmp_path / "counts.json"))
+    assert train_examples(imagenet) == (12, str(tmp_path / "counts.json"))
 
 
 # ----------------------------------------------------------------------------------- study folder
 
 
-def make_run(folder: Path, run: study.RunPlan, val: list[float], train=None, done=True, state_json=None):
+def make_run(folder: Path, run: RunPlan, val: list[float], train=None, done=True, state_json=None):
     """A run directory as `app train` leaves it: metrics.jsonl (and summary.json when finished)."""
-    path = study.run_dir(folder, run)
+    path = run_dir(folder, run)
     path.mkdir(parents=True)
     (path / "config.yaml").write_text("{}\n")
     train = train or [v - 0.02 for v in val]
@@ -236,20 +248,20 @@ def make_run(folder: Path, run: study.RunPlan, val: list[float], train=None, don
     return path
 
 
-def new_study(tmp_path, p=None) -> tuple[Path, study.StudyPlan]:
+def new_study(tmp_path, p=None) -> tuple[Path, StudyPlan]:
     p = p or plan()
     folder = tmp_path / "studies" / p.name
-    assert study.prepare(folder, p, fashion(), ["app", "study"]) is True
+    assert prepare(folder, p, fashion(), ["app", "study"]) is True
     return folder, p
 
 
 def test_prepare_writes_the_plan_and_takes_the_same_plan_again(tmp_path):
     folder, p = new_study(tmp_path)
-    assert study.load_plan(folder) == p
+    assert load_plan(folder) == p
     assert config.load_yaml(folder / "config.yaml")["train.batch_size"] == 128
-    assert study.prepare(folder, plan(), fashion(), ["app"]) is False  # the same study: continue it
+    assert prepare(folder, plan(), fashion(), ["app"]) is False  # the same study: continue it
     # Another data_dir is the same study (data moved); the runs get the new one.
-    assert study.prepare(folder, plan(cfg=fashion("data.data_dir=/elsewhere")), fashion(), ["app"]) is False
+    assert prepare(folder, plan(cfg=fashion("data.data_dir=/elsewhere")), fashion(), ["app"]) is False
 
 
 @pytest.mark.parametrize(
@@ -265,7 +277,7 @@ def test_a_different_plan_is_refused_and_nothing_is_overwritten(tmp_path, other,
     folder, _ = new_study(tmp_path)
     before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
     with pytest.raises(UsageError) as err:
-        study.prepare(folder, other(), fashion(), ["app"])
+        prepare(folder, other(), fashion(), ["app"])
     assert f"holds a different study ({says}" in str(err.value) and "pass another --name" in str(err.value)
     assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
 
@@ -275,10 +287,10 @@ def test_a_folder_that_is_not_a_study_is_refused(tmp_path):
     folder.mkdir()
     (folder / "notes.txt").write_text("mine")
     with pytest.raises(UsageError, match="not empty and not a study"):
-        study.prepare(folder, plan(), fashion(), ["app"])
+        prepare(folder, plan(), fashion(), ["app"])
     (folder / "study.json").write_text("{not json")
     with pytest.raises(UsageError, match="study.json: not a study plan"):
-        study.prepare(folder, plan(), fashion(), ["app"])
+        prepare(folder, plan(), fashion(), ["app"])
 
 
 @pytest.mark.parametrize(
@@ -305,21 +317,21 @@ def test_status_and_what_is_left_to_train_come_from_the_files(tmp_path, monkeypa
     make_run(folder, runs["unscaled-k2-s1"], [0.9] * 3, done=False)  # interrupted after epoch 3
     make_run(folder, runs["no-warmup-k2-s1"], [0.9] * 2, done=False)
     make_run(folder, runs["constant-warmup-k2-s1"], [0.9], done=False)
-    study._record(folder, "no-warmup-k2-s1", 1)  # its last attempt failed
-    study._record(folder, "constant-warmup-k2-s1", 3)  # stopped by a signal: resumable
-    study._record(folder, "no-warmup-k4-s1", study.INTERRUPTED)  # Ctrl-C before its first epoch ended
-    got = {r.name: s for r, s in zip(p.runs, study.states(folder, p), strict=True)}
-    assert got["baseline-k1-s1"] == study.RunState("done", 10)
-    assert got["unscaled-k2-s1"] == study.RunState("partial", 3)
-    assert got["no-warmup-k2-s1"] == study.RunState("failed", 2, "exit status 1")
-    assert got["constant-warmup-k2-s1"] == study.RunState("partial", 1, "stopped")
-    assert got["gradual-warmup-k2-s1"] == study.RunState("pending", 0)
-    assert got["no-warmup-k4-s1"] == study.RunState("partial", 0, "interrupted")
-    left = [r.name for r, _ in study.todo(folder, p)]
+    _record(folder, "no-warmup-k2-s1", 1)  # its last attempt failed
+    _record(folder, "constant-warmup-k2-s1", 3)  # stopped by a signal: resumable
+    _record(folder, "no-warmup-k4-s1", INTERRUPTED)  # Ctrl-C before its first epoch ended
+    got = {r.name: s for r, s in zip(p.runs, states(folder, p), strict=True)}
+    assert got["baseline-k1-s1"] == RunState("done", 10)
+    assert got["unscaled-k2-s1"] == RunState("partial", 3)
+    assert got["no-warmup-k2-s1"] == RunState("failed", 2, "exit status 1")
+    assert got["constant-warmup-k2-s1"] == RunState("partial", 1, "stopped")
+    assert got["gradual-warmup-k2-s1"] == RunState("pending", 0)
+    assert got["no-warmup-k4-s1"] == RunState("partial", 0, "interrupted")
+    left = [r.name for r, _ in todo(folder, p)]
     assert left == [r.name for r in p.runs[1:]]  # everything but the finished baseline, in order
-    with study._Lock(folder) as lock:  # an `app study` training a run right now
+    with _Lock(folder) as lock:  # an `app study` training a run right now
         lock.current("unscaled-k2-s1")
-        assert study.states(folder, p)[1] == study.RunState("running", 3)
+        assert states(folder, p)[1] == RunState("running", 3)
         code, out, err = app_main(["study", "status", str(folder)], monkeypatch, capsys)
     assert code == 0, err
     lines = {ln.split()[1]: ln for ln in out.splitlines() if "-k" in ln and "│" in ln}
@@ -330,8 +342,8 @@ def test_status_and_what_is_left_to_train_come_from_the_files(tmp_path, monkeypa
 
 def test_a_second_study_process_on_the_same_folder_is_refused(tmp_path):
     folder, p = new_study(tmp_path)
-    with study._Lock(folder), pytest.raises(UsageError, match="another `app study` is running it"):
-        study.run_local(folder, p, None, 0, print, "app study ...")
+    with _Lock(folder), pytest.raises(UsageError, match="another `app study` is running it"):
+        run_local(folder, p, None, 0, print, "app study ...")
 
 
 # ----------------------------------------------------------------------------------------- report
@@ -451,9 +463,9 @@ def test_updates_come_from_the_runs_checkpoints_when_there(tmp_path):
 )
 def test_one_damaged_run_is_left_out_of_the_report_not_the_whole_report(tmp_path, damage):
     folder, p = study_with_results(tmp_path)
-    metrics = study.run_dir(folder, p.runs[-1]) / "metrics.jsonl"  # gradual-warmup-k8-s2
+    metrics = run_dir(folder, p.runs[-1]) / "metrics.jsonl"  # gradual-warmup-k8-s2
     metrics.write_bytes(damage if isinstance(damage, bytes) else damage.encode())
-    checkpoint = study.run_dir(folder, p.runs[1]) / "checkpoints" / "epoch-0010"  # a damaged state.json too
+    checkpoint = run_dir(folder, p.runs[1]) / "checkpoints" / "epoch-0010"  # a damaged state.json too
     checkpoint.mkdir(parents=True)
     (checkpoint / "state.json").write_text('{"steps_per_epoch": 1e400, "workers": 1, "global_batch": 1024}')
     console = Console(file=io.StringIO(), width=300)
@@ -484,7 +496,7 @@ def test_report_files_table_csv_and_figure(tmp_path):
     assert "k=8 (batch 1,024): scaled LR + gradual warmup within 0.4 pp of the baseline" in md
     with open(out / "large_batch.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert [r["variant"] for r in rows] == list(study.VARIANTS)
+    assert [r["variant"] for r in rows] == list(VARIANTS)
     assert (
         rows[4]["top1_error_mean"] == "7.4"
         and rows[4]["vs_baseline_pp"] == "0.4"
@@ -621,13 +633,10 @@ def test_tiny_real_study_stopped_by_a_signal_continues_and_reports(tmp_path, tfd
         "scaleout: study stopped by SIGTERM: the run in progress checkpointed; `app study large-batch"
         in stderr
     )
-    p = study.load_plan(folder)
-    first = study.states(folder, p)
+    p = load_plan(folder)
+    first = states(folder, p)
     assert [s.state for s in first] == ["done", "partial", "pending", "pending", "pending"], first
-    assert (
-        first[1] == study.RunState("partial", 1, "stopped")
-        and (second / "checkpoints" / "epoch-0001").is_dir()
-    )
+    assert first[1] == RunState("partial", 1, "stopped") and (second / "checkpoints" / "epoch-0001").is_dir()
     assert sorted(os.listdir(folder / "runs")) == ["baseline-k1-s1", "unscaled-k2-s1"]
     status = run_app(["study", "status", str(folder)]).stdout
     assert "1 done, 1 partial, 3 pending of 5 runs" in status
@@ -638,7 +647,7 @@ def test_tiny_real_study_stopped_by_a_signal_continues_and_reports(tmp_path, tfd
     assert "[1/5] baseline-k1-s1: done, skipped" in proc.stdout
     assert "[2/5] unscaled-k2-s1: resuming after epoch 1/2:" in proc.stdout and "resumed from" in proc.stdout
     assert kept == (folder / "runs" / "baseline-k1-s1" / "summary.json").stat().st_mtime_ns
-    assert [s.state for s in study.states(folder, p)] == ["done"] * 5
+    assert [s.state for s in states(folder, p)] == ["done"] * 5
     report = folder / "report"
     for name in ("large_batch.md", "large_batch.csv", "large_batch_runs.csv", "large_batch.png"):
         assert (report / name).stat().st_size > 0, name
@@ -647,11 +656,9 @@ def test_tiny_real_study_stopped_by_a_signal_continues_and_reports(tmp_path, tfd
     assert "k=2 (batch 32): scaled LR + gradual warmup " in proc.stdout
     # The plan's arithmetic is what app train did: 4 micro-batches per epoch, 2 of them per update at k = 2.
     for run in p.runs:
-        state = json.loads(
-            (study.run_dir(folder, run) / "checkpoints" / "epoch-0002" / "state.json").read_text()
-        )
+        state = json.loads((run_dir(folder, run) / "checkpoints" / "epoch-0002" / "state.json").read_text())
         assert state["global_batch"] == run.global_batch and state["steps_per_epoch"] == 4
         assert run.updates == (8 if run.k == 1 else 4)
-        assert len((study.run_dir(folder, run) / "metrics.jsonl").read_text().splitlines()) == 2
-    saved = config.load_yaml(study.run_dir(folder, p.runs[3]) / "config.yaml")
+        assert len((run_dir(folder, run) / "metrics.jsonl").read_text().splitlines()) == 2
+    saved = config.load_yaml(run_dir(folder, p.runs[3]) / "config.yaml")
     assert (saved["train.warmup"], saved["train.accumulation_steps"]) == ("constant", 2)

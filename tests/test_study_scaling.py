@@ -23,7 +23,12 @@ from app.core.errors import Preempted, UsageError
 from app.engines import timeline
 from app.reports import benchmarks as report
 from app.reports import scaling as scaling_report
-from app.study import plans as study
+from app.study.files import _Lock
+from app.study.folder import load_plan, prepare
+from app.study.local import _record, run_local, run_scaling_local
+from app.study.scaling import PartPlan, benchmark_args, missing, part_states, plan_scaling
+from app.study.slurm import submit_study
+from app.study.state import JOBS_FILE, RunState, attempts, read_jobs, slurm_states, with_job
 from conftest import ROOT, TINY_SYNTHETIC
 
 SYNTHETIC = str(ROOT / "configs" / "synthetic.yaml")
@@ -34,9 +39,7 @@ def cfg(*sets: str) -> config.Config:
 
 
 def splan(workers=(1, 2), batches=(16, 32), independent=False, cluster=None, timeline_=False, name="s"):
-    return study.plan_scaling(
-        cfg(), list(workers), list(batches), 20, 4, timeline_, name, cluster, independent
-    )
+    return plan_scaling(cfg(), list(workers), list(batches), 20, 4, timeline_, name, cluster, independent)
 
 
 def result(batch: int, workers: int, ips: float, ci: float = 1.0, gpus: int = 1, cores: int = 64, nodes=1,
@@ -46,7 +49,7 @@ def result(batch: int, workers: int, ips: float, ci: float = 1.0, gpus: int = 1,
             "input_wait_fraction": 0.01, "env": {"gpu_count": gpus, "cpu_count": cores}, "timeline": trace}  # fmt: skip
 
 
-def write_results(folder: Path, part: study.PartPlan, rows: list[dict], index: int = 0) -> None:
+def write_results(folder: Path, part: PartPlan, rows: list[dict], index: int = 0) -> None:
     path = folder / part.files()[index]
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
@@ -72,10 +75,10 @@ def test_plan_has_a_part_per_worker_count_and_independent_baselines():
 def test_plan_round_trips_through_study_json(tmp_path):
     p = splan(timeline_=True, cluster="local")
     folder = tmp_path / "s"
-    assert study.prepare(folder, p, cfg(), ["app"]) is True
-    assert study.load_plan(folder) == p
+    assert prepare(folder, p, cfg(), ["app"]) is True
+    assert load_plan(folder) == p
     assert (folder / "results").is_dir() and (folder / "config.yaml").is_file()
-    assert study.prepare(folder, p, cfg(), ["app"]) is False  # the same study again: continue it
+    assert prepare(folder, p, cfg(), ["app"]) is False  # the same study again: continue it
 
 
 @pytest.mark.parametrize(
@@ -88,10 +91,10 @@ def test_plan_round_trips_through_study_json(tmp_path):
 )
 def test_a_different_scaling_study_in_the_folder_is_refused(tmp_path, other, says):
     folder = tmp_path / "s"
-    study.prepare(folder, splan(), cfg(), ["app"])
+    prepare(folder, splan(), cfg(), ["app"])
     before = (folder / "study.json").read_bytes()
     with pytest.raises(UsageError, match="holds a different study") as exc:
-        study.prepare(folder, splan(**other), cfg(), ["app"])
+        prepare(folder, splan(**other), cfg(), ["app"])
     assert says in str(exc.value)
     assert (folder / "study.json").read_bytes() == before
 
@@ -99,7 +102,7 @@ def test_a_different_scaling_study_in_the_folder_is_refused(tmp_path, other, say
 def test_benchmark_args_are_an_argv_with_hostile_paths_kept_whole(tmp_path):
     folder = tmp_path / "a b;$(touch x)'\n"
     p = splan(timeline_=True)
-    args = study.benchmark_args(folder, p, p.parts[1], [32], p.parts[1].files()[0], "d $(x)", 2)
+    args = benchmark_args(folder, p, p.parts[1], [32], p.parts[1].files()[0], "d $(x)", 2)
     assert args == ["benchmark", "-c", f"{folder}/config.yaml", "--batch-sizes", "32", "--steps", "20",
                     "--windows", "4", "--results", f"{folder}/results/workers-2.jsonl", "--timeline",
                     "--data-dir", "d $(x)", "--threads", "2"]  # fmt: skip
@@ -111,38 +114,38 @@ def test_benchmark_args_are_an_argv_with_hostile_paths_kept_whole(tmp_path):
 def test_missing_batch_sizes_come_from_the_results_files(tmp_path):
     folder = tmp_path / "s"
     p = splan((1, 2), independent=True)
-    study.prepare(folder, p, cfg(), ["app"])
+    prepare(folder, p, cfg(), ["app"])
     one, two, solo = p.parts
-    assert study.missing(folder, p, one) == [16, 32]
+    assert missing(folder, p, one) == [16, 32]
     write_results(folder, one, [result(16, 1, 100.0)])
     with open(folder / one.files()[0], "a") as f:  # a torn last line (an interrupted write) counts as nothing
         f.write('{"batch_size": 32, "workers": 1, "images_per')
-    assert study.missing(folder, p, one) == [32]
+    assert missing(folder, p, one) == [32]
     write_results(
         folder, two, [result(16, 1, 100.0), result(32, 2, 150.0)]
     )  # a 1-worker line is not this part's
-    assert study.missing(folder, p, two) == [16]
+    assert missing(folder, p, two) == [16]
     write_results(folder, solo, [result(16, 1, 90.0), result(32, 1, 80.0)], index=0)
-    assert study.missing(folder, p, solo) == [16, 32]  # process 2 has measured nothing yet
+    assert missing(folder, p, solo) == [16, 32]  # process 2 has measured nothing yet
     write_results(folder, solo, [result(16, 1, 90.0)], index=1)
-    assert study.missing(folder, p, solo) == [32]
+    assert missing(folder, p, solo) == [32]
 
 
 def test_status_of_the_parts_from_files_and_jobs(tmp_path, monkeypatch, capsys):
     folder = tmp_path / "s"
     p = splan((1, 2, 4))
-    study.prepare(folder, p, cfg(), ["app"])
+    prepare(folder, p, cfg(), ["app"])
     write_results(folder, p.parts[0], [result(16, 1, 100.0), result(32, 1, 120.0)])
     write_results(folder, p.parts[1], [result(16, 2, 180.0)])
-    study._record(folder, "workers-2", 1)
-    states = study.part_states(folder, p, jobs={})
+    _record(folder, "workers-2", 1)
+    states = part_states(folder, p, jobs={})
     assert [(s.state, s.epochs_done, s.detail) for s in states] == [
         ("done", 2, ""), ("failed", 1, "exit status 1"), ("pending", 0, "")
     ]  # fmt: skip
     jobs = {"workers-2": ("41", "RUNNING"), "workers-4": ("42", "PENDING")}
-    assert [s.state for s in study.part_states(folder, p, jobs=jobs)] == ["done", "running", "pending"]
+    assert [s.state for s in part_states(folder, p, jobs=jobs)] == ["done", "running", "pending"]
     jobs = {"workers-2": ("41", "COMPLETED"), "workers-4": ("42", "TIMEOUT")}
-    states = study.part_states(folder, p, jobs=jobs)
+    states = part_states(folder, p, jobs=jobs)
     assert [(s.state, s.detail) for s in states][2] == ("failed", "job 42 timeout")
     code, out, err = app_main(["study", "status", str(folder)], monkeypatch, capsys)
     assert code == 0, err
@@ -154,7 +157,7 @@ def test_a_study_stopped_by_sigterm_ends_its_processes_and_says_stopped_not_fail
     # without a stop handler would until a signal ends it.
     folder = tmp_path / "s"
     p = splan((1, 2), batches=(16,), independent=True)
-    study.prepare(folder, p, cfg(), ["app"])
+    prepare(folder, p, cfg(), ["app"])
     write_results(folder, p.parts[0], [result(16, 1, 100.0)])
     write_results(folder, p.parts[1], [result(16, 2, 180.0)])
     fake = tmp_path / "python"
@@ -165,7 +168,7 @@ def test_a_study_stopped_by_sigterm_ends_its_processes_and_says_stopped_not_fail
     timer.start()
     started = time.monotonic()
     with pytest.raises(Preempted, match="study stopped by SIGTERM"):
-        study.run_scaling_local(folder, p, None, 0, lambda line: None, "app study scaling ...")
+        run_scaling_local(folder, p, None, 0, lambda line: None, "app study scaling ...")
     timer.join()
     assert time.monotonic() - started < 30
     pids = [int(x) for x in (tmp_path / "pids").read_text().split()]
@@ -173,16 +176,16 @@ def test_a_study_stopped_by_sigterm_ends_its_processes_and_says_stopped_not_fail
     for pid in pids:  # ended and reaped: no process left behind
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
-    assert study.attempts(folder) == {"independent-2": 3}
-    states = study.part_states(folder, p, jobs={})
+    assert attempts(folder) == {"independent-2": 3}
+    states = part_states(folder, p, jobs={})
     assert [(s.state, s.detail) for s in states][2] == ("pending", "stopped")
 
 
 def test_a_damaged_jobs_file_is_no_jobs(tmp_path):
-    (tmp_path / study.JOBS_FILE).write_bytes(b"\x00\xff{")
-    assert study.read_jobs(tmp_path) == {} and study.slurm_states(tmp_path) == {}
-    (tmp_path / study.JOBS_FILE).write_text('{"workers-1": "12", "workers-2": "$(reboot)"}')
-    assert study.read_jobs(tmp_path) == {"workers-1": "12"}
+    (tmp_path / JOBS_FILE).write_bytes(b"\x00\xff{")
+    assert read_jobs(tmp_path) == {} and slurm_states(tmp_path) == {}
+    (tmp_path / JOBS_FILE).write_text('{"workers-1": "12", "workers-2": "$(reboot)"}')
+    assert read_jobs(tmp_path) == {"workers-1": "12"}
 
 
 # --------------------------------------------------------------------------- Slurm job scripts
@@ -220,17 +223,17 @@ def test_a_submission_while_another_app_study_holds_the_folder_is_refused(tmp_pa
     # Two submissions at once would both see no queued job and submit every part twice.
     folder = tmp_path / "s"
     p = splan(cluster="local")
-    study.prepare(folder, p, cfg(), ["app"])
+    prepare(folder, p, cfg(), ["app"])
     from app.cluster import submit
 
     monkeypatch.setattr(submit, "sbatch", lambda job, test_only=False: pytest.fail("submitted"))
     options = {"cluster": "local"}
-    with study._Lock(folder), pytest.raises(UsageError, match="another `app study` is running it"):
-        study.submit_study(folder, p, cfg(), options, dry_run=False, echo=lambda line: None)
-    assert not (folder / study.JOBS_FILE).exists()
+    with _Lock(folder), pytest.raises(UsageError, match="another `app study` is running it"):
+        submit_study(folder, p, cfg(), options, dry_run=False, echo=lambda line: None)
+    assert not (folder / JOBS_FILE).exists()
     lines = []
-    with study._Lock(folder):  # a dry run only prints
-        study.submit_study(folder, p, cfg(), options, dry_run=True, echo=lines.append)
+    with _Lock(folder):  # a dry run only prints
+        submit_study(folder, p, cfg(), options, dry_run=True, echo=lines.append)
     assert lines[0].startswith("# ---- workers-1")
 
 
@@ -249,7 +252,7 @@ def test_a_gpu_count_the_cluster_cannot_hold_fails_before_anything(tmp_path, mon
 def test_report_answers_rq1_and_rq2_from_hand_made_results(tmp_path):
     folder = tmp_path / "s"
     p = splan((1, 2, 4, 8), batches=(32, 64))
-    study.prepare(folder, p, cfg(), ["app"])
+    prepare(folder, p, cfg(), ["app"])
     trace = {
         "collective_fraction": 0.3,
         "negotiation_fraction": 0.1,
@@ -297,7 +300,7 @@ def test_report_answers_rq1_and_rq2_from_hand_made_results(tmp_path):
 def test_report_on_cpu_workers_sharing_cores_compares_with_independent_processes(tmp_path):
     folder = tmp_path / "s"
     p = splan((1, 2), batches=(32,), independent=True)
-    study.prepare(folder, p, cfg(), ["app"])
+    prepare(folder, p, cfg(), ["app"])
     write_results(folder, p.parts[0], [result(32, 1, 10.0, gpus=0, cores=2)])
     write_results(folder, p.parts[1], [result(32, 2, 10.2, gpus=0, cores=2)])
     for i in (0, 1):
@@ -317,7 +320,7 @@ def test_an_independent_process_measured_twice_is_counted_once(tmp_path):
     # process-1 measured batch 32, process-2 failed; the study measured both again: process-1 has two lines.
     folder = tmp_path / "s"
     p = splan((1, 2), batches=(32,), independent=True)
-    study.prepare(folder, p, cfg(), ["app"])
+    prepare(folder, p, cfg(), ["app"])
     write_results(folder, p.parts[0], [result(32, 1, 10.0, gpus=0, cores=2)])
     write_results(folder, p.parts[1], [result(32, 2, 10.2, gpus=0, cores=2)])
     write_results(
@@ -337,13 +340,13 @@ def test_a_damaged_line_leaves_out_that_line_not_the_whole_part(tmp_path):
     # report must show them too (it used to drop the whole file).
     folder = tmp_path / "s"
     p = splan((1, 2), batches=(16, 32))
-    study.prepare(folder, p, cfg(), ["app"])
+    prepare(folder, p, cfg(), ["app"])
     write_results(folder, p.parts[0], [result(16, 1, 100.0), result(32, 1, 180.0)])
     path = folder / p.parts[1].files()[0]
     path.write_text(
         json.dumps(result(16, 2, 190.0)) + "\n" + '{"kind": "tr' + json.dumps(result(32, 2, 350.0)) + "\n"
     )
-    assert study.missing(folder, p, p.parts[1]) == [32]
+    assert missing(folder, p, p.parts[1]) == [32]
     notes = []
     results, _ = scaling_report.collect(folder, p, notes.append)
     assert sorted((r["batch_size"], r["workers"]) for r in results) == [(16, 1), (16, 2), (32, 1)]
@@ -354,7 +357,7 @@ def test_a_damaged_line_leaves_out_that_line_not_the_whole_part(tmp_path):
 
 def test_report_without_results_is_one_line(tmp_path, monkeypatch, capsys):
     folder = tmp_path / "s"
-    study.prepare(folder, splan(), cfg(), ["app"])
+    prepare(folder, splan(), cfg(), ["app"])
     code, _, stderr = app_main(["study", "report", str(folder)], monkeypatch, capsys)
     assert code == 2 and stderr == f"Error: study folder {folder}: no benchmark results yet; see `app study " \
                                    f"status {folder}`\n"  # fmt: skip
@@ -458,7 +461,7 @@ def test_study_commands_on_a_login_node_run_without_tensorflow(tmp_path):
     """Each command must succeed (a failure before the code that would import TensorFlow proves nothing)."""
     folder = tmp_path / "s"
     p = splan()
-    study.prepare(folder, p, cfg(), ["app"])
+    prepare(folder, p, cfg(), ["app"])
     write_results(folder, p.parts[0], [result(16, 1, 100.0), result(32, 1, 120.0)])
     write_results(folder, p.parts[1], [result(16, 2, 180.0), result(32, 2, 230.0)])
     commands = [
@@ -495,7 +498,7 @@ def test_timeline_with_pipeline_only_is_refused_and_workers_get_an_unambiguous_s
     # horovodrun's parser stops at a word that abbreviates two of its options; the workers' spelling does not.
     from horovod.runner.launch import parse_args  # horovodrun's own parser
 
-    from app.cli import WORKER_SPELLING
+    from app.cli.base import WORKER_SPELLING
 
     monkeypatch.setattr(
         sys, "argv", ["horovodrun", "-np", "2", "python", "-m", "app", "benchmark", "--timeline"]
@@ -514,7 +517,7 @@ def test_a_local_study_never_trains_a_run_its_slurm_job_trains(tmp_path, monkeyp
     from test_study import new_study
 
     folder, p = new_study(tmp_path)
-    (folder / study.JOBS_FILE).write_text(json.dumps({r.name: str(100 + i) for i, r in enumerate(p.runs)}))
+    (folder / JOBS_FILE).write_text(json.dumps({r.name: str(100 + i) for i, r in enumerate(p.runs)}))
     bin_ = tmp_path / "bin"
     bin_.mkdir()
     squeue = bin_ / "squeue"
@@ -523,7 +526,7 @@ def test_a_local_study_never_trains_a_run_its_slurm_job_trains(tmp_path, monkeyp
     squeue.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_}:/usr/bin:/bin")
     said = []
-    failed = study.run_local(folder, p, None, 0, said.append, "again")
+    failed = run_local(folder, p, None, 0, said.append, "again")
     assert failed == [r.name for r in p.runs]
     assert said[0] == f"[1/{len(p.runs)}] {p.runs[0].name}: its Slurm job 100 is pending; skipped here"
     assert not any(said_line.startswith("+ ") for said_line in said)  # nothing was started
@@ -599,10 +602,10 @@ def test_slurm_only_options_without_a_cluster_are_refused(tmp_path, monkeypatch,
 
 
 def test_a_runs_slurm_job_overrides_what_its_files_say():
-    files = study.RunState("partial", 2)
-    assert study.with_job(files, None) is files
-    assert study.with_job(files, ("7", "PENDING")) == study.RunState("pending", 2, "job 7 pending")
-    assert study.with_job(files, ("7", "RUNNING")) == study.RunState("running", 2, "job 7")
-    assert study.with_job(files, ("7", "OUT_OF_MEMORY")) == study.RunState("failed", 2, "job 7 out_of_memory")
-    assert study.with_job(files, ("7", "COMPLETED")) == study.RunState("partial", 2, "job 7")
-    assert study.with_job(study.RunState("done", 4), ("7", "FAILED")).state == "done"
+    files = RunState("partial", 2)
+    assert with_job(files, None) is files
+    assert with_job(files, ("7", "PENDING")) == RunState("pending", 2, "job 7 pending")
+    assert with_job(files, ("7", "RUNNING")) == RunState("running", 2, "job 7")
+    assert with_job(files, ("7", "OUT_OF_MEMORY")) == RunState("failed", 2, "job 7 out_of_memory")
+    assert with_job(files, ("7", "COMPLETED")) == RunState("partial", 2, "job 7")
+    assert with_job(RunState("done", 4), ("7", "FAILED")).state == "done"

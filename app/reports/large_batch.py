@@ -16,10 +16,19 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.core.results import read_metrics, read_text
-from app.reports import benchmarks as report
 from app.core.errors import UsageError
-from app.study.plans import LABELS, VARIANTS, RunPlan, StudyPlan, run_dir, states
+from app.core.results import read_metrics, read_text
+from app.reports.tables import (
+    _pyplot,
+    _save_figure,
+    markdown_table,
+    print_table,
+    report_folder,
+    write_csv,
+    write_text,
+)
+from app.study.large_batch import LABELS, VARIANTS, RunPlan, StudyPlan, run_dir
+from app.study.state import states
 
 # Verdicts: a variant whose mean error is within this many percentage points of the baseline's (or within
 # the sum of the two standard deviations over seeds, if larger) "matches" it. Run-to-run noise of one seed
@@ -387,7 +396,7 @@ def _mean_curve(results: list[RunResult]) -> tuple[list[int], list[float]]:
 def plot(results: list[RunResult], path: Path) -> Path:
     """Goyal et al.'s Figure 2: training error vs epoch, one panel per variant and k > 1, each against the
     baseline."""
-    plt = report._pyplot()
+    plt = _pyplot()
     from matplotlib.ticker import MaxNLocator
 
     ks = sorted({r.run.k for r in results if r.run.k > 1})
@@ -417,21 +426,11 @@ def plot(results: list[RunResult], path: Path) -> Path:
         "Training error vs epoch, each variant against the baseline (Goyal et al., Figure 2)", fontsize=10
     )
     fig.tight_layout()
-    report._save_figure(plt, fig, path)
+    _save_figure(plt, fig, path)
     return path
 
 
 # ------------------------------------------------------------------------------------------ output
-
-
-def report_folder(folder: Path) -> Path:
-    """A study's report folder, created; one line naming it when it cannot be."""
-    out = Path(folder) / "report"
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"{out}: cannot create the report folder ({exc.strerror or exc})") from None
-    return out
 
 
 def markdown(plan: StudyPlan, md_rows, runs, lines, warns) -> str:
@@ -442,7 +441,7 @@ def markdown(plan: StudyPlan, md_rows, runs, lines, warns) -> str:
         f"k = {ks}, {plan.seeds} seed(s) per variant, at most {plan.max_workers} worker(s) per run; "
         f"{plan.config.get('model.name')} on {plan.config.get('data.name') if plan.config.get('data.source') == 'tfds' else plan.config.get('data.source')}.",
         "",
-        *report.markdown_table(COLUMNS, md_rows),
+        *markdown_table(COLUMNS, md_rows),
         "",
         *(f"- {ln}" for ln in [*lines, *warns]),
         "",
@@ -450,7 +449,7 @@ def markdown(plan: StudyPlan, md_rows, runs, lines, warns) -> str:
         "",
         "## Runs",
         "",
-        *report.markdown_table(RUN_COLUMNS, runs),
+        *markdown_table(RUN_COLUMNS, runs),
         "",
         "## How to read it",
         "",
@@ -468,12 +467,12 @@ def write_report(folder: Path, plan: StudyPlan, console) -> list[Path]:
     runs = run_rows(results)
     lines, warns = verdicts(table), warnings(results)
     md = out / "large_batch.md"
-    report.write_text(md, markdown(plan, md_rows, runs, lines, warns))
-    written = [md, report.write_csv(out / "large_batch.csv", CSV_COLUMNS, csv_rows)]
-    written.append(report.write_csv(out / "large_batch_runs.csv", RUN_COLUMNS, runs))
+    write_text(md, markdown(plan, md_rows, runs, lines, warns))
+    written = [md, write_csv(out / "large_batch.csv", CSV_COLUMNS, csv_rows)]
+    written.append(write_csv(out / "large_batch_runs.csv", RUN_COLUMNS, runs))
     written.append(plot(results, out / "large_batch.png"))
-    report.print_table(console, f"Large-batch study {plan.name} (top-1 error, Goyal et al.'s Table 1)", COLUMNS,
-                       md_rows)  # fmt: skip
+    print_table(console, f"Large-batch study {plan.name} (top-1 error, Goyal et al.'s Table 1)", COLUMNS,
+                md_rows)  # fmt: skip
     for line in [*lines, *warns]:
         console.print(line, highlight=False)
     console.print(f"wrote {', '.join(str(p) for p in written)}")

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.core.results import is_number
-from app.reports import benchmarks as report
 from app.core.errors import UsageError
-from app.study.plans import IMAGENET_TRAIN_EXAMPLES, ScalingPlan
-from app.reports.large_batch import report_folder
+from app.core.results import is_number
+from app.reports import benchmarks
+from app.reports.tables import markdown_table, print_table, report_folder, write_csv, write_text
+from app.study.dataset import IMAGENET_TRAIN_EXAMPLES
+from app.study.scaling import ScalingPlan
 
 
 def collect(folder: Path, plan: ScalingPlan, note) -> tuple[list[dict], dict[tuple[int, int], list[float]]]:
@@ -38,7 +39,7 @@ def collect(folder: Path, plan: ScalingPlan, note) -> tuple[list[dict], dict[tup
             if not path.is_file():
                 continue
             try:  # a damaged line is left out, as `app study status` counts it (measured again)
-                rows = report.load_results(path, note, skip_bad=True)
+                rows = benchmarks.load_results(path, note, skip_bad=True)
             except UsageError as exc:
                 note(f"{exc}; left out")
                 continue
@@ -65,7 +66,7 @@ COST_COLUMNS = (
 )
 
 
-def cost_rows(table: dict[int, list[report.Point]]) -> list[list[str]]:
+def cost_rows(table: dict[int, list[benchmarks.Point]]) -> list[list[str]]:
     """What one epoch of ImageNet-1k's 1,281,167 training images costs at each point measured."""
     rows = []
     for points in table.values():
@@ -85,7 +86,7 @@ INDEPENDENT_COLUMNS = (
 )
 
 
-def independent_rows(table: dict[int, list[report.Point]], independent) -> list[list[str]]:
+def independent_rows(table: dict[int, list[benchmarks.Point]], independent) -> list[list[str]]:
     rows = []
     for batch, points in table.items():
         for p in points:
@@ -112,8 +113,7 @@ def timeline_rows(results: list[dict]) -> list[list[str]]:
     for r in results:
         t = r.get("timeline")
         if isinstance(t, dict) and all(
-            is_number(t.get(k))
-            for k in ("collective_fraction", "negotiation_fraction", "compute_fraction")
+            is_number(t.get(k)) for k in ("collective_fraction", "negotiation_fraction", "compute_fraction")
         ):
             newest[(int(r["batch_size"]), int(r["workers"]))] = t
     return [[str(b), str(w), f"{t['collective_fraction']:.0%}", f"{t['negotiation_fraction']:.0%}",
@@ -121,10 +121,10 @@ def timeline_rows(results: list[dict]) -> list[list[str]]:
             for (b, w), t in sorted(newest.items())]  # fmt: skip
 
 
-def verdicts(table: dict[int, list[report.Point]], independent, timelines: list[list[str]]) -> list[str]:
+def verdicts(table: dict[int, list[benchmarks.Point]], independent, timelines: list[list[str]]) -> list[str]:
     """app report's lines, then the study's answers: the best per-worker batch, where adding workers stops
     paying, communication against core sharing, and where the time goes at the most workers."""
-    lines = report.verdicts(table)
+    lines = benchmarks.verdicts(table)
     most = max(p.workers for pts in table.values() for p in pts)
     at_most = {
         b: next(p for p in pts if p.workers == most) for b, pts in table.items() if pts[-1].workers == most
@@ -138,7 +138,7 @@ def verdicts(table: dict[int, list[report.Point]], independent, timelines: list[
     for batch, points in table.items():
         if len(points) < 2:
             continue
-        low = next((p for p in points[1:] if p.efficiency < report.FAIR), None)
+        low = next((p for p in points[1:] if p.efficiency < benchmarks.FAIR), None)
         if points[-1].cores_shared:
             continue  # said by app report's line: core sharing, see the independent comparison
         if low is None:
@@ -149,7 +149,7 @@ def verdicts(table: dict[int, list[report.Point]], independent, timelines: list[
         else:
             lines.append(
                 f"RQ2: batch {batch}/worker: adding workers stops paying at {low.workers} (efficiency "
-                f"{low.efficiency:.0%}, below {report.FAIR:.0%}; speedup {low.speedup:.2f}x)"
+                f"{low.efficiency:.0%}, below {benchmarks.FAIR:.0%}; speedup {low.speedup:.2f}x)"
             )
     for batch, points in table.items():
         for p in points:
@@ -187,7 +187,7 @@ def markdown(plan: ScalingPlan, what: str, sections: list[tuple[str, tuple, list
     for title, columns, rows in sections:
         if not rows:
             continue
-        out += [f"## {title}", "", *report.markdown_table(columns, rows)]
+        out += [f"## {title}", "", *markdown_table(columns, rows)]
         out.append("")
     out += ["## Verdicts", "", *(f"- {line}" for line in lines), ""]
     return "\n".join(out)
@@ -199,27 +199,27 @@ def write_report(folder: Path, plan: ScalingPlan, console) -> list[Path]:
     results, independent = collect(folder, plan, lambda message: console.print(f"note: {message}"))
     if not results:
         raise UsageError(f"study folder {folder}: no benchmark results yet; see `app study status {folder}`")
-    table = report.scaling(results)
-    rows = report.scaling_rows(table)
+    table = benchmarks.scaling(results)
+    rows = benchmarks.scaling_rows(table)
     costs, solo, traces = cost_rows(table), independent_rows(table, independent), timeline_rows(results)
     lines = verdicts(table, independent, traces)
-    sections = [("Throughput, speedup and efficiency", report.SCALING_COLUMNS, rows),
+    sections = [("Throughput, speedup and efficiency", benchmarks.SCALING_COLUMNS, rows),
                 (f"What an ImageNet-1k epoch costs ({IMAGENET_TRAIN_EXAMPLES:,} images at the throughput measured "
                  f"here: {measured_what(results)})", COST_COLUMNS,
                  costs),
                 ("Horovod against independent processes on the same cores", INDEPENDENT_COLUMNS, solo),
                 ("Where the time goes (Horovod timeline)", TIMELINE_COLUMNS, traces)]  # fmt: skip
     md = out / "scaling.md"
-    report.write_text(md, markdown(plan, measured_what(results), sections, lines))
+    write_text(md, markdown(plan, measured_what(results), sections, lines))
     written = [md]
-    for stem, columns, body in (("scaling", report.SCALING_COLUMNS, rows), ("cost", COST_COLUMNS, costs),
+    for stem, columns, body in (("scaling", benchmarks.SCALING_COLUMNS, rows), ("cost", COST_COLUMNS, costs),
                                 ("independent", INDEPENDENT_COLUMNS, solo), ("timeline", TIMELINE_COLUMNS, traces)):  # fmt: skip
         if body:
-            written.append(report.write_csv(out / f"{stem}.csv", columns, body))
-    written += report.plot_scaling(table, out)
+            written.append(write_csv(out / f"{stem}.csv", columns, body))
+    written += benchmarks.plot_scaling(table, out)
     for title, columns, body in sections:
         if body:
-            report.print_table(console, title, columns, body)
+            print_table(console, title, columns, body)
     for line in lines:
         console.print(line, highlight=False)
     console.print(f"wrote {', '.join(str(p) for p in written)}")

@@ -1,0 +1,83 @@
+"""`app report`: scaling tables and plots from benchmark results, curves and time-to-accuracy from runs.
+
+Reads ``app benchmark`` JSON lines and ``app train`` run directories (metrics.jsonl, summary.json), writes
+Markdown, CSV and PNG files into ``--out``, prints the tables with rich, and says in one line each what they
+mean. Imports neither TensorFlow nor Horovod: it runs on a login node.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.core.errors import UsageError
+from app.reports.benchmarks import (
+    SCALING_COLUMNS,
+    load_results,
+    plot_scaling,
+    scaling,
+    scaling_rows,
+    verdicts,
+)
+from app.reports.runs import (
+    TRAINING_COLUMNS,
+    Run,
+    best_accuracy,
+    load_run,
+    mixed_runs,
+    plot_training,
+    training_rows,
+    training_verdicts,
+)
+from app.reports.tables import print_table, write_table
+
+
+def load(inputs: list[Path], note=None) -> tuple[list[dict], list[Run]]:
+    results, runs = [], []
+    for path in inputs:
+        if path.is_dir():
+            runs.append(load_run(path, note))
+        elif path.exists():
+            results += load_results(path, note)
+        else:
+            raise UsageError(
+                f"{path}: no such file or directory; pass results files of `app benchmark` or run directories"
+            )
+    return results, runs
+
+
+def make_report(inputs: list[Path], out: Path, target: float | None, console) -> list[Path]:
+    """Everything `app report` writes; returns the files."""
+    results, runs = load(inputs, lambda message: console.print(f"note: {message}"))
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a folder; name a folder (it is created if missing)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot create the folder ({exc.strerror or exc})") from None
+    written: list[Path] = []
+    if results:
+        table = scaling(results)
+        rows = scaling_rows(table)
+        kind = results[0].get("kind", "train")
+        what = f"{results[0].get('model') or 'input pipeline'}, {results[0].get('image_size')} px, {results[0].get('precision')}"
+        lines = verdicts(table)
+        written += write_table(out, "scaling", SCALING_COLUMNS, rows, lines)  # first: a failure is one line
+        written += plot_scaling(table, out)
+        print_table(console, f"Scaling ({kind}): {what}", SCALING_COLUMNS, rows)
+        for line in lines:
+            console.print(line)
+    if runs:
+        accs = [acc for r in runs if (acc := best_accuracy(r)) is not None]
+        target = target if target is not None else (min(accs) if accs else 1.0)
+        rows = training_rows(runs, target)
+        warnings = mixed_runs(runs)
+        lines = [*warnings, *training_verdicts(runs, target)]
+        written += write_table(out, "training", TRAINING_COLUMNS, rows, lines)
+        written.append(plot_training(runs, out))
+        print_table(
+            console, f"Training runs (time to {target:.2%} validation accuracy)", TRAINING_COLUMNS, rows
+        )
+        for line in lines:
+            console.print(line)
+    console.print(f"wrote {', '.join(str(p) for p in written)}")
+    return written

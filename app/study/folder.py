@@ -1,0 +1,138 @@
+"""The study folder: its plan (study.json) written with its config by :func:`prepare`, read back and checked
+by :func:`load_plan`, and what a plan for the same folder must match (:func:`differences`).
+
+A study is first a pure plan (:func:`app.study.large_batch.plan_large_batch`: which `app train` runs, with
+which ``--set`` overrides, on how many workers), then an executor that starts them
+(:func:`app.study.local.run_local`: one after another, as subprocesses). The plan holds everything an executor
+needs (:func:`app.study.large_batch.train_args` gives each run's `app train` arguments), so the Slurm executor
+(app.study.slurm) takes the same plan. One folder holds a study:
+
+    studies/<name>/study.json       the plan; a different plan for the same folder is refused
+    studies/<name>/config.yaml      the baseline's resolved config, which every run starts from
+    studies/<name>/runs/<run>/      ordinary `app train` run directories, <variant>-k<k>-s<seed>
+    studies/<name>/attempts.jsonl   each run's exit status, one line per attempt (for `app study status`)
+    studies/<name>/results/         a scaling study's `app benchmark` results per part (instead of runs/)
+    studies/<name>/jobs.json        on Slurm, the job id of each run or part (and the report) last submitted
+    studies/<name>/report/          the tables and plots (app.reports.large_batch, app.reports.scaling)
+
+A run is done when its summary.json is there; any other run is started again with the same arguments, and
+`app train` resumes a run directory from its latest checkpoint, so an interrupted study continues where it
+stopped. Imports neither TensorFlow nor Horovod: only the runs it starts do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+
+from app.core import config as config_mod
+from app.core import rundir
+from app.core.errors import UsageError, brief, read_regular, show
+from app.study.files import STUDY_FILE_LIMIT, _write_atomic
+from app.study.large_batch import StudyPlan
+from app.study.scaling import ScalingPlan
+
+KINDS = ("large-batch", "scaling")
+FORMAT = 1  # of study.json
+
+
+def load_plan(folder: Path, label: str = "STUDY_DIR") -> StudyPlan | ScalingPlan:
+    """The plan in ``folder``/study.json; one line naming the file when it is missing or damaged."""
+    folder = Path(folder)
+    path = folder / "study.json"
+    if not path.exists():
+        raise UsageError(
+            f"{label} {show(folder, limit=None)}: no study.json there; pass a folder `app study large-batch` or "
+            "`app study scaling` made (studies/<name>)"
+        )
+    raw = read_regular(path, str(path), STUDY_FILE_LIMIT, "study.json")
+    try:
+        data = json.loads(raw)
+        if data.get("format") != FORMAT or data.get("kind") not in KINDS:
+            raise ValueError("format")
+        plan = (ScalingPlan if data["kind"] == "scaling" else StudyPlan).from_json(data["plan"])
+        _check_types(plan)
+        return plan
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        raise UsageError(
+            f"{path}: not a study plan this version of scaleout writes (damaged or edited); start the study "
+            "again in a new folder (--name)"
+        ) from None
+
+
+_TYPES = {
+    "str": lambda v: isinstance(v, str),
+    "str | None": lambda v: v is None or isinstance(v, str),
+    "bool": lambda v: isinstance(v, bool),
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+    "int | None": lambda v: v is None or _TYPES["int"](v),
+    "float": lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v),
+    "dict": lambda v: isinstance(v, dict),
+    "tuple[int, ...]": lambda v: all(_TYPES["int"](x) and x > 0 for x in v),
+    "tuple[str, ...]": lambda v: all(isinstance(x, str) for x in v),
+}
+
+
+def _check_types(plan) -> None:
+    """A plan read back has the types its dataclass says, and names that stay inside the study folder (an
+    edited study.json would otherwise fail later with a traceback, or reach outside). ValueError if not."""
+    for f in dataclasses.fields(plan):
+        value = getattr(plan, f.name)
+        if f.type.startswith("tuple[") and f.type.endswith("Plan, ...]"):
+            for item in value:
+                _check_types(item)
+        elif not _TYPES[f.type](value):
+            raise ValueError(f.name)
+    if hasattr(plan, "name") and not config_mod.SAFE.fullmatch(plan.name):
+        raise ValueError("name")
+
+
+def differences(old: StudyPlan, new: StudyPlan) -> list[str]:
+    """What differs between two plans' identities, in words (the first few)."""
+    a, b = old.identity(), new.identity()
+    out = []
+    for key in [k for k in a if k not in ("config", "runs", "parts")] + [k for k in b if k not in a]:
+        if a.get(key) != b.get(key):
+            out.append(
+                f"{'--' + key if key != 'kind' else 'kind'} {brief(a.get(key))} there vs {brief(b.get(key))} now"
+            )
+    out += [
+        f"{key} {brief(a['config'].get(key))} there vs {brief(b['config'].get(key))} now"
+        for key in sorted(set(a["config"]) | set(b["config"]))
+        if a["config"].get(key) != b["config"].get(key)
+    ]
+    if not out and (a.get("runs"), a.get("parts")) != (b.get("runs"), b.get("parts")):
+        out.append("the runs differ (another version of scaleout planned them)")
+    return out[:4]
+
+
+def prepare(folder: Path, plan: StudyPlan | ScalingPlan, cfg, command: list[str], write: bool = True) -> bool:
+    """Check that ``folder`` is free for ``plan`` or already holds it; with ``write``, create it (config.yaml,
+    then study.json). Returns whether the study is new. A different study there: one line, nothing written."""
+    folder = Path(folder)
+    label = f"study folder {show(folder, limit=None)}"
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{label}: exists and is not a folder; pass another --name or --out")
+    if (folder / "study.json").exists():
+        old = load_plan(folder, "study folder")
+        diff = differences(old, plan)
+        if diff:
+            raise UsageError(
+                f"{label} holds a different study ({'; '.join(diff)}); continue it with its own options "
+                f"(see `app study status {show(folder, limit=None)}`), or pass another --name"
+            )
+        return False
+    if folder.is_dir() and any(folder.iterdir()):
+        raise UsageError(f"{label}: not empty and not a study (no study.json); pass another --name or --out")
+    if not write:
+        return True
+    rundir.check_writable(folder, "study folder", "pass a writable --out")
+    (folder / ("results" if plan.kind == "scaling" else "runs")).mkdir(parents=True, exist_ok=True)
+    _write_atomic(folder / "config.yaml", config_mod.dump(cfg))
+    meta = {"format": FORMAT, "kind": plan.kind, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "command": command, "plan": plan.to_json()}  # fmt: skip
+    _write_atomic(folder / "study.json", json.dumps(meta, indent=1) + "\n")
+    return True

@@ -1,0 +1,258 @@
+"""The local executors: a study's runs (`app train`) or parts (`app benchmark`) as subprocesses on this
+machine, stop signals and Ctrl-C passed on, each attempt's exit status recorded in attempts.jsonl; and the
+check that this machine holds the local workers asked for."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from app.core.errors import AppError, UsageError, show
+from app.study.files import _Lock
+from app.study.large_batch import StudyPlan, train_args
+from app.study.scaling import ScalingPlan, benchmark_args, missing
+from app.study.state import ACTIVE, INTERRUPTED, attempts, run_state, slurm_states, todo
+
+LOCAL_WORKERS_PER_CORE = 4  # local workers beyond this many per core (or GPU) are a typo, not a measurement
+
+
+def check_local_workers(counts: list[int], flag: str) -> None:
+    """Local worker counts this machine can hold: at most ``LOCAL_WORKERS_PER_CORE`` per CPU core (or GPU).
+    Each is a process with its own copy of TensorFlow; a typo such as --np 1,200 would start them all."""
+    from app.engines.world import gpu_device_nodes
+
+    slots = max(os.cpu_count() or 1, len(gpu_device_nodes()))
+    limit = LOCAL_WORKERS_PER_CORE * slots
+    too_many = [n for n in counts if n > limit]
+    if too_many:
+        raise UsageError(
+            f"{flag} {too_many[0]}: more local workers than this machine holds ({slots} CPU cores or GPUs, at most "
+            f"{limit} workers); for more, run on a cluster (--cluster)"
+        )
+
+
+class Interrupted(AppError):
+    """Ctrl-C during a study: the run in progress ended as `app train` ends on Ctrl-C."""
+
+    exit_code = 130
+
+
+class _Forward:
+    """While a run trains: SIGTERM/SIGUSR1 to the study are passed to `app train`, which checkpoints and
+    exits with status 3 (a signal to the whole process group reaches it twice: the second changes nothing);
+    the study then starts no further run."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self):
+        self.child: subprocess.Popen | None = None  # the last started
+        self.children: list[subprocess.Popen] = []  # those started together (independent processes)
+        self.signum = 0
+
+    def __enter__(self) -> _Forward:
+        self.old = {s: signal.signal(s, self._note) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self.old.items():
+            signal.signal(s, handler)
+
+    def _note(self, signum, frame) -> None:
+        self.signum = self.signum or signum
+        for child in self.children:
+            if child.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signum)
+
+    def start(self, argv: list[str], env: dict, together: bool = False) -> subprocess.Popen:
+        """Start ``argv``; ``together`` keeps the processes started before it (they run at the same time)."""
+        self.child = subprocess.Popen(argv, env=env)
+        self.children = [*self.children, self.child] if together else [self.child]
+        if self.signum:  # came while it was being started
+            self._note(self.signum, None)
+        return self.child
+
+
+def child_env() -> tuple[dict, list[str]]:
+    """The environment of the runs: without APP_TRAIN_* variables, which would override the plan's values in
+    every run (`app train` reads them as its options), and the names of those dropped."""
+    dropped = sorted(k for k in os.environ if k.startswith("APP_TRAIN_"))
+    return {k: v for k, v in os.environ.items() if k not in dropped}, dropped
+
+
+def run_local(
+    folder: Path, plan: StudyPlan, data_dir: str | None, threads: int, echo, again: str
+) -> list[str]:
+    """Train the plan's runs one after another as `python -m app train` subprocesses; returns the runs that
+    failed. Done runs are skipped, others resume. A stop signal or Ctrl-C ends the study after the run in
+    progress stopped; ``again`` is the command that continues it, for the messages."""
+    folder = Path(folder)
+    if not (folder / "config.yaml").is_file():
+        raise UsageError(
+            f"study folder {show(folder, limit=None)}: its config.yaml is missing (every run starts from it); "
+            "restore it, or start the study again under another --name"
+        )
+    if any(r.workers > 1 for r, _ in todo(folder, plan)) and not shutil.which(
+        "horovodrun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    ):
+        raise AppError("--np needs horovodrun, which comes with Horovod; run `make install`, or use --np 1")
+    env, dropped = child_env()
+    if dropped:
+        echo(f"note: ignoring {', '.join(dropped)} in the runs: the study's plan sets their values")
+    failed, stopped = [], False
+    with _Lock(folder) as lock, _Forward() as forward:
+        last, jobs = attempts(folder), slurm_states(folder)
+        for i, run in enumerate(plan.runs, 1):
+            state = run_state(folder, run, last.get(run.name))
+            head = f"[{i}/{len(plan.runs)}] {run.name}"
+            if state.state == "done":
+                echo(f"{head}: done, skipped")
+                continue
+            job = jobs.get(run.name)
+            if (
+                job and job[1] in ACTIVE
+            ):  # a Slurm job of this study trains it: never two in one run directory
+                echo(f"{head}: its Slurm job {job[0]} is {job[1].lower()}; skipped here")
+                failed.append(run.name)
+                continue
+            if forward.signum:
+                stopped = True
+                break
+            what = (f"resuming after epoch {state.epochs_done}/{run.epochs}" if state.epochs_done
+                    else "starting" if state.state == "pending" else "starting again")  # fmt: skip
+            argv = [sys.executable, "-m", "app", *train_args(folder, run, data_dir, threads)]
+            echo(f"{head}: {what}: k={run.k}, {run.workers} worker(s) x {run.accumulation_steps} accumulation "
+                 f"x {run.batch_size} = {run.global_batch}, LR {run.lr:g}, warmup {run.warmup}")  # fmt: skip
+            echo("+ " + shlex.join(["app", *argv[3:]]))
+            lock.current(run.name)
+            try:
+                code = forward.start(argv, env).wait()
+            except KeyboardInterrupt:
+                _end_after_ctrl_c(forward.child)
+                _record(folder, run.name, INTERRUPTED)
+                raise Interrupted(
+                    f"interrupted during run {run.name}; `{again}` continues the study (finished runs are kept, "
+                    "this one from its last checkpoint, if it wrote one)"
+                ) from None
+            _record(folder, run.name, code)
+            if code == 3 or (forward.signum and code < 0):
+                stopped = True
+                break
+            if code != 0:
+                echo(
+                    f"{head}: failed with exit status {code}; its output is above. Going on with the next run"
+                )
+                failed.append(run.name)
+        lock.current(None)
+    if stopped:
+        from app.core.errors import Preempted
+
+        why = f"by {signal.Signals(forward.signum).name}" if forward.signum else "as its run stopped"
+        raise Preempted(f"study stopped {why}: the run in progress checkpointed; `{again}` continues it")
+    return failed
+
+
+def _end_after_ctrl_c(child: subprocess.Popen | None) -> int:
+    """After Ctrl-C (which the terminal sent the run too): let the run end, telling it when only the study
+    got the signal; its exit status."""
+    if child is None:
+        return INTERRUPTED
+    try:
+        return child.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signal.SIGINT)
+    try:
+        return child.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        return child.wait()
+
+
+def _record(folder: Path, run: str, code: int) -> None:
+    with open(Path(folder) / "attempts.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps({"run": run, "exit": code, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+
+
+def run_scaling_local(
+    folder: Path, plan: ScalingPlan, data_dir: str | None, threads: int, echo, again: str
+) -> list[str]:
+    """Measure the parts one after another (an independent part's processes at the same time), each only
+    for the batch sizes it still misses; returns the parts that failed. Signals as :func:`run_local`."""
+    folder = Path(folder)
+    if not (folder / "config.yaml").is_file():
+        raise UsageError(
+            f"study folder {show(folder, limit=None)}: its config.yaml is missing (every benchmark starts from "
+            "it); restore it, or start the study again under another --name"
+        )
+    env, dropped = child_env()
+    env = {k: v for k, v in env.items() if not k.startswith("APP_BENCHMARK_")}
+    failed, stopped = [], False
+    cores = os.cpu_count() or 1
+    with _Lock(folder) as lock, _Forward() as forward:
+        for i, part in enumerate(plan.parts, 1):
+            left = missing(folder, plan, part)
+            head = f"[{i}/{len(plan.parts)}] {part.name}"
+            if not left:
+                echo(f"{head}: done, skipped")
+                continue
+            if forward.signum:
+                stopped = True
+                break
+            lock.current(part.name)
+            try:
+                if part.independent:
+                    each = threads or max(1, cores // part.workers)
+                    echo(f"{head}: {part.workers} one-worker processes at once, {each} thread(s) each, "
+                         f"batch sizes {','.join(map(str, left))}")  # fmt: skip
+                    procs = []
+                    for f in part.files():
+                        (folder / f).parent.mkdir(parents=True, exist_ok=True)
+                        argv = [sys.executable, "-m", "app",
+                                *benchmark_args(folder, plan, part, left, f, data_dir, each)]  # fmt: skip
+                        echo("+ " + shlex.join(["app", *argv[3:]]))
+                        procs.append(forward.start(argv, env, together=True))
+                    codes = [p.wait() for p in procs]
+                    code = next((c for c in codes if c != 0), 0)
+                else:
+                    argv = [sys.executable, "-m", "app",
+                            *benchmark_args(folder, plan, part, left, part.files()[0], data_dir, threads)]  # fmt: skip
+                    if part.workers > 1:
+                        argv += ["--np", str(part.workers)]
+                    echo(f"{head}: {part.workers} worker(s), batch sizes {','.join(map(str, left))}")
+                    echo("+ " + shlex.join(["app", *argv[3:]]))
+                    code = forward.start(argv, env).wait()
+            except KeyboardInterrupt:
+                for child in forward.children:
+                    _end_after_ctrl_c(child)
+                _record(folder, part.name, INTERRUPTED)
+                raise Interrupted(
+                    f"interrupted during {part.name}; `{again}` continues the study (measured batch sizes are kept)"
+                ) from None
+            if forward.signum:  # ended by the stop it was passed (benchmarks have no clean stop): not failed
+                _record(folder, part.name, 3 if code else code)
+                stopped = True
+                break
+            _record(folder, part.name, code)
+            if code != 0:
+                echo(
+                    f"{head}: failed with exit status {code}; its output is above. Going on with the next part"
+                )
+                failed.append(part.name)
+        lock.current(None)
+    if stopped:
+        from app.core.errors import Preempted
+
+        raise Preempted(
+            f"study stopped by {signal.Signals(forward.signum).name}; `{again}` continues it (measured batch "
+            "sizes are kept)"
+        )
+    return failed

@@ -1,0 +1,191 @@
+"""The scaling study's plan (RQ1 + RQ2): one `app benchmark` of every per-worker batch size per worker count,
+its arguments, and the batch sizes its results files still miss."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.core import config as config_mod
+from app.core.errors import UsageError, brief, read_regular, show
+from app.study.files import STUDY_FILE_LIMIT
+from app.study.state import INTERRUPTED, RunState, attempts, running_run, slurm_states, with_job
+
+MAX_WORKER_COUNTS = 16  # worker counts per study (1..4096 GPUs in powers of two is 13)
+MAX_BATCH_SIZES = 16
+
+
+def parse_counts(text: str, what: str, example: str) -> list[int]:
+    """``--gpus 1,2,4`` or ``--batch-sizes 32,64``: distinct positive integers (ASCII digits), sorted."""
+    items = [v.strip() for v in str(text).split(",")]
+    bad = next((v for v in items if not re.fullmatch(r"\+?[0-9]{1,9}", v) or int(v) < 1), None)
+    if not any(items) or bad is not None:
+        raise ValueError(f"{brief(bad or text)} is not a positive integer; give a list such as {example}")
+    values = [int(v) for v in items]
+    twice = next((v for v in values if values.count(v) > 1), None)
+    if twice is not None:
+        raise ValueError(f"{twice} is given twice; give each {what} once")
+    limit = MAX_WORKER_COUNTS if what == "worker count" else MAX_BATCH_SIZES
+    if len(values) > limit:
+        raise ValueError(f"{len(values)} values: at most {limit} {what}s per study")
+    return sorted(values)
+
+
+@dataclass(frozen=True)
+class PartPlan:
+    """One benchmark of a scaling study: every batch size at one worker count, one results file. An
+    ``independent`` part runs ``workers`` one-worker processes at the same time instead (the fair baseline
+    where workers share one machine's cores), each into its own file."""
+
+    name: str  # workers-<n> | independent-<n>
+    workers: int
+    independent: bool = False
+
+    def files(self) -> list[str]:
+        """Its results files, relative to the study folder."""
+        if self.independent:
+            return [f"results/{self.name}/process-{i}.jsonl" for i in range(1, self.workers + 1)]
+        return [f"results/{self.name}.jsonl"]
+
+
+@dataclass(frozen=True)
+class ScalingPlan:
+    kind: str
+    name: str
+    config: dict  # the resolved config, flat
+    workers: tuple[int, ...]
+    batch_sizes: tuple[int, ...]
+    steps: int
+    windows: int
+    timeline: bool
+    cluster: str | None  # the Slurm profile, or None for local processes
+    parts: tuple[PartPlan, ...]
+
+    def identity(self) -> dict:
+        cfg = {k: v for k, v in self.config.items() if k != "data.data_dir"}
+        return {"kind": self.kind, "config": cfg, "gpus" if self.cluster else "np": list(self.workers),
+                "batch-sizes": list(self.batch_sizes), "steps": self.steps, "windows": self.windows,
+                "timeline": self.timeline, "cluster": self.cluster,
+                "independent": any(p.independent for p in self.parts),
+                "parts": [dataclasses.astuple(p) for p in self.parts]}  # fmt: skip
+
+    def to_json(self) -> dict:
+        out = dataclasses.asdict(self)
+        out.update(workers=list(self.workers), batch_sizes=list(self.batch_sizes),
+                   parts=[dataclasses.asdict(p) for p in self.parts])  # fmt: skip
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> ScalingPlan:
+        parts = tuple(PartPlan(**p) for p in data["parts"])
+        return cls(**{**data, "workers": tuple(data["workers"]), "batch_sizes": tuple(data["batch_sizes"]),
+                      "parts": parts})  # fmt: skip
+
+
+def plan_scaling(
+    cfg, workers: list[int], batch_sizes: list[int], steps: int, windows: int, timeline: bool,
+    name: str, cluster: str | None = None, independent: bool = False, train_examples: int | None = None,
+) -> ScalingPlan:  # fmt: skip
+    """The benchmarks of RQ1 + RQ2: pure, no I/O. One part per worker count, each measuring every per-worker
+    batch size; with ``independent`` (workers sharing one machine's CPU cores) also N one-worker processes
+    at once per N > 1, the baseline that separates communication from core sharing."""
+    if not config_mod.SAFE.fullmatch(name):
+        raise UsageError(f"--name {show(name)}: cannot name a study folder; {config_mod.SAFE_HINT}")
+    if len(workers) < 2:
+        flag = "--gpus" if cluster else "--np"
+        raise UsageError(
+            f"{flag} {','.join(map(str, workers))}: give at least two worker counts to see scaling, e.g. {flag} 1,2"
+        )
+    if steps < 5 or windows < 2 or windows > steps:
+        raise UsageError(
+            f"--steps {steps} --windows {windows}: need at least 5 steps and 2 to --steps windows "
+            "(the confidence interval needs 2)"
+        )
+    if (
+        train_examples is not None and cfg.data.source != "synthetic"
+    ):  # synthetic data repeats: any batch fits
+        # app benchmark shards the data over the workers: each needs one batch of its share.
+        big = [(b, n) for b in batch_sizes for n in workers if b > train_examples // n]
+        if big:
+            b, n = big[0]
+            raise UsageError(
+                f"--batch-sizes {b}: more than the {train_examples // n:,} training examples each of {n} workers "
+                f"gets ({train_examples:,} in all); use at most {train_examples // max(workers):,}"
+            )
+    parts = []
+    for n in workers:
+        parts.append(PartPlan(f"workers-{n}", n))
+        if independent and n > 1:
+            parts.append(PartPlan(f"independent-{n}", n, independent=True))
+    return ScalingPlan(
+        "scaling", name, config_mod.flat(cfg), tuple(workers), tuple(batch_sizes), steps, windows, timeline,
+        cluster, tuple(parts),
+    )  # fmt: skip
+
+
+def benchmark_args(
+    folder: Path, plan: ScalingPlan, part: PartPlan, batch_sizes: list[int], results: str,
+    data_dir: str | None = None, threads: int = 0, config: bool = True,
+) -> list[str]:  # fmt: skip
+    """The arguments of `app` that measure ``batch_sizes`` of ``part`` into ``results`` (a list for exec)."""
+    args = ["benchmark", "-c", str(Path(folder) / "config.yaml")] if config else ["benchmark"]
+    args += ["--batch-sizes", ",".join(map(str, batch_sizes)), "--steps", str(plan.steps),
+             "--windows", str(plan.windows), "--results", str(Path(folder) / results)]  # fmt: skip
+    if plan.timeline and not part.independent:
+        args.append("--timeline")
+    if data_dir:
+        args += ["--data-dir", data_dir]
+    if threads:
+        args += ["--threads", str(threads)]
+    return args
+
+
+def measured(path: Path, workers: int) -> set[int]:
+    """The batch sizes a results file holds a complete line for at ``workers`` workers (a torn or foreign
+    line counts as nothing: that batch size is measured again)."""
+    found: set[int] = set()
+    with contextlib.suppress(OSError, UsageError):
+        text = read_regular(path, str(path), STUDY_FILE_LIMIT * 8).decode("utf-8", "replace")
+        for line in text.splitlines():
+            with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError, RecursionError):
+                row = json.loads(line)
+                mean = float(row["images_per_s"]["mean"])
+                if int(row["workers"]) == workers and math.isfinite(mean) and mean > 0:
+                    found.add(int(row["batch_size"]))
+    return found
+
+
+def missing(folder: Path, plan: ScalingPlan, part: PartPlan) -> list[int]:
+    """The batch sizes ``part`` still has to measure (in every one of its files)."""
+    have = set(plan.batch_sizes)
+    for f in part.files():
+        have &= measured(Path(folder) / f, 1 if part.independent else part.workers)
+    return [b for b in plan.batch_sizes if b not in have]
+
+
+def part_states(folder: Path, plan: ScalingPlan, jobs: dict | None = None) -> list[RunState]:
+    """Each part's state: done (every batch size measured), running (its process, or its Slurm job as
+    squeue/sacct say), failed (the last attempt or job failed), partial or pending. ``epochs_done`` counts
+    the batch sizes measured."""
+    last, current = attempts(folder), running_run(folder)
+    jobs = jobs if jobs is not None else slurm_states(folder)
+    out = []
+    for part in plan.parts:
+        left = missing(folder, plan, part)
+        done = len(plan.batch_sizes) - len(left)
+        if not left:
+            state = RunState("done", done)
+        elif part.name == current:
+            state = RunState("running", done)
+        elif last.get(part.name) not in (None, 0, 3, INTERRUPTED):
+            state = RunState("failed", done, f"exit status {last[part.name]}")
+        else:
+            state = RunState("partial" if done else "pending", done,
+                             {3: "stopped", INTERRUPTED: "interrupted"}.get(last.get(part.name), ""))  # fmt: skip
+        out.append(with_job(state, jobs.get(part.name)))
+    return out

@@ -1,0 +1,119 @@
+"""The Slurm executor: a job per run or part still to do and a report job after them, rendered by
+app.cluster.jobscript and submitted with sbatch (app.cluster.submit); their ids go to jobs.json for
+`app study status`."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.core.errors import UsageError, show
+from app.study.files import _Lock, _write_atomic
+from app.study.large_batch import StudyPlan, run_dir
+from app.study.scaling import ScalingPlan, benchmark_args, missing
+from app.study.state import ACTIVE, JOBS_FILE, read_jobs, slurm_states, todo
+
+
+def _write_jobs(folder: Path, jobs: dict[str, str]) -> None:
+    _write_atomic(Path(folder) / JOBS_FILE, json.dumps(jobs, indent=1) + "\n")
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """One Slurm job of a study: ``gpus`` workers running a study part (``task``: `app benchmark ...`) or a
+    run (``sets`` and ``into``: `app train` into its run directory)."""
+
+    name: str
+    gpus: int
+    task: tuple[str, ...] | None = None
+    sets: tuple[str, ...] = ()
+    into: str | None = None
+
+
+def scaling_jobs(folder: Path, plan: ScalingPlan) -> list[JobPlan]:
+    """A job per part that still misses batch sizes (independent parts are for one machine: none). The job's
+    run directory is the study's results folder: on several nodes the job checks every node sees it."""
+    return [JobPlan(part.name, part.workers,
+                    tuple(benchmark_args(folder, plan, part, left, part.files()[0], config=False)),
+                    into=str(Path(folder) / "results"))
+            for part in plan.parts if not part.independent and (left := missing(folder, plan, part))]  # fmt: skip
+
+
+def large_batch_jobs(folder: Path, plan: StudyPlan) -> list[JobPlan]:
+    """A job per run that is not done: `app train` into its run directory (a partial one resumes)."""
+    return [
+        JobPlan(run.name, run.workers, None, run.sets, str(run_dir(folder, run)))
+        for run, _ in todo(folder, plan)
+    ]
+
+
+def submit_study(
+    folder: Path, plan: StudyPlan | ScalingPlan, cfg, options: dict, dry_run: bool, echo,
+) -> dict[str, str]:  # fmt: skip
+    """Render a job per part or run still to do (:func:`scaling_jobs`, :func:`large_batch_jobs`) and a report
+    job that depends on them (afterany), every script first, so a GPU count the cluster cannot hold fails
+    before anything is submitted; then submit them (``dry_run``: print them) and record their ids in
+    jobs.json. A part whose job is still queued or running is not submitted twice (two submissions at once:
+    the second is refused, as a second local study is). ``options``: cluster, account, partition, time, image,
+    data_dir, stage_gb. Returns the ids."""
+    if dry_run:
+        return _submit_study(folder, plan, cfg, options, dry_run, echo)
+    with _Lock(folder):
+        return _submit_study(folder, plan, cfg, options, dry_run, echo)
+
+
+def _submit_study(folder: Path, plan, cfg, options: dict, dry_run: bool, echo) -> dict[str, str]:
+    from app.cluster import jobscript, profiles
+    from app.cluster import submit as submit_stage
+
+    cluster = profiles.load_cluster(options["cluster"])
+    folder = Path(folder)
+    config = str(folder / "config.yaml")
+    planned = scaling_jobs(folder, plan) if plan.kind == "scaling" else large_batch_jobs(folder, plan)
+    jobs: list[tuple[str, jobscript.Job]] = []
+    active = {p: job for p, (job, state) in slurm_states(folder).items() if state in ACTIVE}
+    for item in planned:
+        if item.name in active:
+            echo(f"{item.name}: job {active[item.name]} is still queued or running; not submitted again")
+            continue
+        try:
+            job = jobscript.render(
+                cluster, item.gpus, [config], list(item.sets), options.get("time"), options.get("account"),
+                options.get("partition"), options.get("image"), options.get("data_dir"), options.get("stage_gb"),
+                f"{plan.name}-{item.name}", task=list(item.task) if item.task else None, cfg=cfg, into=item.into,
+            )  # fmt: skip
+        except UsageError as exc:
+            raise UsageError(str(exc) if str(exc).startswith("--gpus") else f"{item.name}: {exc}") from None
+        jobs.append((item.name, job))
+    if not jobs:
+        echo("nothing to submit: every part is done or its job is queued or running "
+             f"(see `app study status {show(folder, limit=None)}`)")  # fmt: skip
+        return {}
+    report_args = ["study", "report", str(folder)]
+    placeholders = [f"$JOB_{re.sub(r'[^A-Z0-9]', '_', name.upper())}" for name, _ in jobs]
+    first = jobs[0][1]
+    after = jobscript.render_after(first, cluster, f"{plan.name}-report", report_args, placeholders,
+                                   options.get("account"))  # fmt: skip
+    if dry_run:
+        for (name, job), var in zip(jobs, placeholders, strict=True):
+            echo(f"# ---- {name}: sbatch --parsable (its id is {var})")
+            echo(job.script.rstrip("\n"))
+        echo(f"# ---- report: sbatch --parsable, after {' '.join(placeholders)}")
+        echo(after.script.rstrip("\n"))
+        return {}
+    ids: dict[str, str] = {}
+    try:
+        for name, job in jobs:
+            ids[name] = submit_stage.sbatch(job).split(";")[0].strip()
+            echo(f"submitted job {ids[name]}: {name}, {job.nodes} node(s), partition {job.partition}")
+        waits = [ids[n] for n, _ in jobs] + sorted(v for k, v in active.items() if k != "report")
+        after = jobscript.render_after(first, cluster, f"{plan.name}-report", report_args, waits,
+                                       options.get("account"))  # fmt: skip
+        ids["report"] = submit_stage.sbatch(after).split(";")[0].strip()
+        echo(f"submitted job {ids['report']}: the report, after {', '.join(waits)}")
+    finally:
+        if ids:
+            _write_jobs(folder, {**read_jobs(folder), **ids})
+    return ids

@@ -1,0 +1,142 @@
+"""The state of a study's runs and parts, read from its files (run directories, attempts.jsonl, the lock)
+and, for a study on Slurm, from squeue and sacct about the jobs in its jobs.json."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.core.errors import UsageError, read_regular
+from app.study.files import STUDY_FILE_LIMIT
+from app.study.large_batch import RunPlan, StudyPlan, run_dir
+
+INTERRUPTED = 130  # attempts.jsonl's status of a run ended by Ctrl-C (resumable, like a stop)
+QUEUED = ("PENDING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED")  # Slurm states of a waiting job
+ACTIVE = (*QUEUED, "RUNNING", "COMPLETING")  # a job that has not ended: never submitted twice
+JOBS_FILE = "jobs.json"  # part name (and "report") -> the Slurm job id that runs it, per submission
+
+
+@dataclass(frozen=True)
+class RunState:
+    state: str  # pending | partial | running | done | failed
+    epochs_done: int
+    detail: str = ""  # e.g. "exit status 1", "stopped", "metrics.jsonl damaged: ..."
+
+
+def attempts(folder: Path) -> dict[str, int]:
+    """The exit status of each run's last attempt (attempts.jsonl; a torn or damaged line is ignored)."""
+    path = Path(folder) / "attempts.jsonl"
+    last: dict[str, int] = {}
+    with contextlib.suppress(OSError, UsageError):
+        text = read_regular(path, str(path), STUDY_FILE_LIMIT).decode("utf-8", "replace")
+        for line in text.splitlines():
+            with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError):
+                row = json.loads(line)
+                last[str(row["run"])] = int(row["exit"])
+    return last
+
+
+def running_run(folder: Path) -> str | None:
+    """The run an `app study` process is training right now in ``folder`` (it holds the lock), else None."""
+    import fcntl
+
+    path = Path(folder) / ".lock"
+    try:
+        with open(path) as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return str(json.loads(f.read() or "{}").get("run") or "") or "?"
+            return None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def run_state(folder: Path, run: RunPlan, last_exit: int | None = None, running: bool = False) -> RunState:
+    """A run's state from its files: done (summary.json and every epoch), running, failed (the last attempt
+    exited with an error), partial (epochs done, or stopped) or pending."""
+    from app.core.results import read_metrics
+
+    where = run_dir(folder, run)
+    try:
+        epochs = len(read_metrics(where, note=lambda message: None))
+    except UsageError as exc:
+        return RunState(
+            "failed" if last_exit not in (None, 0, 3, INTERRUPTED) else "partial", 0, f"damaged: {exc}"
+        )
+    if (where / "summary.json").is_file() and epochs >= run.epochs:
+        return RunState("done", epochs)
+    if running:
+        return RunState("running", epochs)
+    if last_exit not in (None, 0, 3, INTERRUPTED):
+        return RunState("failed", epochs, f"exit status {last_exit}")
+    if epochs or last_exit in (3, INTERRUPTED) or (where / "config.yaml").is_file():
+        return RunState("partial", epochs, {3: "stopped", INTERRUPTED: "interrupted"}.get(last_exit, ""))
+    return RunState("pending", 0)
+
+
+def states(folder: Path, plan: StudyPlan) -> list[RunState]:
+    last, current, jobs = attempts(folder), running_run(folder), slurm_states(folder)
+    return [
+        with_job(run_state(folder, r, last.get(r.name), r.name == current), jobs.get(r.name))
+        for r in plan.runs
+    ]
+
+
+def with_job(state: RunState, job: tuple[str, str] | None) -> RunState:
+    """``state`` (from the files) as its Slurm job, if it has one, tells it: queued, running, or ended
+    without finishing (failed, timeout, cancelled, ...)."""
+    if job is None or state.state == "done":
+        return state
+    job_id, slurm = job
+    if slurm in QUEUED:
+        return RunState("pending", state.epochs_done, f"job {job_id} {slurm.lower()}")
+    if slurm in ("RUNNING", "COMPLETING"):
+        return RunState("running", state.epochs_done, f"job {job_id}")
+    if slurm not in ("COMPLETED", "?"):
+        return RunState("failed", state.epochs_done, f"job {job_id} {slurm.lower()}")
+    return RunState(state.state, state.epochs_done, state.detail or f"job {job_id}")
+
+
+def todo(folder: Path, plan: StudyPlan) -> list[tuple[RunPlan, RunState]]:
+    """The runs an executor still has to start, in order, with their states (partial ones resume)."""
+    return [(r, s) for r, s in zip(plan.runs, states(folder, plan), strict=True) if s.state != "done"]
+
+
+def read_jobs(folder: Path) -> dict[str, str]:
+    path = Path(folder) / JOBS_FILE
+    with contextlib.suppress(OSError, UsageError, ValueError, TypeError, AttributeError, RecursionError):
+        data = json.loads(read_regular(path, str(path), STUDY_FILE_LIMIT))
+        return {str(k): str(v) for k, v in data.items() if re.fullmatch(r"[0-9]{1,12}", str(v))}
+    return {}
+
+
+def slurm_states(folder: Path) -> dict[str, tuple[str, str]]:
+    """part name -> (job id, state) for the jobs of ``folder``'s last submission: squeue for queued and
+    running jobs, sacct for ended ones where accounting is kept; "?" where neither knows the job."""
+    jobs = read_jobs(folder)
+    if not jobs:
+        return {}
+    ids = ",".join(sorted(set(jobs.values())))
+    states: dict[str, str] = {}
+    for argv in (
+        ["squeue", "-h", "-j", ids, "-o", "%i %T"],
+        ["sacct", "-n", "-X", "-P", "-j", ids, "-o", "JobID,State"],
+    ):
+        exe = shutil.which(argv[0])
+        if exe is None:
+            continue
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            proc = subprocess.run(
+                [exe, *argv[1:]], capture_output=True, text=True, timeout=30, errors="replace"
+            )
+            for line in proc.stdout.splitlines():
+                fields = line.replace("|", " ").split()
+                if len(fields) >= 2 and fields[0] in jobs.values():
+                    states.setdefault(fields[0], fields[1].upper())
+    return {part: (job, states.get(job, "?")) for part, job in jobs.items()}
