@@ -21,10 +21,10 @@ from app.core.compat import import_tensorflow  # noqa: E402
 tf = import_tensorflow()
 
 from app.core import config  # noqa: E402
-from app.data import pipeline as data  # noqa: E402
+from app.data import sources  # noqa: E402
 from app.engines import horovod as distributed  # noqa: E402
 from app.engines.world import World  # noqa: E402
-from app.training import checkpoint, train  # noqa: E402
+from app.training import checkpoint, prepare  # noqa: E402
 
 
 def agree(calls: int) -> None:
@@ -44,18 +44,18 @@ def checkpoint_times(repeats: int) -> None:
     """Seconds to write (checkpoint.save: weights, momentum, fsync, SHA-256) and to restore ResNet-50."""
     cfg = config.build(["configs/synthetic.yaml"], ["data.num_classes=1000", "data.image_size=224"])
     world = World()
-    spec = data.Spec("synthetic", 1000, (224, 224, 3), 1, 1, "example")
-    model = train.build_model(cfg, spec, world)
+    spec = sources.Spec("synthetic", 1000, (224, 224, 3), 1, 1, "example")
+    model = prepare.build_model(cfg, spec, world)
     writes, reads = [], []
     with tempfile.TemporaryDirectory() as run:
         for epoch in range(1, repeats + 1):
             t0 = time.perf_counter()
-            path = checkpoint.save(Path(run), train.tracked(model), epoch, {}, keep=2)
+            path = checkpoint.save(Path(run), prepare.tracked(model), epoch, {}, keep=2)
             writes.append(time.perf_counter() - t0)
-            fresh = train.build_model(cfg, spec, world)
+            fresh = prepare.build_model(cfg, spec, world)
             t0 = time.perf_counter()
             assert checkpoint.is_valid(path)  # what a resume does: the checksums, then the restore
-            checkpoint.restore(train.tracked(fresh), path)
+            checkpoint.restore(prepare.tracked(fresh), path)
             reads.append(time.perf_counter() - t0)
         size = sum(f.stat().st_size for f in path.iterdir())
     print(json.dumps({"write_s": min(writes), "restore_s": min(reads), "bytes": size, "repeats": repeats}))

@@ -10,7 +10,7 @@ import yaml
 from click.testing import CliRunner
 
 from app.cli import cli
-from app.core import config
+from app.core import config, rundir, yamlfile
 from app.core.errors import UsageError
 from conftest import ROOT
 
@@ -125,29 +125,29 @@ def test_resume_uses_saved_config_and_rejects_conflicts(tmp_path):
     run.mkdir()
     saved = config.build([], ["train.batch_size=24", "train.epochs=4", "train.warmup_epochs=1"])
     (run / "config.yaml").write_text(config.dump(saved))
-    cfg, run_dir = config.for_run([], [], {}, str(run))
+    cfg, run_dir = rundir.for_run([], [], {}, str(run))
     assert run_dir == run and cfg.train.batch_size == 24
-    longer, _ = config.for_run([], ["train.epochs=8", "run.log_every=5"], {}, str(run))  # allowed changes
+    longer, _ = rundir.for_run([], ["train.epochs=8", "run.log_every=5"], {}, str(run))  # allowed changes
     assert (longer.train.epochs, longer.run.log_every) == (8, 5)
     with pytest.raises(UsageError) as err:
-        config.for_run([], ["train.base_lr=0.5"], {"train.batch_size": 12}, str(run))
+        rundir.for_run([], ["train.base_lr=0.5"], {"train.batch_size": 12}, str(run))
     assert str(err.value) == (
         f"--run-dir {run}: resuming with a different config (train.batch_size 24 (saved) vs 12 (given); "
         "train.base_lr 0.1 (saved) vs 0.5 (given)); drop those changes or start a new --run-dir"
     )
     with pytest.raises(UsageError, match=r"run.seed 0 \(saved\) vs 7 \(given\)"):  # the data order
-        config.for_run([], ["run.seed=7"], {}, str(run))
+        rundir.for_run([], ["run.seed=7"], {}, str(run))
 
 
 def test_new_run_dir_default(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
-    _, run_dir = config.for_run([], [], {}, None)
+    _, run_dir = rundir.for_run([], [], {}, None)
     assert run_dir == Path("runs") / "default-4242"
 
 
 def test_saved_config_round_trips():
     cfg = config.build([], ["train.decay_epochs=[2, 4]", "data.data_dir=/x"])
-    again = config.build(base=config._flatten(yaml.safe_load(config.dump(cfg)), "saved"))
+    again = config.build(base=config.flatten(yaml.safe_load(config.dump(cfg)), "saved"))
     assert again == cfg
 
 
@@ -416,7 +416,7 @@ def test_unreadable_saved_config(tmp_path, monkeypatch):
     (run / "config.yaml").chmod(0)
     deny_open(monkeypatch, "config.yaml")
     with pytest.raises(UsageError) as err:
-        config.for_run([], [], {}, str(run))
+        rundir.for_run([], [], {}, str(run))
     assert str(err.value) == (
         f"{run / 'config.yaml'} (the run's saved config): cannot be read (Permission denied); check its permissions"
     )
@@ -424,7 +424,7 @@ def test_unreadable_saved_config(tmp_path, monkeypatch):
     (run / "config.yaml").unlink()
     (run / "config.yaml").mkdir()
     with pytest.raises(UsageError, match="config.yaml \\(the run's saved config\\): is a directory"):
-        config.for_run([], [], {}, str(run))
+        rundir.for_run([], [], {}, str(run))
 
 
 def test_run_dir_that_is_a_file(tmp_path):
@@ -440,7 +440,7 @@ def test_old_saved_config_with_a_null_run_dir_resumes(tmp_path):
     run.mkdir()
     text = config.dump(config.build([], ["train.epochs=4", "train.warmup_epochs=1"]))
     (run / "config.yaml").write_text(text.replace("run:\n", "run:\n  run_dir: null\n"))
-    cfg, _ = config.for_run([], [], {}, str(run))
+    cfg, _ = rundir.for_run([], [], {}, str(run))
     assert cfg.train.epochs == 4
 
 
@@ -562,8 +562,8 @@ def test_yaml_12_numbers():
     )
     text = config.dump(cfg)
     assert "data_dir: '1e-3'" in text and "train_split: '1:30'" in text
-    for tree in (yaml.safe_load(text), config.parse_yaml(text, "saved")):
-        assert config.build(base=config._flatten(tree, "saved")) == cfg
+    for tree in (yaml.safe_load(text), yamlfile.parse_yaml(text, "saved")):
+        assert config.build(base=config.flatten(tree, "saved")) == cfg
 
 
 @pytest.mark.parametrize(
@@ -653,8 +653,8 @@ def test_warmup_kind_defaults_to_gradual_and_is_fixed_on_resume(tmp_path):
         config.dump(config.build([], ["train.warmup_epochs=1", "train.epochs=4"]))
     )
     with pytest.raises(UsageError, match=r"train.warmup 'gradual' \(saved\) vs 'constant' \(given\)"):
-        config.for_run([], ["train.warmup=constant"], {}, str(run))
+        rundir.for_run([], ["train.warmup=constant"], {}, str(run))
     # A config saved before train.warmup existed resumes with the gradual warmup it trained with.
     old = {k: v for k, v in config.build().to_dict()["train"].items() if k != "warmup"}
     (run / "config.yaml").write_text(yaml.safe_dump({**config.build().to_dict(), "train": old}))
-    assert config.load_run_config(run / "config.yaml").train.warmup == "gradual"
+    assert rundir.load_run_config(run / "config.yaml").train.warmup == "gradual"

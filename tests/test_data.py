@@ -15,7 +15,7 @@ tf = import_tensorflow()
 from app.cli import cli  # noqa: E402
 from app.core import config  # noqa: E402
 from app.core.errors import AppError, UsageError  # noqa: E402
-from app.data import pipeline as data  # noqa: E402
+from app.data import pipeline, preprocess, sources  # noqa: E402
 from app.data.convert import convert  # noqa: E402
 from conftest import IN_CI  # noqa: E402
 from imagenet_fixture import make_tree  # noqa: E402
@@ -34,13 +34,13 @@ def both_ways(fn, *args):
 
 def test_small_image_ops_eager_and_in_map():
     image = tf.cast(tf.reshape(tf.range(28 * 28) % 251, [28, 28, 1]), tf.uint8)
-    eager, mapped = both_ways(lambda im, s: data.small_image_train(im, 28, s), image, SEED)
+    eager, mapped = both_ways(lambda im, s: preprocess.small_image_train(im, 28, s), image, SEED)
     np.testing.assert_array_equal(eager, mapped)
     assert eager.shape == (28, 28, 1) and eager.dtype == np.float32
     assert eager.min() >= -1.0 and eager.max() <= 1.0
-    other = data.small_image_train(image, 28, tf.constant([7, 12], tf.int64)).numpy()
+    other = preprocess.small_image_train(image, 28, tf.constant([7, 12], tf.int64)).numpy()
     assert not np.array_equal(eager, other)  # the seed matters
-    eval_eager, eval_mapped = both_ways(lambda im: data.small_image_eval(im, 28), image)
+    eval_eager, eval_mapped = both_ways(lambda im: preprocess.small_image_eval(im, 28), image)
     np.testing.assert_array_equal(eval_eager, eval_mapped)
 
 
@@ -57,11 +57,11 @@ def first_record(path):
 
 
 def test_imagenet_ops_eager_and_in_map(imagenet_dir):
-    encoded, label, bbox = data.parse_imagenet(first_record(imagenet_dir / "train-00000-of-00004"))
-    eager, mapped = both_ways(lambda e, b, s: data.imagenet_train(e, b, 32, s), encoded, bbox, SEED)
+    encoded, label, bbox = preprocess.parse_imagenet(first_record(imagenet_dir / "train-00000-of-00004"))
+    eager, mapped = both_ways(lambda e, b, s: preprocess.imagenet_train(e, b, 32, s), encoded, bbox, SEED)
     np.testing.assert_allclose(eager, mapped, rtol=1e-5, atol=1e-4)
     assert eager.shape == (32, 32, 3)
-    eval_eager, eval_mapped = both_ways(lambda e: data.imagenet_eval(e, 32), encoded)
+    eval_eager, eval_mapped = both_ways(lambda e: preprocess.imagenet_eval(e, 32), encoded)
     np.testing.assert_allclose(eval_eager, eval_mapped, rtol=1e-5, atol=1e-4)
     assert 0 <= int(label) < 3
 
@@ -75,7 +75,7 @@ def id_source(n, rank, workers):
         8, axis=2
     )
     ds = tf.data.Dataset.from_tensor_slices((images, np.arange(n)))
-    return data.ArraySource("ids", (ds, n), (ds, n), 10, 8, rank, workers, cache=False)
+    return sources.ArraySource("ids", (ds, n), (ds, n), 10, 8, rank, workers, cache=False)
 
 
 def ids(ds):
@@ -96,41 +96,41 @@ def test_imagenet_file_level_and_example_level_shards(imagenet_dir):
     cfg = config.build(
         [], ["data.source=imagenet", f"data.data_dir={imagenet_dir}", "data.image_size=32"]
     ).data
-    names = lambda ds: sorted(ex.numpy() for ex in ds.map(lambda r: data.parse_imagenet(r)[0]))  # noqa: E731
-    file_level = [data.open_source(cfg, r, 2) for r in range(2)]  # 4 files >= 2 workers: whole files
+    names = lambda ds: sorted(ex.numpy() for ex in ds.map(lambda r: preprocess.parse_imagenet(r)[0]))  # noqa: E731
+    file_level = [sources.open_source(cfg, r, 2) for r in range(2)]  # 4 files >= 2 workers: whole files
     assert all(s.spec.sharding == "file" for s in file_level)
     assert set(file_level[0].files).isdisjoint(file_level[1].files)
     a, b = (names(s.train_elements(0)) for s in file_level)
     assert not set(a) & set(b) and len(a) + len(b) == 19  # 3 classes x 6 + the PNG
     assert sum(s.spec.train_examples for s in file_level) == 19
-    example_level = [data.open_source(cfg, r, 8) for r in range(8)]  # 4 files < 8 workers: single examples
+    example_level = [sources.open_source(cfg, r, 8) for r in range(8)]  # 4 files < 8 workers: single examples
     assert all(s.spec.sharding == "example" for s in example_level)
     got = [x for s in example_level for x in names(s.train_elements(0))]
     assert len(got) == len(set(got)) == 19
 
 
 def test_equal_steps_and_reproducible_order():
-    sources = [id_source(100, r, 2) for r in range(2)]
-    steps = min(s.spec.train_examples for s in sources) // 8
+    per_rank = [id_source(100, r, 2) for r in range(2)]
+    steps = min(s.spec.train_examples for s in per_rank) // 8
 
     def batches(source, epochs=2, initial=0, seed=3):
-        ds = data.train_dataset(source, 8, steps, epochs, initial, seed=seed, rank=0, shuffle_buffer=64)
+        ds = pipeline.train_dataset(source, 8, steps, epochs, initial, seed=seed, rank=0, shuffle_buffer=64)
         return [b[1].numpy().tolist() for b in ds]
 
-    for s in sources:
+    for s in per_rank:
         assert len(batches(s)) == 2 * steps  # every rank runs exactly steps_per_epoch batches per epoch
-    full = batches(sources[0])
-    assert full == batches(sources[0])  # same seed, same order
-    assert full != batches(sources[0], seed=4)
+    full = batches(per_rank[0])
+    assert full == batches(per_rank[0])  # same seed, same order
+    assert full != batches(per_rank[0], seed=4)
     assert full[:steps] != full[steps:]  # each epoch is shuffled anew
-    assert batches(sources[0], initial=1) == full[steps:]  # a resume replays epoch 2 exactly
+    assert batches(per_rank[0], initial=1) == full[steps:]  # a resume replays epoch 2 exactly
 
 
 def test_nondeterministic_order_keeps_the_same_examples():
     source = id_source(96, 0, 1)
 
     def epoch_labels(deterministic):
-        ds = data.train_dataset(source, 8, 12, 1, seed=3, shuffle_buffer=96, deterministic=deterministic)
+        ds = pipeline.train_dataset(source, 8, 12, 1, seed=3, shuffle_buffer=96, deterministic=deterministic)
         return [int(x) for b in ds for x in b[1]]
 
     ordered, loose = epoch_labels(True), epoch_labels(False)
@@ -208,7 +208,7 @@ def test_imagenet_dir_errors(tmp_path, setup, message):
     setup(folder)
     cfg = config.build([], ["data.source=imagenet", f"data.data_dir={folder}"]).data
     with pytest.raises(UsageError, match=message.replace("*", r"\*")):
-        data.open_source(cfg)
+        sources.open_source(cfg)
 
 
 def test_corrupt_tfrecord_is_named(imagenet_dir, tmp_path):
@@ -216,9 +216,9 @@ def test_corrupt_tfrecord_is_named(imagenet_dir, tmp_path):
     good = imagenet_dir / "train-00000-of-00004"
     raw = (imagenet_dir / "train-00001-of-00004").read_bytes()
     bad.write_bytes(raw[: len(raw) // 2])  # truncated mid-record
-    assert data.find_corrupt_file([str(good), str(bad)]) == str(bad)
+    assert pipeline.find_corrupt_file([str(good), str(bad)]) == str(bad)
     with pytest.raises(AppError, match=f"{bad}: corrupt or truncated TFRecord"):
-        data.count_records(str(bad))
+        sources.count_records(str(bad))
 
 
 # ------------------------------------------------------------------------------- Fashion-MNIST
@@ -226,19 +226,19 @@ def test_corrupt_tfrecord_is_named(imagenet_dir, tmp_path):
 
 def test_tfds_fashion_mnist_from_shared_dir(tfds_dir):
     cfg = config.build([], [f"data.data_dir={tfds_dir}"]).data
-    source = data.open_source(cfg, 1, 2)
+    source = sources.open_source(cfg, 1, 2)
     assert source.spec.num_classes == 10 and source.spec.image_shape == (28, 28, 1)
     assert source.spec.train_examples == 30000 and source.spec.eval_examples == 5000
 
 
 def test_fashion_mnist_falls_back_to_debian_files(tmp_path):
-    if not (data.DEBIAN_FASHION_MNIST / "train-images-idx3-ubyte.gz").is_file():
+    if not (sources.DEBIAN_FASHION_MNIST / "train-images-idx3-ubyte.gz").is_file():
         if IN_CI:
             pytest.fail("dataset-fashion-mnist is not installed, but .ci/run installs it")
         pytest.skip("apt-get install dataset-fashion-mnist to run this test")
     empty = tmp_path / "tfds"
     empty.mkdir()
-    source = data.open_source(config.build([], [f"data.data_dir={empty}"]).data)
+    source = sources.open_source(config.build([], [f"data.data_dir={empty}"]).data)
     assert source.spec.name == "fashion_mnist (Debian files)" and source.spec.train_examples == 60000
     labels = np.array(
         [int(y) for _, y in source.train_elements(0).batch(10000).take(6).unbatch().map(lambda x, y: (0, y))]
@@ -252,11 +252,11 @@ def test_fashion_mnist_nowhere_names_the_three_ways(tmp_path, monkeypatch):
     def offline(self, *args, **kwargs):  # this machine has no network to TFDS's storage
         raise ConnectionError("network is unreachable")
 
-    monkeypatch.setattr(data, "DEBIAN_FASHION_MNIST", tmp_path / "no-debian-files")
+    monkeypatch.setattr(sources, "DEBIAN_FASHION_MNIST", tmp_path / "no-debian-files")
     monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", offline)
     (tmp_path / "tfds").mkdir()
     with pytest.raises(AppError) as err:
-        data.open_source(config.build([], [f"data.data_dir={tmp_path / 'tfds'}"]).data)
+        sources.open_source(config.build([], [f"data.data_dir={tmp_path / 'tfds'}"]).data)
     message = str(err.value)
     assert message.startswith("Fashion-MNIST not found")
     for way in ("--data-dir/TFDS_DATA_DIR", "apt-get install dataset-fashion-mnist", "allow the download"):
@@ -265,7 +265,7 @@ def test_fashion_mnist_nowhere_names_the_three_ways(tmp_path, monkeypatch):
 
 def test_unknown_tfds_dataset(tmp_path):
     with pytest.raises(UsageError) as err:
-        data.open_source(config.build([], ["data.name=fashion_mnistt", f"data.data_dir={tmp_path}"]).data)
+        sources.open_source(config.build([], ["data.name=fashion_mnistt", f"data.data_dir={tmp_path}"]).data)
     assert str(err.value) == "data.name: unknown TFDS dataset 'fashion_mnistt'; did you mean 'fashion_mnist'?"
 
 
@@ -291,17 +291,17 @@ def test_converter_bad_source(tmp_path, damage, args, message):
 
 @pytest.mark.parametrize("n, workers", [(103, 2), (103, 4), (5, 2)])
 def test_evaluation_counts_every_example_once(n, workers):
-    sources = [id_source(n, r, workers) for r in range(workers)]
-    shards = [ids(s.eval_elements()) for s in sources]
+    per_rank = [id_source(n, r, workers) for r in range(workers)]
+    shards = [ids(s.eval_elements()) for s in per_rank]
     flat = sorted(i for s in shards for i in s)
     assert flat == list(range(n))  # all of them, none twice, also when n does not divide by the workers
-    assert [s.spec.eval_examples for s in sources] == [len(s) for s in shards]
+    assert [s.spec.eval_examples for s in per_rank] == [len(s) for s in shards]
 
 
 def test_augment_off_trains_on_evaluation_preprocessing():
     images = np.random.default_rng(0).integers(0, 255, (4, 8, 8, 1), dtype=np.uint8)
     ds = tf.data.Dataset.from_tensor_slices((images, np.arange(4)))
-    source = data.ArraySource("random", (ds, 4), (ds, 4), 10, 8, 0, 1, cache=False)
+    source = sources.ArraySource("random", (ds, 4), (ds, 4), 10, 8, 0, 1, cache=False)
     image, label = next(iter(source.train_elements(0)))
     augmented = source.preprocess_train((image, label), SEED)[0].numpy()
     source.augment = False
@@ -309,7 +309,7 @@ def test_augment_off_trains_on_evaluation_preprocessing():
     np.testing.assert_array_equal(plain, source.preprocess_eval((image, label))[0].numpy())
     assert not np.array_equal(plain, augmented)  # the switch changes something
     synthetic = ["data.source=synthetic", "data.num_classes=2", "data.image_size=8", "data.augment=false"]
-    assert data.open_source(config.build([], synthetic).data).augment is False
+    assert sources.open_source(config.build([], synthetic).data).augment is False
 
 
 def _write_records(path, examples):
@@ -339,9 +339,9 @@ def test_bad_record_is_named_with_its_index(imagenet_dir, tmp_path, damage):
         why = "not an ImageNet example of the standard layout (Feature: image/class/label"
     path = tmp_path / "train-00000-of-00001"
     _write_records(path, [*records[:2], bad, *records[2:]])
-    found = data.find_bad_record([str(good), str(path)])
+    found = pipeline.find_bad_record([str(good), str(path)])
     assert found[:2] == (str(path), 2) and found[2].startswith(why)
-    assert data.find_bad_record([str(good)]) is None
+    assert pipeline.find_bad_record([str(good)]) is None
 
 
 def test_converter_stops_at_a_bad_image_and_leaves_no_temporary_shard(tmp_path):
@@ -363,5 +363,45 @@ def test_converter_force_replaces_the_old_layout(tmp_path):
     convert(raw, out, train_shards=3, validation_shards=2, workers=1, labels_file=labels)
     convert(raw, out, train_shards=1, validation_shards=1, workers=1, labels_file=labels, force=True)
     assert sorted(p.name for p in out.iterdir()) == [
-        "counts.json", "train-00000-of-00001", "validation-00000-of-00001"
+        ".scaleout-convert.json", "counts.json", "train-00000-of-00001", "validation-00000-of-00001"
     ]  # fmt: skip
+
+
+def test_converter_force_removes_only_what_a_conversion_wrote(tmp_path):
+    """Issue 22, item 16: files in DEST that look like shards but were not written by the converter stay."""
+    raw = make_tree(tmp_path / "raw", classes=2, per_class=2, val=2, png_as_jpeg=False)
+    out, labels = tmp_path / "out", raw / "val_labels.txt"
+    out.mkdir()
+    theirs = {"chapter-1-of-3.txt": "notes", "train-00009-of-00010": "not ours: no manifest lists it"}
+    for name, text in theirs.items():
+        (out / name).write_text(text)
+    convert(raw, out, train_shards=3, validation_shards=2, workers=1, labels_file=labels, force=True)
+    convert(raw, out, train_shards=1, validation_shards=1, workers=1, labels_file=labels, force=True)
+    assert {name: (out / name).read_text() for name in theirs} == theirs
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == sorted(
+        [*theirs, "counts.json", "train-00000-of-00001", "validation-00000-of-00001"]
+    )
+
+
+@pytest.mark.parametrize("where", [".", "out", "train/out"])
+def test_converter_refuses_a_dest_inside_src(tmp_path, where):
+    raw = make_tree(tmp_path / "raw", classes=2, per_class=2, val=2, png_as_jpeg=False)
+    before = sorted(str(p) for p in raw.rglob("*"))
+    with pytest.raises(UsageError) as err:
+        convert(raw, raw / where, train_shards=1, validation_shards=1, labels_file=raw / "val_labels.txt")
+    assert f"is inside SRC {raw}: converting again would read the output as images" in str(err.value)
+    assert sorted(str(p) for p in raw.rglob("*")) == before  # nothing written
+
+
+def test_converter_refuses_an_empty_class_folder(tmp_path):
+    raw = make_tree(tmp_path / "raw", classes=2, per_class=2, val=2, png_as_jpeg=False)
+    (raw / "train" / "n00000999").mkdir()  # sorts first: every label after it would shift by one
+    with pytest.raises(UsageError) as err:
+        convert(
+            raw, tmp_path / "out", train_shards=1, validation_shards=1, labels_file=raw / "val_labels.txt"
+        )
+    assert str(err.value) == (
+        f"SRC {raw / 'train' / 'n00000999'}: a class folder without images (.JPEG, .JPG or .PNG) would still "
+        "take a label; remove it or add its images"
+    )
+    assert not (tmp_path / "out").exists()

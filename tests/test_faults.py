@@ -177,7 +177,7 @@ def test_a_stopped_worker_ends_the_job_within_the_stall_time_naming_it(tmp_path)
         for sig in (signal.SIGKILL, signal.SIGCONT):
             with __import__("contextlib").suppress(ProcessLookupError):
                 os.kill(stopped, sig)
-    print(f"the job ended {took:.1f} s after SIGSTOP (stall time {stall} s)")  # README quotes it (-rP)
+    print(f"the job ended {took:.1f} s after SIGSTOP (stall time {stall} s)")  # docs/training.md quotes it (-rP)
     assert code != 0 and took < stall + 30, (took, out)
     assert f"Error: no training step for {stall} s: rank(s) 1 stopped responding" in out, out
 
@@ -187,7 +187,7 @@ def test_a_hung_file_system_cannot_keep_the_watchdog_from_ending_a_stall(tmp_pat
     (tmp_path / ".heartbeat").mkdir()
     os.mkfifo(tmp_path / ".heartbeat" / "rank-0.tmp")
     code = (
-        "import time; from app.engines.horovod import Watchdog\n"
+        "import time; from app.engines.faults import Watchdog\n"
         f"w = Watchdog({str(tmp_path)!r}, 0, 2, timeout=2).start(); w.progress(); time.sleep(30)"
     )
     t0 = time.monotonic()

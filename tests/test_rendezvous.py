@@ -1,4 +1,4 @@
-"""app/rendezvous.py: Slurm's task variables to Horovod's, checked against Horovod's own host assignments; the
+"""app/engines/rendezvous.py: Slurm's task variables to Horovod's, checked against Horovod's own host assignments; the
 server (`app rendezvous`) for real; a rank that joins, a missing server and a missing rank, each one line."""
 
 from __future__ import annotations

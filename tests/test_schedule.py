@@ -8,7 +8,8 @@ import pytest
 
 from app.core import config
 from app.engines import horovod as distributed
-from app.training.schedule import lr_callback, make_schedule
+from app.training.callbacks import lr_callback
+from app.training.schedule import make_schedule
 
 
 def cfg(**train):

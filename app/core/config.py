@@ -21,7 +21,8 @@ from pathlib import Path
 
 import yaml
 
-from app.core.errors import UsageError, brief, read_regular, show
+from app.core.errors import UsageError, brief, show
+from app.core.yamlfile import ConfigDumper, ConfigLoader, Refused, parse_yaml, read_text
 
 MODELS = ("resnet50", "resnet18", "resnet20", "resnet32", "resnet56")
 SOURCES = ("tfds", "imagenet", "synthetic")
@@ -32,8 +33,6 @@ WARMUPS = ("gradual", "constant")  # Goyal et al.'s two warmups (see app.trainin
 # letters, digits and . _ + - only, never a path, never an option. One definition, used by submit too.
 SAFE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
 SAFE_HINT = "use letters, digits and . _ + - only (first a letter, digit or _; at most 128)"
-CONFIG_FILE_LIMIT = 2**20  # bytes: an experiment file is a few hundred; more is the wrong file (or /dev/zero)
-MAX_DEPTH = 50  # nesting levels of a config's YAML (its schema has 3)
 # Keys that may differ between a run's saved config and a resume of it: they do not change what is learned
 # so far (longer training, other logging, data moved to another disk).
 RESUMABLE_CHANGES = ("train.epochs", "train.decay_epochs", "data.data_dir", "run.")
@@ -57,7 +56,7 @@ class DataConfig:
     cache: bool = False  # cache decoded examples in memory (small datasets only)
     # Keep the exact example order through parallel decoding: what makes --seed and resume reproducible.
     # false: elements leave the parallel map as they finish, with the same examples and augmentations per
-    # epoch in a slightly different order; no measurable throughput difference here (see README).
+    # epoch in a slightly different order; no measurable throughput difference here (docs/development.md, make bench).
     deterministic: bool = True
 
 
@@ -132,114 +131,6 @@ class Config:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-# ------------------------------------------------------------------------------------------------ YAML
-
-_INT, _FLOAT, _TIMESTAMP = (f"tag:yaml.org,2002:{t}" for t in ("int", "float", "timestamp"))
-# Numbers as YAML 1.2's core schema reads them, not PyYAML's YAML 1.1: 1e-3 is a float (1.1 wants a dot),
-# 1:30 and 1_000 are strings (1.1: 90 and 1000), 010 is ten (1.1: octal eight), 2024-01-01 is a string.
-# .inf and .nan stay floats, for the finite check to refuse them by name.
-INT_12 = re.compile(r"(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)\Z")
-FLOAT_12 = re.compile(
-    r"(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))\Z"
-)
-MAX_INT_DIGITS = 100  # more is no config value (and Python refuses to convert beyond 4300)
-
-
-class Refused(yaml.MarkedYAMLError):
-    """Valid YAML that a config may not hold (an alias, deep nesting, a huge integer): its own one line."""
-
-
-class ConfigLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` with YAML 1.2 numbers (``INT_12``, ``FLOAT_12``) and no aliases: ``*a`` can make a
-    600-byte file a structure of gigabytes (and is never needed in an experiment file)."""
-
-    yaml_implicit_resolvers = {
-        first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_INT, _FLOAT, _TIMESTAMP)]
-        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-    }
-    depth = 0
-
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            raise Refused(
-                problem=f"YAML aliases (*{show(event.anchor)}) are not allowed in a config; write the value out",
-                problem_mark=event.start_mark,
-            )
-        if self.depth >= MAX_DEPTH:
-            raise Refused(
-                problem=f"nested deeper than {MAX_DEPTH} levels; a config has sections, keys and values",
-                problem_mark=self.peek_event().start_mark,
-            )
-        self.depth += 1
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self.depth -= 1
-
-    def construct_int12(self, node) -> int:
-        text = self.construct_scalar(node)
-        if not INT_12.match(text):
-            raise yaml.constructor.ConstructorError(
-                None, None, f"{brief(text)} is not an integer", node.start_mark
-            )
-        digits = len(text.lstrip("+-"))
-        if digits > MAX_INT_DIGITS:
-            raise Refused(
-                problem=f"an integer of {digits} digits is out of range", problem_mark=node.start_mark
-            )
-        base = {"0o": 8, "0x": 16}.get(text[:2], 10)
-        return int(text[2:] if base != 10 else text, base)
-
-    def construct_float12(self, node) -> float:
-        text = self.construct_scalar(node)
-        if not FLOAT_12.match(text):
-            raise yaml.constructor.ConstructorError(
-                None, None, f"{brief(text)} is not a number", node.start_mark
-            )
-        lower = text.lower()
-        if lower.lstrip("+-") in (".inf", ".nan"):
-            return float(lower.replace(".", ""))
-        return float(text)  # 1e400 is inf: refused by the finite check with the key's name
-
-
-ConfigLoader.add_implicit_resolver(_INT, INT_12, list("-+0123456789"))
-ConfigLoader.add_implicit_resolver(_FLOAT, FLOAT_12, list("-+.0123456789"))
-ConfigLoader.add_constructor(_INT, ConfigLoader.construct_int12)
-ConfigLoader.add_constructor(_FLOAT, ConfigLoader.construct_float12)
-
-
-class ConfigDumper(yaml.SafeDumper):
-    """``yaml.SafeDumper`` that also quotes the strings YAML 1.2 reads as numbers ("1e-3"), so that a saved
-    config.yaml reads back the same with :class:`ConfigLoader` and with ``yaml.safe_load``."""
-
-
-ConfigDumper.add_implicit_resolver(_INT, INT_12, list("-+0123456789"))
-ConfigDumper.add_implicit_resolver(_FLOAT, FLOAT_12, list("-+.0123456789"))
-
-
-def parse_yaml(text: str, label: str) -> object:
-    """``text`` read by :class:`ConfigLoader`, or one line naming ``label`` (and the line) for invalid YAML
-    or YAML a config may not hold."""
-    try:
-        return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 (a SafeLoader)
-    except Refused as exc:
-        raise UsageError(f"{label}: line {exc.problem_mark.line + 1}: {exc.problem}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" line {mark.line + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise UsageError(f"{label}:{at} is not valid YAML ({problem})") from None
-    except RecursionError:
-        raise UsageError(f"{label}: nested too deeply to be a config") from None
-    except (
-        ValueError,
-        TypeError,
-        AttributeError,
-    ) as exc:  # an explicit tag (!!timestamp x) PyYAML trips over
-        raise UsageError(f"{label}: not a valid config value ({brief(str(exc))})") from None
 
 
 # --------------------------------------------------------------------------------------------- loading
@@ -343,7 +234,8 @@ def _coerce(key: str, value, tp, where: str):
     return value
 
 
-def _flatten(tree: dict, where: str, prefix: str = "") -> dict[str, object]:
+def flatten(tree: dict, where: str, prefix: str = "") -> dict[str, object]:
+    """A YAML tree of sections as flat ``section.key`` values; ``where`` names it in errors."""
     flat: dict[str, object] = {}
     for k, v in tree.items():
         key = f"{prefix}{k}"
@@ -356,7 +248,7 @@ def _flatten(tree: dict, where: str, prefix: str = "") -> dict[str, object]:
                 f"got {type(v).__name__} {brief(v)}"
             )
         if isinstance(v, dict) and any(f.startswith(key + ".") for f in FIELDS):
-            flat.update(_flatten(v, where, key + "."))
+            flat.update(flatten(v, where, key + "."))
         else:
             flat[key] = v
     return flat
@@ -382,18 +274,6 @@ def apply(cfg: Config, values: dict[str, object], where: str) -> Config:
     return cfg
 
 
-def read_text(path: Path, label: str) -> str:
-    """A YAML file's contents; one line naming ``label`` when it cannot be read, is not a regular file (a
-    device or FIFO never ends), is larger than ``CONFIG_FILE_LIMIT`` or is not UTF-8 text."""
-    data = read_regular(path, label, CONFIG_FILE_LIMIT, "YAML file")
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise UsageError(
-            f"{label}: not a UTF-8 text file (undecodable byte at offset {exc.start}); is it a YAML file?"
-        ) from None
-
-
 def load_yaml(path: str | Path, _seen: tuple = ()) -> dict[str, object]:
     """Read one experiment file (following its ``base:`` chain) as flat ``section.key`` values."""
     path = Path(path)
@@ -415,29 +295,8 @@ def load_yaml(path: str | Path, _seen: tuple = ()) -> dict[str, object]:
             raise UsageError(f"{path}: 'base:' must name one YAML file, got {brief(base)}")
         values.update(load_yaml(path.parent / base, (*_seen, path.resolve())))
     values["name"] = path.stem
-    values.update(_flatten(tree, str(path)))
+    values.update(flatten(tree, str(path)))
     return values
-
-
-FRESH = "start a new --run-dir"  # how `app train` starts over; `app submit --resume` says its own
-
-
-def load_saved(path: str | Path, fresh: str = FRESH) -> dict[str, object]:
-    """A run's saved ``config.yaml`` as flat values. It was written whole, so anything less (unreadable,
-    empty, not YAML, sections missing) is an error: resuming on defaults would silently train something else."""
-    path = Path(path)
-    fix = f"restore it, or {fresh}"
-    tree = parse_yaml(read_text(path, f"{path} (the run's saved config)"), str(path))
-    if tree is None:
-        raise UsageError(f"{path}: the run's saved config is empty; {fix}")
-    if not isinstance(tree, dict):
-        raise UsageError(
-            f"{path}: not a saved run config (a mapping of sections), got {type(tree).__name__}; {fix}"
-        )
-    missing = [s for s in SECTIONS if not isinstance(tree.get(s), dict)]
-    if missing:
-        raise UsageError(f"{path}: the run's saved config lacks section(s) {', '.join(missing)}; {fix}")
-    return _flatten(tree, str(path))
 
 
 def parse_set(items: typing.Iterable[str]) -> dict[str, object]:
@@ -593,7 +452,7 @@ def checkpoint_interval(value: str) -> tuple[str, float] | None:
 
 def flat(cfg: Config) -> dict[str, object]:
     """``section.key -> value`` for every field (for diffs between a saved run and a resume)."""
-    return _flatten(cfg.to_dict(), "config")
+    return flatten(cfg.to_dict(), "config")
 
 
 def conflicts(saved: Config, given: Config) -> list[str]:
@@ -615,78 +474,3 @@ def dump(cfg: Config) -> str:
 def tfds_data_dir(explicit: str | None = None) -> str:
     """The TFDS data dir in use: explicit > $TFDS_DATA_DIR > TFDS's own default (~/tensorflow_datasets)."""
     return explicit or os.environ.get("TFDS_DATA_DIR") or os.path.expanduser("~/tensorflow_datasets")
-
-
-def default_run_dir(name: str) -> Path:
-    """runs/<name>-<Slurm job id> under Slurm (stable across requeues), else runs/<name>-<date-time>."""
-    import time
-
-    job = os.environ.get("SLURM_JOB_ID")
-    return Path("runs") / f"{name}-{job if job else time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def for_run(
-    config_files: typing.Sequence[str],
-    sets: typing.Iterable[str],
-    options: dict[str, object],
-    run_dir: str | None,
-    origins: dict[str, str] | None = None,
-    label: str = "--run-dir",
-    fresh: str = FRESH,
-) -> tuple[Config, Path]:
-    """The config and run directory of ``app train``: a run directory holding config.yaml is resumed from it.
-
-    The saved config is the base; files, ``--set`` and options may only change what does not alter what was
-    learned so far (``RESUMABLE_CHANGES``), anything else is a conflict that names the keys. A saved config
-    that cannot be read whole is an error, never a fall back to defaults. ``label`` and ``fresh`` name the
-    option and the way to start over in messages (``app submit --resume`` has no --run-dir).
-    """
-    if run_dir and Path(run_dir).exists() and not Path(run_dir).is_dir():
-        raise UsageError(f"{label} {show(run_dir)}: exists and is not a directory; pass a run directory")
-    saved_path = Path(run_dir) / "config.yaml" if run_dir else None
-    if saved_path is not None and (saved_path.exists() or saved_path.is_symlink()):
-        saved = load_run_config(saved_path, fresh)
-        cfg = build(config_files, sets, options, base=flat(saved), origins=origins)
-        clash = conflicts(saved, cfg)
-        if clash:
-            raise UsageError(
-                f"{label} {show(run_dir)}: resuming with a different config ({'; '.join(clash)}); "
-                f"drop those changes or {fresh}"
-            )
-        check_writable(Path(run_dir), label, f"make it writable, or {fresh}")
-        return cfg, Path(run_dir)
-    cfg = build(config_files, sets, options, origins=origins)
-    path = Path(run_dir) if run_dir else default_run_dir(cfg.name)
-    check_writable(path, "--run-dir" if run_dir else "run directory")
-    return cfg, path
-
-
-def check_writable(run_dir: Path, label: str, fix: str | None = None) -> None:
-    """Fail in one line, before TensorFlow starts, when ``run_dir`` cannot be created or written: a file in
-    its way, a read-only mount, /proc. Probed with a temporary file in the deepest folder that exists."""
-    import tempfile
-
-    probe = Path(run_dir)
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir():
-        raise UsageError(f"{label} {run_dir}: {probe} is not a directory; {fix or 'pass another --run-dir'}")
-    try:
-        fd, name = tempfile.mkstemp(prefix=".write-test-", dir=probe)
-        os.close(fd)
-        os.unlink(name)
-    except OSError as exc:
-        raise UsageError(
-            f"{label} {run_dir}: cannot write in {probe} ({exc.strerror or exc}); {fix or 'pass a writable --run-dir'}"
-        ) from None
-
-
-def load_run_config(path: str | Path, fresh: str = FRESH) -> Config:
-    """A run's saved ``config.yaml``, read whole and validated; every problem is one line naming the file."""
-    path = Path(path)
-    try:
-        return build(base=load_saved(path, fresh), base_where=str(path))
-    except UsageError as exc:
-        if str(exc).startswith(str(path)):
-            raise
-        raise UsageError(f"{path}: {exc}; restore it, or {fresh}") from None

@@ -1,5 +1,6 @@
-"""data: the input stage. Dataset sources (TFDS, ImageNet TFRecords, synthetic), per-rank sharding, decoding
-and augmentation in tf.data, and `app data imagenet-to-tfrecord`, the converter that prepares ImageNet.
+"""data: the input stage. Dataset sources (TFDS, ImageNet TFRecords, synthetic) and per-rank sharding
+(sources), decoding and augmentation (preprocess), the tf.data pipeline (pipeline), and `app data
+imagenet-to-tfrecord`, the converter that prepares ImageNet (convert).
 
 May import: app.core, app.engines (to agree step counts across ranks). Must not import: training, cluster,
 study, reports, cli.

@@ -116,8 +116,28 @@ def _run(megabytes: float, iterations: int, threads: int, nccl_dir: str | None) 
     tf = import_tensorflow()
     hvd_build, tf_build = horovod_build(), tensorflow_build(tf)
     world = dist.init(threads, checks=False)  # the checks become rows below instead of ending the command
-    h = dist._hvd_tf()
-    checks: list[Check] = []
+    checks: list[Check] = [check_build(tf, hvd_build, tf_build)]
+    gpus = [d.name for d in tf.config.list_physical_devices("GPU")]
+    ranks = gather_ranks(tf, world, gpus)
+    checks += [check_devices(ranks), check_world(ranks, world)]
+    allreduce, check = check_allreduce(tf, world, gpus, megabytes, iterations)
+    checks.append(check)
+    network = nccl_network(nccl_dir)
+    checks.append(check_transport(network, hvd_build, gpus, world))
+    return {
+        "rank": world.rank,
+        "size": world.size,
+        "checks": [asdict(c) for c in checks],
+        "ranks": ranks,
+        "allreduce": allreduce,
+        "network": network,
+    }
+
+
+def check_build(tf, hvd_build: dict, tf_build: dict) -> Check:
+    """1. TensorFlow's and Horovod's builds: Horovod importable, with NCCL/RCCL for a GPU build, the same on
+    every rank."""
+    from app.engines import horovod as dist
 
     gpu_build = tf_build["cuda"] or tf_build["rocm"]
     built_for = (
@@ -137,9 +157,13 @@ def _run(megabytes: float, iterations: int, threads: int, nccl_dir: str | None) 
         detail += f"; rank {bad[0]}: {bad[1]}"
     elif differ:
         detail += "; ranks differ: " + ", ".join(sorted({b[0] for b in builds}))
-    checks.append(Check("build", not bad and not differ, detail))
+    return Check("build", not bad and not differ, detail)
 
-    gpus = [d.name for d in tf.config.list_physical_devices("GPU")]
+
+def gather_ranks(tf, world, gpus: list[str]) -> list[dict]:
+    """Every rank's host, GPUs seen and allocated, and its device and world-size problems (or None)."""
+    from app.engines import horovod as dist
+
     mine = {
         "rank": world.rank,
         "host": socket.gethostname(),
@@ -157,8 +181,11 @@ def _run(megabytes: float, iterations: int, threads: int, nccl_dir: str | None) 
         check_world_size(world.size, os.environ)
     except AppError as exc:
         world_problem = str(exc)
-    ranks = dist.allgather_object({**mine, "device_problem": device_problem, "world_problem": world_problem})
+    return dist.allgather_object({**mine, "device_problem": device_problem, "world_problem": world_problem})
 
+
+def check_devices(ranks: list[dict]) -> Check:
+    """2. The GPUs each rank sees against what the job was given, per host."""
     bad = next((r for r in ranks if r["device_problem"]), None)
     hosts: dict[str, list[dict]] = {}
     for r in ranks:
@@ -167,23 +194,30 @@ def _run(megabytes: float, iterations: int, threads: int, nccl_dir: str | None) 
         f"{host}: {len(rs)} rank(s), GPUs seen {'/'.join(str(r['gpus_seen']) for r in rs)}"
         for host, rs in hosts.items()
     )
-    checks.append(
-        Check("devices", bad is None, f"rank {bad['rank']}: {bad['device_problem']}" if bad else per_host)
-    )
+    return Check("devices", bad is None, f"rank {bad['rank']}: {bad['device_problem']}" if bad else per_host)
+
+
+def check_world(ranks: list[dict], world) -> Check:
+    """3. Horovod's size against the launcher's task count, and the world as Horovod sees it."""
     bad = next((r for r in ranks if r["world_problem"]), None)
-    launched = mine["launched"]
+    launched = launched_size(os.environ)
     said = f"launcher: {launched[0]}={launched[1]}" if launched else "no launcher (one process)"
-    checks.append(
-        Check(
-            "world",
-            bad is None,
-            f"rank {bad['rank']}: {bad['world_problem']}"
-            if bad
-            else f"Horovod size {world.size} ({said}), {world.nodes} node(s), {world.local_size} rank(s) on "
-            f"this node, controller {world.controller}, launched by {world.launcher}",
-        )
+    return Check(
+        "world",
+        bad is None,
+        f"rank {bad['rank']}: {bad['world_problem']}"
+        if bad
+        else f"Horovod size {world.size} ({said}), {world.nodes} node(s), {world.local_size} rank(s) on "
+        f"this node, controller {world.controller}, launched by {world.launcher}",
     )
 
+
+def check_allreduce(tf, world, gpus: list[str], megabytes: float, iterations: int) -> tuple[dict, Check]:
+    """4. One buffer of ``megabytes`` summed across the ranks, checked element by element and timed: the
+    measurement (bytes, seconds of the slowest rank, algorithm and bus bandwidth) and its check."""
+    from app.engines import horovod as dist
+
+    h = dist._hvd_tf()
     # The allreduce: every rank contributes rank + 1, so every element must be n(n+1)/2 afterwards.
     count = max(1, int(megabytes * 2**20 / 4))
     device = "/GPU:0" if gpus else "/CPU:0"
@@ -207,16 +241,20 @@ def _run(megabytes: float, iterations: int, threads: int, nccl_dir: str | None) 
         if wrong_ranks
         else ""
     )
-    checks.append(
-        Check(
-            "allreduce",
-            not wrong_ranks,
-            f"{count * 4 / 2**20:g} MiB on {device}: {slowest * 1e3:.1f} ms per allreduce (slowest rank), "
-            f"algorithm {algorithm:.2f} GB/s, bus {bus:.2f} GB/s" + wrong,
-        )
+    check = Check(
+        "allreduce",
+        not wrong_ranks,
+        f"{count * 4 / 2**20:g} MiB on {device}: {slowest * 1e3:.1f} ms per allreduce (slowest rank), "
+        f"algorithm {algorithm:.2f} GB/s, bus {bus:.2f} GB/s" + wrong,
     )
+    return {"bytes": count * 4, "seconds": slowest, "algorithm_gbps": algorithm, "bus_gbps": bus}, check
 
-    network = nccl_network(nccl_dir)
+
+def check_transport(network: str | None, hvd_build: dict, gpus: list[str], world) -> Check:
+    """5. The path gradients take: NCCL/RCCL and the network its log named, or Horovod's CPU operations; the
+    same network on every rank."""
+    from app.engines import horovod as dist
+
     ops = hvd_build.get("tensor_operations", {}) if hvd_build["version"] else {}
     if gpus and ops.get("nccl"):
         transport = f"NCCL/RCCL, network: {network}" if network else "NCCL/RCCL (its log named no network)"
@@ -225,21 +263,11 @@ def _run(megabytes: float, iterations: int, threads: int, nccl_dir: str | None) 
         transport = f"Horovod CPU operations ({cpu_ops}); no NCCL on this path"
     networks = dist.allgather_object(network)
     mixed = len({n for n in networks if n}) > 1
-    checks.append(
-        Check(
-            "transport",
-            not mixed,
-            transport + (f"; ranks differ: {sorted({n for n in networks if n})}" if mixed else ""),
-        )
+    return Check(
+        "transport",
+        not mixed,
+        transport + (f"; ranks differ: {sorted({n for n in networks if n})}" if mixed else ""),
     )
-    return {
-        "rank": world.rank,
-        "size": world.size,
-        "checks": [asdict(c) for c in checks],
-        "ranks": ranks,
-        "allreduce": {"bytes": count * 4, "seconds": slowest, "algorithm_gbps": algorithm, "bus_gbps": bus},
-        "network": network,
-    }
 
 
 def render(report: dict, console) -> None:

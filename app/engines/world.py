@@ -125,7 +125,7 @@ def check_gpus_seen(gpus_seen: int, env, device_nodes, build: dict) -> None:
     if gpus_seen or allocated is None or env.get(ALLOW_CPU_VAR) == "1":
         return
     if not (build.get("is_cuda_build") or build.get("is_rocm_build")):
-        why = "this TensorFlow is a CPU-only build (use the image for this cluster, see README 'Images')"
+        why = "this TensorFlow is a CPU-only build (use the image for this cluster, see docs/clusters/other-slurm.md)"
     else:
         why = (
             "the GPUs are not reachable inside the container or the driver is too old (Apptainer needs "

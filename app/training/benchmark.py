@@ -14,6 +14,7 @@ negotiation (app.engines.timeline).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
@@ -157,13 +158,12 @@ def run(
     timeline_steps: int = 0,
 ) -> list[dict]:
     """Benchmark ``cfg`` at each per-worker batch size; rank 0 appends one JSON line per batch size."""
-    import json
-
     import tensorflow as tf
 
-    from app.data import pipeline as data
+    from app.data.pipeline import train_dataset
+    from app.data.sources import open_source
     from app.engines import horovod as distributed
-    from app.training.train import build_model, setup
+    from app.training.prepare import build_model, setup
 
     synthetic = cfg.data.source == "synthetic"
     if pipeline_only and synthetic:
@@ -171,7 +171,7 @@ def run(
             "--pipeline-only measures an input pipeline; synthetic data has none (use tfds or imagenet data)"
         )
     world, reporter, policy = setup(cfg, threads)
-    source = data.open_source(cfg.data, world.rank, world.size, cfg.run.seed)
+    source = open_source(cfg.data, world.rank, world.size, cfg.run.seed)
     model = None if pipeline_only else build_model(cfg, source.spec, world)
     out = []
     for batch in batch_sizes:
@@ -181,45 +181,18 @@ def run(
             raise UsageError(
                 f"--batch-sizes {batch}: more than this worker's {source.spec.train_examples} examples"
             )
-        ds = data.train_dataset(
+        ds = train_dataset(
             source, batch, per_epoch, math.ceil((steps + timeline_steps) / per_epoch), 0, cfg.run.seed, world.rank,
             cfg.data.shuffle_buffer, synthetic=synthetic, deterministic=cfg.data.deterministic,
         )  # fmt: skip
         step_fn = None if model is None else tf.function(model.train_step, jit_compile=cfg.model.jit_compile)
-        times, waits = [], []
         iterator = iter(ds)
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            images, labels = next(iterator)
-            t1 = time.perf_counter()
-            if step_fn is not None:
-                float(step_fn((images, labels))["loss"])  # waits for the step to finish
-            else:
-                images.numpy()
-            t2 = time.perf_counter()
-            waits.append(t1 - t0)
-            times.append(t2 - t0)
+        times, waits = time_steps(iterator, step_fn, steps)
         timeline = None
         if timeline_steps and world.size == 1 and world.is_chief and batch == batch_sizes[0]:
             reporter.note("--timeline: one worker runs no collectives; nothing to record")
         if timeline_steps and world.size > 1:
-            stamp = time.strftime("%Y%m%d-%H%M%S")
-            folder = results.parent / f"{results.stem}.timeline"
-            if world.is_chief:
-                folder.mkdir(parents=True, exist_ok=True)
-            with distributed.recording_timeline(folder / f"w{world.size}-b{batch}-{stamp}.json") as trace:
-                t0 = time.perf_counter()
-                for _ in range(timeline_steps):
-                    images, labels = next(iterator)
-                    if step_fn is not None:
-                        float(step_fn((images, labels))["loss"])
-                    else:
-                        images.numpy()
-                window = time.perf_counter() - t0
-            if world.is_chief:
-                from app.engines.timeline import shares
-
-                timeline = {"file": str(trace), "steps": timeline_steps, **shares(trace, window)}
+            timeline = record_timeline(iterator, step_fn, timeline_steps, results, world, batch)
         images_per_step = batch * world.size
         result = {
             "kind": "pipeline" if pipeline_only else "train",
@@ -243,21 +216,71 @@ def run(
         # [horovod] the slowest rank sets the pace: report the largest step time any rank saw.
         result["step_time_s"] = max(distributed.allgather_object(result["step_time_s"]))
         if world.is_chief:
-            results.parent.mkdir(parents=True, exist_ok=True)
-            with open(results, "a") as f:
-                f.write(json.dumps(finite(result), allow_nan=False) + "\n")
-            ips = result["images_per_s"]
-            ci = f" ± {ips['ci95']:,.1f}" if ips["ci95"] is not None else ""
-            reporter.note(
-                f"{result['kind']} batch {batch}/worker x {world.size}: {ips['mean']:,.1f}{ci} images/s "
-                f"({ips['per_worker']:,.1f} per worker), step {result['step_time_s'] * 1000:.0f} ms, "
-                f"input wait {result['input_wait_fraction']:.0%}, warmup {result['warmup_steps']} steps excluded"
-            )
-            if timeline:
-                reporter.note(
-                    f"timeline of {timeline_steps} more steps: collectives {timeline['collective_fraction']:.0%}, "
-                    f"negotiation open {timeline['negotiation_fraction']:.0%}, compute only {timeline['compute_fraction']:.0%} "
-                    f"of step time; open {timeline['file']} in ui.perfetto.dev"
-                )
+            report(result, results, reporter, timeline_steps)
         out.append(result)
     return out
+
+
+def time_steps(iterator, step_fn, steps: int) -> tuple[list[float], list[float]]:
+    """(step times, input waits) of ``steps`` steps, in seconds: each step's wait for its batch is part of its
+    time. Without ``step_fn`` (an input pipeline alone) a step is its batch, materialised."""
+    times, waits = [], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        images, labels = next(iterator)
+        t1 = time.perf_counter()
+        if step_fn is not None:
+            float(step_fn((images, labels))["loss"])  # waits for the step to finish
+        else:
+            images.numpy()
+        t2 = time.perf_counter()
+        waits.append(t1 - t0)
+        times.append(t2 - t0)
+    return times, waits
+
+
+def record_timeline(iterator, step_fn, timeline_steps: int, results: Path, world, batch: int) -> dict | None:
+    """``timeline_steps`` more steps under Horovod's timeline; on rank 0 the trace's file and the shares of
+    those steps' time spent in collectives and negotiation (None on the other ranks)."""
+    from app.engines import horovod as distributed
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    folder = results.parent / f"{results.stem}.timeline"
+    if world.is_chief:
+        folder.mkdir(parents=True, exist_ok=True)
+    with distributed.recording_timeline(folder / f"w{world.size}-b{batch}-{stamp}.json") as trace:
+        t0 = time.perf_counter()
+        for _ in range(timeline_steps):
+            images, labels = next(iterator)
+            if step_fn is not None:
+                float(step_fn((images, labels))["loss"])
+            else:
+                images.numpy()
+        window = time.perf_counter() - t0
+    timeline = None
+    if world.is_chief:
+        from app.engines.timeline import shares
+
+        timeline = {"file": str(trace), "steps": timeline_steps, **shares(trace, window)}
+    return timeline
+
+
+def report(result: dict, results: Path, reporter, timeline_steps: int) -> None:
+    """Rank 0: ``result`` appended to the results file as one JSON line, and told in one or two lines."""
+    results.parent.mkdir(parents=True, exist_ok=True)
+    with open(results, "a") as f:
+        f.write(json.dumps(finite(result), allow_nan=False) + "\n")
+    ips = result["images_per_s"]
+    ci = f" ± {ips['ci95']:,.1f}" if ips["ci95"] is not None else ""
+    reporter.note(
+        f"{result['kind']} batch {result['batch_size']}/worker x {result['workers']}: {ips['mean']:,.1f}{ci} images/s "
+        f"({ips['per_worker']:,.1f} per worker), step {result['step_time_s'] * 1000:.0f} ms, "
+        f"input wait {result['input_wait_fraction']:.0%}, warmup {result['warmup_steps']} steps excluded"
+    )
+    timeline = result["timeline"]
+    if timeline:
+        reporter.note(
+            f"timeline of {timeline_steps} more steps: collectives {timeline['collective_fraction']:.0%}, "
+            f"negotiation open {timeline['negotiation_fraction']:.0%}, compute only {timeline['compute_fraction']:.0%} "
+            f"of step time; open {timeline['file']} in ui.perfetto.dev"
+        )

@@ -84,16 +84,3 @@ def make_schedule(cfg, workers: int) -> Schedule:
         epochs=t.epochs,
         warmup=t.warmup,
     )
-
-
-def lr_callback(schedule: Schedule, steps_per_epoch: int, first_step: int = 0):
-    """Horovod's per-batch LR callback applying ``schedule`` at every step of every epoch. ``first_step``:
-    the steps of the first epoch already done before a mid-epoch resume (its batches count from 0 again)."""
-    from app.engines.horovod import schedule_callback
-
-    def multiplier(epoch: float) -> float:
-        # Horovod passes epoch + batch / steps_per_epoch (the progress before the batch): back to the integer
-        # global step, exactly (the float error is far below half a step).
-        return schedule.step_multiplier(round(epoch * steps_per_epoch) + first_step, steps_per_epoch)
-
-    return schedule_callback(schedule.target_lr, multiplier, 0, None, steps_per_epoch)

@@ -1,0 +1,107 @@
+"""A run's directory: its default name, resuming from the config.yaml saved in it (conflicts named), and the
+check that it can be written before TensorFlow starts."""
+
+from __future__ import annotations
+
+import os
+import typing
+from pathlib import Path
+
+from app.core.config import SECTIONS, Config, build, conflicts, flat, flatten
+from app.core.errors import UsageError, show
+from app.core.yamlfile import parse_yaml, read_text
+
+FRESH = "start a new --run-dir"  # how `app train` starts over; `app submit --resume` says its own
+
+
+def load_saved(path: str | Path, fresh: str = FRESH) -> dict[str, object]:
+    """A run's saved ``config.yaml`` as flat values. It was written whole, so anything less (unreadable,
+    empty, not YAML, sections missing) is an error: resuming on defaults would silently train something else."""
+    path = Path(path)
+    fix = f"restore it, or {fresh}"
+    tree = parse_yaml(read_text(path, f"{path} (the run's saved config)"), str(path))
+    if tree is None:
+        raise UsageError(f"{path}: the run's saved config is empty; {fix}")
+    if not isinstance(tree, dict):
+        raise UsageError(
+            f"{path}: not a saved run config (a mapping of sections), got {type(tree).__name__}; {fix}"
+        )
+    missing = [s for s in SECTIONS if not isinstance(tree.get(s), dict)]
+    if missing:
+        raise UsageError(f"{path}: the run's saved config lacks section(s) {', '.join(missing)}; {fix}")
+    return flatten(tree, str(path))
+
+
+def default_run_dir(name: str) -> Path:
+    """runs/<name>-<Slurm job id> under Slurm (stable across requeues), else runs/<name>-<date-time>."""
+    import time
+
+    job = os.environ.get("SLURM_JOB_ID")
+    return Path("runs") / f"{name}-{job if job else time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def for_run(
+    config_files: typing.Sequence[str],
+    sets: typing.Iterable[str],
+    options: dict[str, object],
+    run_dir: str | None,
+    origins: dict[str, str] | None = None,
+    label: str = "--run-dir",
+    fresh: str = FRESH,
+) -> tuple[Config, Path]:
+    """The config and run directory of ``app train``: a run directory holding config.yaml is resumed from it.
+
+    The saved config is the base; files, ``--set`` and options may only change what does not alter what was
+    learned so far (``RESUMABLE_CHANGES``), anything else is a conflict that names the keys. A saved config
+    that cannot be read whole is an error, never a fall back to defaults. ``label`` and ``fresh`` name the
+    option and the way to start over in messages (``app submit --resume`` has no --run-dir).
+    """
+    if run_dir and Path(run_dir).exists() and not Path(run_dir).is_dir():
+        raise UsageError(f"{label} {show(run_dir)}: exists and is not a directory; pass a run directory")
+    saved_path = Path(run_dir) / "config.yaml" if run_dir else None
+    if saved_path is not None and (saved_path.exists() or saved_path.is_symlink()):
+        saved = load_run_config(saved_path, fresh)
+        cfg = build(config_files, sets, options, base=flat(saved), origins=origins)
+        clash = conflicts(saved, cfg)
+        if clash:
+            raise UsageError(
+                f"{label} {show(run_dir)}: resuming with a different config ({'; '.join(clash)}); "
+                f"drop those changes or {fresh}"
+            )
+        check_writable(Path(run_dir), label, f"make it writable, or {fresh}")
+        return cfg, Path(run_dir)
+    cfg = build(config_files, sets, options, origins=origins)
+    path = Path(run_dir) if run_dir else default_run_dir(cfg.name)
+    check_writable(path, "--run-dir" if run_dir else "run directory")
+    return cfg, path
+
+
+def check_writable(run_dir: Path, label: str, fix: str | None = None) -> None:
+    """Fail in one line, before TensorFlow starts, when ``run_dir`` cannot be created or written: a file in
+    its way, a read-only mount, /proc. Probed with a temporary file in the deepest folder that exists."""
+    import tempfile
+
+    probe = Path(run_dir)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UsageError(f"{label} {run_dir}: {probe} is not a directory; {fix or 'pass another --run-dir'}")
+    try:
+        fd, name = tempfile.mkstemp(prefix=".write-test-", dir=probe)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        raise UsageError(
+            f"{label} {run_dir}: cannot write in {probe} ({exc.strerror or exc}); {fix or 'pass a writable --run-dir'}"
+        ) from None
+
+
+def load_run_config(path: str | Path, fresh: str = FRESH) -> Config:
+    """A run's saved ``config.yaml``, read whole and validated; every problem is one line naming the file."""
+    path = Path(path)
+    try:
+        return build(base=load_saved(path, fresh), base_where=str(path))
+    except UsageError as exc:
+        if str(exc).startswith(str(path)):
+            raise
+        raise UsageError(f"{path}: {exc}; restore it, or {fresh}") from None

@@ -1,0 +1,73 @@
+"""Evaluation: loss and top-1 (top-5) accuracy summed over every rank's share of the evaluation split, after
+each training epoch and of a run's saved checkpoint (`app evaluate`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from app.core.config import Config
+from app.core.errors import AppError
+from app.data.pipeline import eval_dataset, input_error
+from app.data.sources import open_source
+from app.engines import horovod as distributed
+from app.training import checkpoint
+from app.training.output import write_json
+from app.training.prepare import build_model, setup, tracked
+
+
+def evaluate(model, dataset, num_classes: int, tick=None) -> dict:
+    """Loss, top-1 (and top-5) over every rank's share of the evaluation split, summed across ranks."""
+    k = min(5, num_classes)
+
+    @tf.function
+    def step(images, labels):
+        logits = tf.cast(model(images, training=False), tf.float32)
+        labels = tf.cast(tf.reshape(labels, [-1]), tf.int64)
+        loss = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+        top1 = tf.cast(tf.equal(tf.argmax(logits, -1), labels), tf.float64)
+        topk = tf.cast(tf.math.in_top_k(tf.cast(labels, tf.int32), logits, k), tf.float64)
+        n = tf.cast(tf.shape(labels)[0], tf.float64)
+        return tf.stack(
+            [tf.reduce_sum(tf.cast(loss, tf.float64)), tf.reduce_sum(top1), tf.reduce_sum(topk), n]
+        )
+
+    sums = np.zeros(4)
+    for images, labels in dataset:
+        sums += step(images, labels).numpy()
+        if tick is not None:  # evaluation is progress too (see faults.Watchdog)
+            tick()
+    loss, top1, topk, n = distributed.allreduce_sum(sums)  # [horovod] exact totals over all ranks
+    result = {"val_loss": loss / max(n, 1), "val_accuracy": top1 / max(n, 1), "val_examples": n}
+    if num_classes > 10:
+        result["val_top5"] = topk / max(n, 1)
+    return result
+
+
+def evaluate_run(cfg: Config, run_dir: Path, epoch: int | None = None, threads: int = 0) -> dict:
+    """Evaluate a run's checkpoint (the latest valid one, or ``epoch``) on the evaluation split, distributed."""
+    world, reporter, policy = setup(cfg, threads)
+    found = checkpoint.find(run_dir, epoch) if world.is_chief else None
+    found = distributed.broadcast_object(found)
+    if found is None:
+        which = f"epoch {epoch}" if epoch is not None else "any epoch"
+        raise AppError(f"{run_dir}: no valid checkpoint for {which}; train first or pick another --epoch")
+    source = open_source(cfg.data, world.rank, world.size, cfg.run.seed)
+    model = build_model(cfg, source.spec, world)
+    checkpoint.restore(tracked(model), found[1])
+    dataset = eval_dataset(source, cfg.train.batch_size, cfg.train.eval_steps)  # as during training
+    try:
+        scores = evaluate(model, dataset, source.spec.num_classes)
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as exc:
+        raise input_error(source, exc, evaluation=True) from None
+    result = {"epoch": found[0], "checkpoint": str(found[1]), "workers": world.size, **scores}
+    if world.is_chief:
+        write_json(Path(run_dir) / f"eval-epoch-{found[0]:04d}.json", result)
+        top5 = f" top-5 {result['val_top5']:.4f}" if "val_top5" in result else ""
+        reporter.note(
+            f"{found[1]}: top-1 {result['val_accuracy']:.4f}{top5} loss {result['val_loss']:.4f} "
+            f"on {int(result['val_examples']):,} examples"
+        )
+    return result

@@ -1,0 +1,94 @@
+"""The sizes of a run, decided once before training and agreed by every rank, and what a resume on another
+number of workers keeps: the global batch, and the place in the interrupted epoch."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from app.core.config import Config
+from app.core.errors import UsageError
+from app.data.sources import Spec
+from app.engines import horovod as distributed
+from app.engines.world import World
+from app.training.output import Reporter
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Sizes decided once, before training, and agreed by every rank."""
+
+    steps_per_epoch: int  # backward passes (micro-batches) per epoch on each rank
+    images_per_step: int  # images processed by all ranks in one backward pass
+    global_batch: int  # images per optimizer update
+    accumulation_steps: int = 1  # backward passes per optimizer update
+
+
+def plan(cfg: Config, spec: Spec, world: World) -> Plan:
+    t = cfg.train
+    local = spec.train_examples // t.batch_size
+    if t.steps_per_epoch:
+        local = min(local, t.steps_per_epoch) if cfg.data.source != "synthetic" else t.steps_per_epoch
+    steps = distributed.allreduce_min(local)  # [horovod] unequal step counts would deadlock the allreduce
+    steps -= steps % t.accumulation_steps  # an epoch ends on an optimizer update (checkpoints stay exact)
+    if steps <= 0:
+        raise UsageError(
+            f"train.batch_size {t.batch_size} x accumulation {t.accumulation_steps} is more than this rank's "
+            f"{spec.train_examples} training examples; lower the batch size or use fewer workers"
+        )
+    return Plan(steps, t.batch_size * world.size, cfg.global_batch(world.size), t.accumulation_steps)
+
+
+def keep_global_batch(cfg: Config, state: dict, world: World, reporter: Reporter) -> Config:
+    """A resume on another number of workers keeps the checkpoint's global batch by changing the
+    accumulation steps where they can absorb it; else it stops with what would change, unless
+    ``run.allow_new_global_batch`` says to go on with the new one."""
+    saved_workers, saved_global = int(state.get("workers", world.size)), int(state.get("global_batch", 0))
+    t = cfg.train
+    if saved_workers == world.size or not saved_global or cfg.global_batch(world.size) == saved_global:
+        return cfg
+    per_update = t.batch_size * world.size
+    if saved_global % per_update == 0:
+        accumulation = saved_global // per_update
+        reporter.note(
+            f"resuming on {world.size} workers instead of {saved_workers}: train.accumulation_steps "
+            f"{t.accumulation_steps} -> {accumulation} keeps the global batch at {saved_global}"
+        )
+        return dataclasses.replace(cfg, train=dataclasses.replace(t, accumulation_steps=accumulation))
+    if cfg.run.allow_new_global_batch:
+        reporter.note(
+            f"resuming on {world.size} workers instead of {saved_workers}: the global batch changes from "
+            f"{saved_global} to {cfg.global_batch(world.size)} (run.allow_new_global_batch), the LR with it"
+        )
+        return cfg
+    raise UsageError(
+        f"resuming on {world.size} workers instead of {saved_workers} would change the global batch from "
+        f"{saved_global} to {cfg.global_batch(world.size)} (train.batch_size {t.batch_size} x {world.size} "
+        f"workers x accumulation {t.accumulation_steps}), and no whole number of accumulation steps keeps it; "
+        f"resume on {saved_workers} workers, or accept the change with --set run.allow_new_global_batch=true"
+    )
+
+
+def resume_step(state: dict, p: Plan, reporter: Reporter) -> int:
+    """The step inside the interrupted epoch to continue from. With another number of steps per epoch (the
+    workers changed) the same fraction of the epoch, on an update boundary; that epoch's data then differs."""
+    step, saved_steps = int(state.get("step", 0)), int(state.get("steps_per_epoch", p.steps_per_epoch))
+    if not step:
+        return 0
+    if saved_steps == p.steps_per_epoch:
+        # The same steps, but the accumulation may have changed with the workers: back to an update boundary
+        # (the few batches in between are trained again rather than split across two updates).
+        back = step - step % p.accumulation_steps
+        if back != step:
+            reporter.note(
+                f"continuing at step {back}, not {step}: the first update boundary of accumulation {p.accumulation_steps}"
+            )
+        return back
+    converted = round(step / saved_steps * p.steps_per_epoch)
+    converted -= converted % p.accumulation_steps
+    converted = min(converted, p.steps_per_epoch - p.accumulation_steps)
+    reporter.note(
+        f"the interrupted epoch had {saved_steps} steps per worker, now {p.steps_per_epoch}: continuing at "
+        f"step {converted} (the same fraction; the rest of that epoch's data order differs)"
+    )
+    return converted
