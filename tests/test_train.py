@@ -233,3 +233,34 @@ def test_images_smaller_than_the_model_accepts(tmp_path, tfds_dir):
         "Error: data.image_size: fashion_mnist's 28 px images are smaller than resnet50 accepts (32 px); "
         "set data.image_size=32 or pick a smaller model"
     )
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("damage", ["every checkpoint", "no checkpoint left"])
+def test_a_run_with_history_but_no_loadable_checkpoint_is_left_untouched(tmp_path, damage):
+    """Issue 22, item 1: starting from zero in place would rewrite metrics.jsonl and later prune or set aside
+    the damaged checkpoints. One line (exit 1, not 3: a requeued job does not requeue again), nothing changed."""
+    run = tmp_path / "run"
+    tiny = [*TINY_SYNTHETIC, "--set", "train.steps_per_epoch=1", "--run-dir", str(run)]
+    run_app(["train", *tiny, "--epochs", "2"])
+    states = sorted(run.glob("checkpoints/epoch-*/state.json"))
+    assert len(states) == 2
+    if damage == "every checkpoint":
+        for state in states:
+            state.write_text('{"epoch": "a passing read error"}')
+    else:
+        import shutil
+
+        shutil.rmtree(run / "checkpoints")  # lost, while metrics.jsonl says 2 epochs were trained
+    before = snapshot(run)
+    proc = run_app(["train", *tiny, "--epochs", "3"], expect=1)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines[-1].startswith(f"Error: --run-dir {run}: holds "), proc.stderr
+    assert "and the metrics of 2 epoch(s); nothing was changed" in lines[-1]
+    assert f"To start over on purpose, pass a new --run-dir (or move {run / 'checkpoints'}" in lines[-1]
+    if damage == "every checkpoint":
+        assert "2 checkpoint(s), none loadable (newest: " in lines[-1]
+    assert snapshot(run) == before

@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from app.core.config import MIN_IMAGE_SIZE, Config, checkpoint_interval, dump
-from app.core.errors import Preempted, UsageError
+from app.core.errors import AppError, Preempted, UsageError
 from app.core.results import read_metrics
 from app.data.pipeline import eval_dataset, input_error, train_dataset
 from app.data.sources import Source, Spec, open_source
@@ -143,8 +143,31 @@ def latest_checkpoint(run_dir: Path, world: World) -> tuple[tuple | None, dict, 
     skipped: list[str] = []
     found = checkpoint.latest(run_dir, skipped) if world.is_chief else None
     state = checkpoint.read_state(found[1]) if found else {}
-    found, state = distributed.broadcast_object((found, state))  # [horovod] rank 0 decides for every rank
+    refusal = nothing_to_resume(run_dir, skipped) if world.is_chief and not found else None
+    # [horovod] rank 0 decides for every rank
+    found, state, refusal = distributed.broadcast_object((found, state, refusal))
+    if refusal:
+        raise AppError(refusal)
     return found, state, skipped
+
+
+def nothing_to_resume(run_dir: Path, skipped: list[str]) -> str | None:
+    """Why ``run_dir`` must not start over although no checkpoint in it can be loaded: it holds checkpoints
+    (all damaged) or the metrics of trained epochs. Starting from zero there would rewrite its metrics and later
+    prune or set aside its checkpoints: the one line says so and what to do, and nothing is touched."""
+    trained = (
+        read_metrics(run_dir, note=lambda message: None) if (run_dir / "metrics.jsonl").is_file() else []
+    )
+    if not skipped and not trained:
+        return None
+    held = (
+        f"{len(skipped)} checkpoint(s), none loadable (newest: {skipped[0]})" if skipped else "no checkpoint"
+    )
+    return (
+        f"--run-dir {run_dir}: holds {held} and the metrics of {len(trained)} epoch(s); nothing was changed. "
+        "A passing file-system error: run the same command again. To start over on purpose, pass a new "
+        f"--run-dir (or move {run_dir / 'checkpoints'} and {run_dir}/metrics.* aside)"
+    )
 
 
 def resume_config(
