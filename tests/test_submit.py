@@ -783,7 +783,10 @@ def test_a_clean_environment_whatever_the_site_modules_do(module, shims, tmp_pat
     (tmp_path / "job.sbatch").write_text(script)
     env = {
         "PATH": f"{shims}:/usr/bin:/bin", "HOME": str(home), "SHIM_CALLS": str(calls), "SHIM_ENVS": str(envs),
-        "SHIM_ENV": "PYTHONPATH PYTHONHOME PYTHONNOUSERSITE", "PYTHONPATH": "/elsewhere", "PYTHONHOME": "/elsewhere",
+        "SHIM_ENV": "PYTHONPATH PYTHONHOME PYTHONNOUSERSITE APP_TRAIN_ACCUMULATION_STEPS APP_BENCHMARK_STEPS APPLE",
+        "PYTHONPATH": "/elsewhere", "PYTHONHOME": "/elsewhere",
+        # The login shell's settings of app's options (issue 22, item 2) are not the job's; other names stay.
+        "APP_TRAIN_ACCUMULATION_STEPS": "1", "APP_BENCHMARK_STEPS": "5", "APPLE": "kept",
         "SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "1", "SLURM_CPUS_PER_TASK": "1", "TMPDIR": str(tmp_path),
         **({"BASH_FUNC_module%%": module} if module else {}),
     }  # fmt: skip
@@ -791,7 +794,7 @@ def test_a_clean_environment_whatever_the_site_modules_do(module, shims, tmp_pat
         ["bash", "job.sbatch"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30
     )
     assert proc.returncode == 0, proc.stderr
-    assert (envs / "0").read_text().split("\0")[:3] == ["<unset>", "<unset>", "1"]
+    assert (envs / "0").read_text().split("\0")[:6] == ["<unset>", "<unset>", "1", "<unset>", "<unset>", "kept"]
     if module:
         assert (home / "module.log").read_text() == "module purge\n"
 
@@ -1145,6 +1148,7 @@ PLACEHOLDERS = "{job_id}, {user}, {node_id}, {local_id}, {proc_id}"
         (GOOD_PROFILE + "env: {1A: x}\n", "env name 1A: an environment variable name (letters, digits, _)"),
         (GOOD_PROFILE + "env: {PATH: /x}\n", "env.PATH: set by the job script or its launcher; leave it out"),
         (GOOD_PROFILE + "env: {SLURM_CPUS_PER_TASK: 2}\n", "env.SLURM_CPUS_PER_TASK: set by the job script or its launcher; leave it out"),
+        (GOOD_PROFILE + "env: {APP_TRAIN_EPOCHS: 2}\n", "env.APP_TRAIN_EPOCHS: set by the job script or its launcher; leave it out"),
         (GOOD_PROFILE + "env: {HOROVOD_RANK: 0}\n", "env.HOROVOD_RANK: set by the job script or its launcher; leave it out"),
         (GOOD_PROFILE + "env: {A: true}\n", "env.A must be a string (quote it in YAML), got True"),
         (GOOD_PROFILE + "env: {A: [1]}\n", "env.A must be a string (quote it in YAML), got [1]"),

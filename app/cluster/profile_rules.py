@@ -48,6 +48,7 @@ ENV_RESERVED_PREFIXES = (
     "SINGULARITY",
     "BASH",
     "HOROVOD_ELASTIC",
+    "APP_",  # scaleout's own options: a job's configuration is the one it was rendered with
 )
 ENV_RESERVED += (
     "PWD",
