@@ -236,7 +236,12 @@ def test_images_smaller_than_the_model_accepts(tmp_path, tfds_dir):
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    """Every file's bytes, but the writer lock's (whose holder a new start writes into it)."""
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != ".lock"
+    }
 
 
 @pytest.mark.parametrize("damage", ["every checkpoint", "no checkpoint left"])
@@ -264,3 +269,46 @@ def test_a_run_with_history_but_no_loadable_checkpoint_is_left_untouched(tmp_pat
     if damage == "every checkpoint":
         assert "2 checkpoint(s), none loadable (newest: " in lines[-1]
     assert snapshot(run) == before
+
+
+def test_a_second_writer_is_refused_by_name_and_a_dead_writers_lock_is_taken_over(tmp_path):
+    """Issue 22, item 3: one writer per run directory (two would delete each other's checkpoints)."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    run = tmp_path / "run"
+    first = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from app.training import runlock; "
+         "runlock.acquire(Path(sys.argv[1])); print('held', flush=True); time.sleep(300)", str(run)],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "SLURM_JOB_ID": ""},
+    )  # fmt: skip
+    try:
+        assert first.stdout.readline().strip() == "held"
+        tiny = [
+            "train",
+            *TINY_SYNTHETIC,
+            "--set",
+            "train.steps_per_epoch=1",
+            "--epochs",
+            "1",
+            "--run-dir",
+            str(run),
+        ]
+        proc = run_app(tiny, expect=1, env={"SLURM_JOB_ID": ""})
+        error = [ln for ln in proc.stderr.splitlines() if ln.startswith("Error:")]
+        assert error == [
+            f"Error: --run-dir {run}: another training writes there (host {socket.gethostname()}, pid {first.pid}, "
+            f"since {error[0].split('since ', 1)[1].split(')')[0]}); two writers would delete each other's "
+            "checkpoints: wait for it to end (or scancel its job), or pass another --run-dir"
+        ], proc.stderr
+        assert sorted(p.name for p in run.iterdir()) == [".lock"]  # nothing else written
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    run_app(tiny)  # the lock of a holder that died is taken over
+    assert (run / "summary.json").is_file()

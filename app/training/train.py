@@ -21,7 +21,7 @@ from app.data.sources import Source, Spec, open_source
 from app.engines import faults
 from app.engines import horovod as distributed
 from app.engines.world import World
-from app.training import checkpoint
+from app.training import checkpoint, runlock
 from app.training.callbacks import (
     CheckpointWriter,
     EvaluateEachEpoch,
@@ -89,7 +89,7 @@ def train_and_evaluate(
     run_dir = Path(run_dir)
     source = open_data(cfg, world)
     spec = source.spec
-    found, state, skipped = latest_checkpoint(run_dir, world)
+    found, state, skipped = latest_checkpoint(run_dir, world, reporter.note)
     if found:
         cfg, policy = resume_config(cfg, state, world, reporter, policy)
     p = plan(cfg, spec, world)
@@ -137,13 +137,19 @@ def open_data(cfg: Config, world: World) -> Source:
     return source
 
 
-def latest_checkpoint(run_dir: Path, world: World) -> tuple[tuple | None, dict, list[str]]:
+def latest_checkpoint(run_dir: Path, world: World, note) -> tuple[tuple | None, dict, list[str]]:
     """(epoch, path) of the checkpoint to resume from, or None; its saved state; and why the newer ones
-    were skipped. Rank 0 reads them, every rank gets its answer."""
+    were skipped. Rank 0 takes the run directory's writer lock and reads them; every rank gets its answer."""
     skipped: list[str] = []
-    found = checkpoint.latest(run_dir, skipped) if world.is_chief else None
+    found, refusal = None, None
+    if world.is_chief:
+        try:
+            runlock.acquire(run_dir, note)  # one writer per run directory, before anything is read or written
+            found = checkpoint.latest(run_dir, skipped)
+            refusal = None if found else nothing_to_resume(run_dir, skipped)
+        except AppError as exc:
+            refusal = str(exc)
     state = checkpoint.read_state(found[1]) if found else {}
-    refusal = nothing_to_resume(run_dir, skipped) if world.is_chief and not found else None
     # [horovod] rank 0 decides for every rank
     found, state, refusal = distributed.broadcast_object((found, state, refusal))
     if refusal:
