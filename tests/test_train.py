@@ -312,3 +312,46 @@ def test_a_second_writer_is_refused_by_name_and_a_dead_writers_lock_is_taken_ove
         first.wait()
     run_app(tiny)  # the lock of a holder that died is taken over
     assert (run / "summary.json").is_file()
+
+
+def test_evaluating_a_mid_epoch_checkpoint_is_named_by_its_step(tmp_path):
+    """Issue 22, item 4: a mid-epoch checkpoint's results never replace those of the epoch it belongs to."""
+    import shutil
+
+    run = tmp_path / "run"
+    recipe = [*TINY_SYNTHETIC, "--set", "train.steps_per_epoch=4", "--set", "run.checkpoint_every=2",
+              "--set", "run.keep_checkpoints=10", "--set", "train.eval_steps=1"]  # fmt: skip
+    run_app(["train", *recipe, "--epochs", "2", "--run-dir", str(run)])
+    run_app(["evaluate", str(run), "--epoch", "1", "--set", "train.eval_steps=1"])
+    whole = (run / "eval-epoch-0001.json").read_text()
+    shutil.rmtree(run / "checkpoints" / "epoch-0002")  # as if the job stopped after step 2 of epoch 2
+    run_app(["evaluate", str(run), "--set", "train.eval_steps=1"])
+    mid = json.loads((run / "eval-epoch-0001-step-0000002.json").read_text())
+    assert (mid["epoch"], mid["step"]) == (1, 2) and mid["checkpoint"].endswith("epoch-0001-step-0000002")
+    assert (run / "eval-epoch-0001.json").read_text() == whole
+
+
+def test_evaluation_at_each_epoch_end_is_traced_once():
+    """Issue 22, item 13: the step function is built once per training, not at every epoch end."""
+    import numpy as np
+
+    from app.core.compat import import_tensorflow
+    from app.training.callbacks import EvaluateEachEpoch
+
+    tf = import_tensorflow()
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3)])
+    calls = []
+
+    class Counting(tf.keras.Model):  # Python runs the model's call only while a step is being traced
+        def call(self, x, training=False):
+            calls.append(1)
+            return model(x, training=training)
+
+    data = tf.data.Dataset.from_tensor_slices((np.ones((8, 4), np.float32), np.zeros(8, np.int64))).batch(4)
+    callback = EvaluateEachEpoch(data, num_classes=3)
+    callback.set_model(Counting())
+    for epoch in range(3):
+        logs = {}
+        callback.on_epoch_end(epoch, logs)
+        assert logs["val_examples"] == 8
+    assert len(calls) == 1

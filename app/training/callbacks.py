@@ -13,7 +13,7 @@ from app.core.errors import REQUEUE_EXIT_CODE, Preempted
 from app.engines import faults
 from app.engines import horovod as distributed
 from app.training import checkpoint
-from app.training.evaluate import evaluate
+from app.training.evaluate import eval_step, evaluate
 from app.training.output import write_text_atomic
 from app.training.plan import Plan
 from app.training.prepare import tracked
@@ -26,10 +26,12 @@ class EvaluateEachEpoch(tf.keras.callbacks.Callback):
     def __init__(self, dataset, num_classes: int, tick=None):
         super().__init__()
         self.dataset, self.num_classes, self.tick = dataset, num_classes, tick
+        self.step = None  # the model's evaluation step, traced at the first epoch end only
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
-            logs.update(evaluate(self.model, self.dataset, self.num_classes, self.tick))
+            self.step = self.step or eval_step(self.model, self.num_classes)
+            logs.update(evaluate(self.model, self.dataset, self.num_classes, self.tick, self.step))
 
 
 class CheckpointWriter:

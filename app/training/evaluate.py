@@ -18,8 +18,9 @@ from app.training.output import write_json
 from app.training.prepare import build_model, setup, tracked
 
 
-def evaluate(model, dataset, num_classes: int, tick=None) -> dict:
-    """Loss, top-1 (and top-5) over every rank's share of the evaluation split, summed across ranks."""
+def eval_step(model, num_classes: int):
+    """``model``'s evaluation step on one batch: sums of loss, top-1, top-k hits and examples. Built once per
+    model and kept (a tf.function made anew for each evaluation would be traced again every epoch)."""
     k = min(5, num_classes)
 
     @tf.function
@@ -34,6 +35,13 @@ def evaluate(model, dataset, num_classes: int, tick=None) -> dict:
             [tf.reduce_sum(tf.cast(loss, tf.float64)), tf.reduce_sum(top1), tf.reduce_sum(topk), n]
         )
 
+    return step
+
+
+def evaluate(model, dataset, num_classes: int, tick=None, step=None) -> dict:
+    """Loss, top-1 (and top-5) over every rank's share of the evaluation split, summed across ranks.
+    ``step``: the model's :func:`eval_step`, when the caller keeps one across evaluations."""
+    step = step or eval_step(model, num_classes)
     sums = np.zeros(4)
     for images, labels in dataset:
         sums += step(images, labels).numpy()
@@ -62,9 +70,10 @@ def evaluate_run(cfg: Config, run_dir: Path, epoch: int | None = None, threads: 
         scores = evaluate(model, dataset, source.spec.num_classes)
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as exc:
         raise input_error(source, exc, evaluation=True) from None
-    result = {"epoch": found[0], "checkpoint": str(found[1]), "workers": world.size, **scores}
-    if world.is_chief:
-        write_json(Path(run_dir) / f"eval-epoch-{found[0]:04d}.json", result)
+    step = int(checkpoint.read_state(found[1]).get("step", 0))
+    result = {"epoch": found[0], "step": step, "checkpoint": str(found[1]), "workers": world.size, **scores}
+    if world.is_chief:  # named as the checkpoint: a mid-epoch one's results never replace the epoch's own
+        write_json(Path(run_dir) / f"eval-{found[1].name}.json", result)
         top5 = f" top-5 {result['val_top5']:.4f}" if "val_top5" in result else ""
         reporter.note(
             f"{found[1]}: top-1 {result['val_accuracy']:.4f}{top5} loss {result['val_loss']:.4f} "
