@@ -98,7 +98,7 @@ def test_shape_of_a_multi_node_job():
     assert (job.nodes, job.partition) == (8, "gpularge")
     for line in ("#SBATCH --nodes=8", "#SBATCH --ntasks-per-node=4", "#SBATCH --gres=gpu:gh200:4", "#SBATCH --cpus-per-task=72",
                  "#SBATCH --output=logs/%x-%j.out", "#SBATCH --signal=USR1@600", "#SBATCH --requeue",
-                 "srun --kill-on-bad-exit=1 --mpi=none \\\n", 'apptainer exec --nv --bind "/users,/projappl,/scratch,/dataset,${TMPDIR:-/tmp},$PWD"'):  # fmt: skip
+                 "srun --kill-on-bad-exit=1 --mpi=none --cpus-per-task=$SLURM_CPUS_PER_TASK \\\n", 'apptainer exec --nv --bind "/users,/projappl,/scratch,/dataset,${TMPDIR:-/tmp},$PWD"'):  # fmt: skip
         assert line in job.script
     assert 'if [ "$status" -eq 3 ] || [ -e "$RUN_DIR/.stopped" ]; then' in job.script  # documented exit code
     assert "#SBATCH --exclusive" not in job.script and "--cpu-bind" not in job.script
@@ -132,6 +132,7 @@ def test_a_requeued_job_trains_from_the_saved_config_alone(tmp_path):
     assert code == 0 and not requeued, out
     after = argv[argv.index("train") + 1 :]  # the saved config, and the --set values again
     assert after == ["--set", "train.epochs=5", "--run-dir", "runs/synthetic-77"], argv
+    assert "--cpus-per-task=1" in argv[: argv.index("train")]  # srun 22.05-23.02 would not pass the job's on
 
 
 @pytest.mark.parametrize("restart, saved", [(0, True), (1, False)])

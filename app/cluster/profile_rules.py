@@ -21,7 +21,8 @@ SRUN_ARG_HINT = (
 SRUN_OWN = {  # options app submit sets itself, with what to do instead
     "--mpi": "set mpi: (pmix, pmi2 or none) instead",
     **dict.fromkeys(("--help", "--usage", "--version", "--test-only"), "srun would start no task with it"),
-    **dict.fromkeys(("--kill-on-bad-exit", "--ntasks", "--ntasks-per-node", "--nodes", "--export", "--chdir"),
+    **dict.fromkeys(("--kill-on-bad-exit", "--ntasks", "--ntasks-per-node", "--nodes", "--export", "--chdir",
+                     "--cpus-per-task"),
                     "app submit sets it (the job's shape and environment)"),
 }  # fmt: skip
 # Placeholders an env value may use: the job's, and each task's own (expanded in the task, before the app starts).
