@@ -99,6 +99,7 @@ def test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path, sig, t
     assert code == 3, out
     (line,) = [ln for ln in out.splitlines() if "stopped by" in ln]  # every rank says the same: said once
     assert line.startswith(f"scaleout: stopped by {sig.name} at epoch 0 step"), out
+    assert line.endswith(f"else continue with `app train --run-dir {split} --np 2`"), out  # as it was started
     stopped = sorted((split / "checkpoints").glob("epoch-0000-step-*"))
     assert len(stopped) == 1 and str(stopped[0]) in line
     assert (split / ".stopped").is_file() and not (split / "metrics.jsonl").exists()
@@ -177,7 +178,9 @@ def test_a_stopped_worker_ends_the_job_within_the_stall_time_naming_it(tmp_path)
         for sig in (signal.SIGKILL, signal.SIGCONT):
             with __import__("contextlib").suppress(ProcessLookupError):
                 os.kill(stopped, sig)
-    print(f"the job ended {took:.1f} s after SIGSTOP (stall time {stall} s)")  # docs/training.md quotes it (-rP)
+    print(
+        f"the job ended {took:.1f} s after SIGSTOP (stall time {stall} s)"
+    )  # docs/training.md quotes it (-rP)
     assert code != 0 and took < stall + 30, (took, out)
     assert f"Error: no training step for {stall} s: rank(s) 1 stopped responding" in out, out
 

@@ -109,3 +109,25 @@ def test_which_launcher_started_this_process(monkeypatch, env, launcher):
 
 def test_launched_size_ignores_non_ascii_digits():
     assert launched_size({"PMI_SIZE": "²"}) is None
+
+
+@pytest.mark.parametrize(
+    "env, command",
+    [
+        ({}, "app train --run-dir 'runs/my run'"),
+        ({"SCALEOUT_LAUNCHED_BY": "app --np", "HOROVOD_RANK": "0", "HOROVOD_SIZE": "2"},
+         "app train --run-dir 'runs/my run' --np 2"),
+        ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4"},
+         "app train --run-dir 'runs/my run' started by mpirun with 4 processes, as before"),
+        ({"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1"}, "app train --run-dir 'runs/my run'"),
+    ],
+)  # fmt: skip
+def test_the_continue_line_resumes_as_the_run_was_started(monkeypatch, env, command):
+    """Issue 22, item 9: followed literally, the line resumes on as many workers as before."""
+    from app.engines.world import LAUNCHER_RANK_VARS, LAUNCHER_SIZE_VARS, resume_command
+
+    for var in [*LAUNCHER_RANK_VARS.values(), *LAUNCHER_SIZE_VARS, "SLURM_NTASKS", "SCALEOUT_LAUNCHED_BY"]:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    assert resume_command("runs/my run") == command

@@ -10,7 +10,7 @@ import contextlib
 import os
 import sys
 
-from app.engines.world import stall_settings
+from app.engines.world import resume_command, stall_settings
 
 
 class StopRequest:
@@ -141,7 +141,7 @@ class Watchdog:
                 print(
                     f"Error: no training step for {self.timeout:.0f} s: {why}; ending the job "
                     f"(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS sets this time); the checkpoints in {self.run_dir} are "
-                    f"intact: continue with `app train --run-dir {self.run_dir}`",
+                    f"intact: continue with `{resume_command(self.run_dir)}`",
                     file=sys.stderr,
                     flush=True,
                 )

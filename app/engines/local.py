@@ -14,7 +14,7 @@ import sys
 import tempfile
 
 from app.core.errors import REQUEUE_EXIT_CODE, AppError, UsageError
-from app.engines.world import ERROR_DIR_VAR, collected_errors
+from app.engines.world import ERROR_DIR_VAR, LAUNCHED_BY_VAR, collected_errors
 
 
 def launch_local(np: int, argv: list[str]) -> int:
@@ -28,7 +28,7 @@ def launch_local(np: int, argv: list[str]) -> int:
         raise AppError("--np needs horovodrun, which comes with Horovod; run `make install`")
     cmd = [horovodrun, "--gloo", "-np", str(np), "-H", f"localhost:{np}", sys.executable, "-m", "app", *argv]
     with tempfile.TemporaryDirectory(prefix="scaleout-errors-") as errors:
-        env = dict(os.environ, SCALEOUT_LAUNCHED_BY="app --np", **{ERROR_DIR_VAR: errors})
+        env = dict(os.environ, **{LAUNCHED_BY_VAR: "app --np", ERROR_DIR_VAR: errors})
         code = _run_horovodrun(cmd, env, np)
         reported = collected_errors(errors)
     for error in reported:

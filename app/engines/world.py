@@ -215,3 +215,21 @@ def collected_errors(folder: str) -> list[dict]:
             seen.add(error.get("message"))
             unique.append(error)
     return unique
+
+
+LAUNCHED_BY_VAR = "SCALEOUT_LAUNCHED_BY"  # set by app.engines.local for its workers: "app --np"
+
+
+def resume_command(run_dir) -> str:
+    """The command that continues the training in ``run_dir`` as it was started: `app train --np N` when
+    `app --np N` started it, the same launcher with the same number of processes when another one did."""
+    import shlex
+
+    command = f"app train --run-dir {shlex.quote(str(run_dir))}"
+    launched = launched_size(os.environ)
+    if os.environ.get(LAUNCHED_BY_VAR) == "app --np" and launched:
+        return f"{command} --np {launched[1]}"
+    launcher = detected_launcher()
+    if launcher and launched and launched[1] > 1:
+        return f"{command} started by {launcher} with {launched[1]} processes, as before"
+    return command

@@ -12,6 +12,7 @@ import tensorflow as tf
 from app.core.errors import REQUEUE_EXIT_CODE, Preempted
 from app.engines import faults
 from app.engines import horovod as distributed
+from app.engines.world import resume_command
 from app.training import checkpoint
 from app.training.evaluate import eval_step, evaluate
 from app.training.output import write_text_atomic
@@ -70,7 +71,7 @@ def stop_message(number: float, when: str, kept: str, run_dir) -> str:
     """The line of a clean stop: the same on every rank (the agreed signal), so it is printed once."""
     return (
         f"stopped by {faults.StopRequest.name(number)} {when}: {kept}; a Slurm job requeues itself (exit "
-        f"status {REQUEUE_EXIT_CODE}), else continue with `app train --run-dir {run_dir}`"
+        f"status {REQUEUE_EXIT_CODE}), else continue with `{resume_command(run_dir)}`"
     )
 
 
