@@ -246,6 +246,29 @@ def test_a_gpu_count_the_cluster_cannot_hold_fails_before_anything(tmp_path, mon
     assert not out.exists()
 
 
+@pytest.mark.parametrize("kind", ["scaling", "large-batch"])
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (["--account", "x;y"], "--account"),
+        (["--time", "999-00"], "--time"),
+        (["--partition", "nowhere"], "--partition"),
+    ],
+)
+def test_a_dry_run_checks_every_slurm_option_before_it_prints_anything(tmp_path, monkeypatch, capsys, kind, option,
+                                                                       message):  # fmt: skip
+    """Issue 22, item 21: validate everything, then print: no plan lines before the error."""
+    what = ["--gpus", "1,2", "--batch-sizes", "8"]
+    if kind == "large-batch":
+        what = ["--k", "1,2", "--np", "1", "--set", "run.evaluate=true", "--set", "train.warmup_epochs=1"]
+    code, stdout, stderr = app_main(
+        ["study", kind, "-c", SYNTHETIC, "--cluster", "local", *what, *option, "--out", str(tmp_path / "s"),
+         "--dry-run"], monkeypatch, capsys,
+    )  # fmt: skip
+    assert code == 2 and stdout == "", stdout
+    assert stderr.count("\n") == 1 and stderr.startswith("Error: ") and message in stderr, stderr
+
+
 # ------------------------------------------------------------------------------------ the report
 
 

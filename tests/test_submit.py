@@ -795,7 +795,14 @@ def test_a_clean_environment_whatever_the_site_modules_do(module, shims, tmp_pat
         ["bash", "job.sbatch"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30
     )
     assert proc.returncode == 0, proc.stderr
-    assert (envs / "0").read_text().split("\0")[:6] == ["<unset>", "<unset>", "1", "<unset>", "<unset>", "kept"]
+    assert (envs / "0").read_text().split("\0")[:6] == [
+        "<unset>",
+        "<unset>",
+        "1",
+        "<unset>",
+        "<unset>",
+        "kept",
+    ]
     if module:
         assert (home / "module.log").read_text() == "module purge\n"
 

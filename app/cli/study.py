@@ -58,12 +58,12 @@ def _ks(ctx, param, value: str | None) -> list[int] | None:
 
 def prepare_study(folder: Path, plan, cfg, command: list[str], slurm: dict | None, dry_run: bool) -> bool:
     """The study folder made (or found holding this study): on Slurm every job script is rendered, and so
-    checked, first, so a request the cluster cannot hold fails before anything is written or submitted (a dry
-    run writes nothing, and renders them once, when it prints them)."""
+    checked, first, so a request the cluster cannot hold (an account, time or partition it refuses) fails
+    before anything is written, submitted or printed (a dry run writes nothing and prints them after)."""
     from app.study import slurm as slurm_stage
     from app.study.folder import prepare
 
-    if slurm and not dry_run:
+    if slurm:
         prepare(folder, plan, cfg, command, write=False)
         slurm_stage.submit_study(folder, plan, cfg, slurm, dry_run=True, echo=lambda line: None)
     return prepare(folder, plan, cfg, command, write=not dry_run)
