@@ -83,6 +83,19 @@ def test_np_launches_local_workers(tmp_path):
     assert summary["workers"] == 2 and summary["replica_weight_spread"] < 1e-6
 
 
+def test_np_inside_an_interactive_srun_shell_starts_its_workers(tmp_path):
+    """Issue 22, item 7: `srun --pty bash` leaves its one task's PMIx rank and Slurm step in the shell; --np 2
+    there still trains on 2 workers (the step has one task: nobody to join), with a note."""
+    from conftest import TINY_SYNTHETIC, run_app
+
+    run = tmp_path / "run"
+    shell = {"PMIX_RANK": "0", "PMIX_NAMESPACE": "slurm.pmix.77.0", "SLURM_PROCID": "0", "SLURM_JOB_ID": "77",
+             "SLURM_STEP_NUM_TASKS": "1", "SLURM_NTASKS": "1", "SLURM_LOCALID": "0"}  # fmt: skip
+    proc = run_app(["train", *TINY_SYNTHETIC, "--epochs", "1", "--run-dir", str(run), "--np", "2"], env=shell)
+    assert "note: --np 2 inside a one-task pmix step: starting 2 local workers" in proc.stderr
+    assert json.loads((run / "summary.json").read_text())["workers"] == 2
+
+
 def test_usage_error_under_two_workers_is_printed_once(tmp_path):
     from conftest import run_app
 

@@ -13,7 +13,7 @@ from click.core import ParameterSource
 from app import __version__
 from app.core.compat import KerasError
 from app.core.errors import REQUEUE_EXIT_CODE, AppError, UsageError, brief, one_line
-from app.engines.world import detected_launcher, rank_from_env, report_to_launcher
+from app.engines.world import detected_launcher, joined_launcher, rank_from_env, report_to_launcher
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "APP", "max_content_width": 100}
 
@@ -172,9 +172,15 @@ def config_options(func):
 def relaunch(np_: int | None, extra: list[str] = ()) -> None:
     """With --np N > 1 and no launcher around us, run this same command line (without --np) on N local
     workers through horovodrun, and exit with their status."""
-    if not np_ or np_ == 1 or detected_launcher():
+    if not np_ or np_ == 1 or joined_launcher():
         return
     from app.engines.local import launch_local
+
+    if detected_launcher():  # a one-task step of it (an interactive `srun --pty bash`): --np decides
+        click.echo(
+            f"note: --np {np_} inside a one-task {detected_launcher()} step: starting {np_} local workers",
+            err=True,
+        )
 
     argv, skip = [], False
     for arg in sys.argv[1:]:

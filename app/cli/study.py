@@ -10,7 +10,7 @@ import click
 
 from app.cli.base import SLURM_KEYS, Int, cli, refuse_slurm_options, slurm_options, slurm_words
 from app.core.errors import AppError, UsageError, brief, one_line
-from app.engines.world import detected_launcher
+from app.engines.world import joined_launcher
 
 
 class StudyGroup(click.Group):
@@ -122,9 +122,9 @@ def study_large_batch(configs, sets, ks, seeds, name, np_, out, data_dir, thread
     from app.study import dataset, large_batch, local, state
     from app.study import slurm as slurm_stage
 
-    if detected_launcher() and not dry_run:  # every rank would run the whole study into the same folder
+    if joined_launcher() and not dry_run:  # every rank would run the whole study into the same folder
         raise UsageError(
-            f"app study starts its own `app train` processes: run it once, not under {detected_launcher()}"
+            f"app study starts its own `app train` processes: run it once, not under {joined_launcher()}"
         )
     options = {"data.data_dir": data_dir} if data_dir else {}
     cfg = config.build(configs, sets, options)
@@ -248,9 +248,9 @@ def _counts(what: str, example: str):
 def refuse_scaling_request(np_list, gpu_list, independent, dry_run: bool, slurm: dict) -> None:
     """`app study scaling`'s checks of its options before any config is read: local (--np) or Slurm (--gpus
     with --cluster), never both, and no option of the other kind."""
-    if detected_launcher() and not dry_run:
+    if joined_launcher() and not dry_run:
         raise UsageError(
-            f"app study starts its own `app benchmark` processes: run it once, not under {detected_launcher()}"
+            f"app study starts its own `app benchmark` processes: run it once, not under {joined_launcher()}"
         )
     if (np_list is None) == (gpu_list is None):
         raise UsageError(

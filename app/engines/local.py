@@ -28,7 +28,10 @@ def launch_local(np: int, argv: list[str]) -> int:
         raise AppError("--np needs horovodrun, which comes with Horovod; run `make install`")
     cmd = [horovodrun, "--gloo", "-np", str(np), "-H", f"localhost:{np}", sys.executable, "-m", "app", *argv]
     with tempfile.TemporaryDirectory(prefix="scaleout-errors-") as errors:
-        env = dict(os.environ, **{LAUNCHED_BY_VAR: "app --np", ERROR_DIR_VAR: errors})
+        # An outer launcher's identity of this one process (a one-task srun step's PMIx rank) is not the workers'.
+        outer = ("PMIX_", "OMPI_COMM_WORLD_", "PMI_RANK", "PMI_SIZE")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(outer)}
+        env.update({LAUNCHED_BY_VAR: "app --np", ERROR_DIR_VAR: errors})
         code = _run_horovodrun(cmd, env, np)
         reported = collected_errors(errors)
     for error in reported:

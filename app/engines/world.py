@@ -168,6 +168,15 @@ def detected_launcher() -> str | None:
     return None
 
 
+def joined_launcher() -> str | None:
+    """The launcher whose other processes this one joins: one was detected and it started more than this
+    process. Inside an interactive `srun --pty bash` (a one-task step: PMIX_RANK is set, the step has one task)
+    there is none, so `--np N` starts N local workers there, as on a workstation."""
+    launcher = detected_launcher()
+    launched = launched_size(os.environ)
+    return launcher if launcher and (launched is None or launched[1] > 1) else None
+
+
 def _srun_step_tasks() -> int:
     """Tasks of the srun step this process is in: 0 in a batch script (SLURM_PROCID is set there too, but
     only srun sets SLURM_STEP_NUM_TASKS), so `app train --np N` in a batch script launches its N workers."""
