@@ -257,14 +257,24 @@ def test_null_metrics_are_absent_values(tmp_path):
     [
         (result("x", 1, 10.0), "line 1: batch_size must be a positive integer, got 'x'"),
         (result(32, 0, 10.0), "line 1: workers must be a positive integer, got 0"),
-        (result(32, 1, 0.0), "line 1: images_per_s.mean must be a positive number, got 0.0"),
+        (result(32, 1, 0.0), "line 1: images_per_s.mean must be a positive number up to 1e+09, got 0.0"),
         (
             {**result(32, 1, 1.0), "images_per_s": {"mean": "fast"}},
-            "line 1: images_per_s.mean must be a positive number, got 'fast'",
+            "line 1: images_per_s.mean must be a positive number up to 1e+09, got 'fast'",
         ),
         (
             result(32, 1, 10.0, wait="high"),
-            "line 1: input_wait_fraction must be a number or null, got 'high'",
+            "line 1: input_wait_fraction must be a number from 0 to 1 or null, got 'high'",
+        ),
+        # Issue 22, item 19: numbers no benchmark measures ("scales at inf%", "-500%" input wait, a plot crash).
+        (result(32, 1, 1e300), "line 1: images_per_s.mean must be a positive number up to 1e+09, got 1e+300"),
+        (
+            {**result(32, 1, 10.0), "images_per_s": {"mean": 10.0, "ci95": 1e308}},
+            "line 1: images_per_s.ci95 must be a number from 0 to 1e+09 or null, got 1e+308",
+        ),
+        (
+            result(32, 1, 10.0, wait=-5.0),
+            "line 1: input_wait_fraction must be a number from 0 to 1 or null, got -5.0",
         ),
     ],
 )
@@ -397,7 +407,7 @@ def test_outputs_that_cannot_be_written_are_one_line(tmp_path):
     )
     assert (out / "scaling.md").is_dir()
     code, text = report_cli(results, "--out", "/proc/self")
-    assert code == 1 and text.startswith("Error: --out: cannot write /proc/self/scaling.md (")
+    assert code == 1 and text.startswith("Error: --out: cannot write /proc/self (")
     assert len(text.splitlines()) == 1
 
 
@@ -408,3 +418,28 @@ def test_verdicts_follow_the_table_in_markdown(tmp_path):
     assert md.endswith("\n\n- batch 32/worker scales at 61% to 32 workers: communication-bound\n"
                        "- batch 256/worker scales at 94% to 32 workers: near-linear\n"
                        "- largest per-worker batch scales best here: batch 256/worker at 94%\n")  # fmt: skip
+
+
+def test_a_report_that_fails_half_way_leaves_the_earlier_one_whole(tmp_path, monkeypatch):
+    """Issue 22, item 16: a full disk while the plots are saved replaced the earlier report's files and left a
+    0-byte PNG. Now every file is written aside and moved in only when all were written."""
+    import errno
+
+    import matplotlib.figure
+
+    results = write(tmp_path / "bench.jsonl", STUDY)
+    out = tmp_path / "out"
+    assert report_cli(results, "--out", out)[0] == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert "throughput.png" in before and all(before.values())
+
+    def full(fig, path, *args, **kwargs):
+        Path(path).write_bytes(b"")  # what a full disk leaves
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", full)
+    code, text = report_cli(results, "--out", out)
+    assert (
+        code == 1 and text.startswith("Error: --out: cannot write ") and "No space left on device" in text
+    ), text
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing replaced, nothing left over

@@ -28,7 +28,7 @@ from app.reports.runs import (
     training_rows,
     training_verdicts,
 )
-from app.reports.tables import print_table, write_table
+from app.reports.tables import print_table, staged, write_table
 
 
 def load(inputs: list[Path], note=None) -> tuple[list[dict], list[Run]]:
@@ -54,30 +54,39 @@ def make_report(inputs: list[Path], out: Path, target: float | None, console) ->
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"--out {out}: cannot create the folder ({exc.strerror or exc})") from None
+    with staged(out) as stage:
+        written, shown = _write(results, runs, stage, target)
+    for title, columns, rows, lines in shown:  # only once every file is in place: a failure is one line
+        print_table(console, title, columns, rows)
+        for line in lines:
+            console.print(line)
+    written = [out / p.name for p in written]
+    console.print(f"wrote {', '.join(str(p) for p in written)}")
+    return written
+
+
+def _write(results: list[dict], runs: list, out: Path, target: float | None) -> tuple[list[Path], list]:
+    """The tables and plots of ``results`` and ``runs`` written into ``out``, and what to print of them:
+    (title, columns, rows, verdict lines) per table."""
     written: list[Path] = []
+    shown: list = []
     if results:
         table = scaling(results)
         rows = scaling_rows(table)
         kind = results[0].get("kind", "train")
         what = f"{results[0].get('model') or 'input pipeline'}, {results[0].get('image_size')} px, {results[0].get('precision')}"
         lines = verdicts(table)
-        written += write_table(out, "scaling", SCALING_COLUMNS, rows, lines)  # first: a failure is one line
+        written += write_table(out, "scaling", SCALING_COLUMNS, rows, lines)
         written += plot_scaling(table, out)
-        print_table(console, f"Scaling ({kind}): {what}", SCALING_COLUMNS, rows)
-        for line in lines:
-            console.print(line)
+        shown.append((f"Scaling ({kind}): {what}", SCALING_COLUMNS, rows, lines))
     if runs:
         accs = [acc for r in runs if (acc := best_accuracy(r)) is not None]
         target = target if target is not None else (min(accs) if accs else 1.0)
         rows = training_rows(runs, target)
-        warnings = mixed_runs(runs)
-        lines = [*warnings, *training_verdicts(runs, target)]
+        lines = [*mixed_runs(runs), *training_verdicts(runs, target)]
         written += write_table(out, "training", TRAINING_COLUMNS, rows, lines)
         written.append(plot_training(runs, out))
-        print_table(
-            console, f"Training runs (time to {target:.2%} validation accuracy)", TRAINING_COLUMNS, rows
+        shown.append(
+            (f"Training runs (time to {target:.2%} validation accuracy)", TRAINING_COLUMNS, rows, lines)
         )
-        for line in lines:
-            console.print(line)
-    console.print(f"wrote {', '.join(str(p) for p in written)}")
-    return written
+    return written, shown

@@ -12,6 +12,7 @@ from app.core.errors import UsageError, brief
 from app.core.results import is_number, is_positive_int, json_lines, note_to_stderr
 from app.reports.tables import _pyplot, _save_figure
 
+MAX_RATE = 1e9  # images/s: no benchmark of any machine comes near; more is a damaged or forged line
 REQUIRED = ("batch_size", "workers", "images_per_s")
 GOOD, FAIR = 0.90, 0.70  # scaling-efficiency bands for the one-line verdicts
 INPUT_BOUND = 0.10  # a run whose steps wait this long for data is input-bound
@@ -48,14 +49,17 @@ def _check_result(row, where: str) -> dict:
         if not is_positive_int(row[key]):
             raise UsageError(f"{where}: {key} must be a positive integer, got {brief(row[key])}")
     ips = row["images_per_s"]
-    if not is_number(ips["mean"]) or ips["mean"] <= 0:
-        raise UsageError(f"{where}: images_per_s.mean must be a positive number, got {brief(ips['mean'])}")
-    for key, value in (
-        ("images_per_s.ci95", ips.get("ci95")),
-        ("input_wait_fraction", row.get("input_wait_fraction")),
+    if not is_number(ips["mean"]) or not 0 < ips["mean"] <= MAX_RATE:
+        raise UsageError(
+            f"{where}: images_per_s.mean must be a positive number up to {MAX_RATE:.0e}, got {brief(ips['mean'])}"
+        )
+    # What a benchmark can measure: an interval from 0 to the rate's own size, a share of time from 0 to 1.
+    for key, value, top in (
+        ("images_per_s.ci95", ips.get("ci95"), MAX_RATE),
+        ("input_wait_fraction", row.get("input_wait_fraction"), 1.0),
     ):
-        if value is not None and not is_number(value):
-            raise UsageError(f"{where}: {key} must be a number or null, got {brief(value)}")
+        if value is not None and (not is_number(value) or not 0 <= value <= top):
+            raise UsageError(f"{where}: {key} must be a number from 0 to {top:g} or null, got {brief(value)}")
     if row.get("nodes") is not None and not is_positive_int(row["nodes"]):
         raise UsageError(f"{where}: nodes must be a positive integer or null, got {brief(row['nodes'])}")
     return row

@@ -24,6 +24,7 @@ from app.reports.tables import (
     markdown_table,
     print_table,
     report_folder,
+    staged,
     write_csv,
     write_text,
 )
@@ -466,11 +467,15 @@ def write_report(folder: Path, plan: StudyPlan, console) -> list[Path]:
     md_rows, csv_rows = table_rows(table)
     runs = run_rows(results)
     lines, warns = verdicts(table), warnings(results)
-    md = out / "large_batch.md"
-    write_text(md, markdown(plan, md_rows, runs, lines, warns))
-    written = [md, write_csv(out / "large_batch.csv", CSV_COLUMNS, csv_rows)]
-    written.append(write_csv(out / "large_batch_runs.csv", RUN_COLUMNS, runs))
-    written.append(plot(results, out / "large_batch.png"))
+    with staged(out) as stage:
+        write_text(stage / "large_batch.md", markdown(plan, md_rows, runs, lines, warns))
+        write_csv(stage / "large_batch.csv", CSV_COLUMNS, csv_rows)
+        write_csv(stage / "large_batch_runs.csv", RUN_COLUMNS, runs)
+        plot(results, stage / "large_batch.png")
+    written = [
+        out / name
+        for name in ("large_batch.md", "large_batch.csv", "large_batch_runs.csv", "large_batch.png")
+    ]
     print_table(console, f"Large-batch study {plan.name} (top-1 error, Goyal et al.'s Table 1)", COLUMNS,
                 md_rows)  # fmt: skip
     for line in [*lines, *warns]:

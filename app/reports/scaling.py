@@ -23,7 +23,7 @@ from pathlib import Path
 from app.core.errors import UsageError
 from app.core.results import is_number
 from app.reports import benchmarks
-from app.reports.tables import markdown_table, print_table, report_folder, write_csv, write_text
+from app.reports.tables import markdown_table, print_table, report_folder, staged, write_csv, write_text
 from app.study.dataset import IMAGENET_TRAIN_EXAMPLES
 from app.study.scaling import ScalingPlan
 
@@ -209,14 +209,15 @@ def write_report(folder: Path, plan: ScalingPlan, console) -> list[Path]:
                  costs),
                 ("Horovod against independent processes on the same cores", INDEPENDENT_COLUMNS, solo),
                 ("Where the time goes (Horovod timeline)", TIMELINE_COLUMNS, traces)]  # fmt: skip
-    md = out / "scaling.md"
-    write_text(md, markdown(plan, measured_what(results), sections, lines))
-    written = [md]
-    for stem, columns, body in (("scaling", benchmarks.SCALING_COLUMNS, rows), ("cost", COST_COLUMNS, costs),
-                                ("independent", INDEPENDENT_COLUMNS, solo), ("timeline", TIMELINE_COLUMNS, traces)):  # fmt: skip
-        if body:
-            written.append(write_csv(out / f"{stem}.csv", columns, body))
-    written += benchmarks.plot_scaling(table, out)
+    with staged(out) as stage:
+        write_text(stage / "scaling.md", markdown(plan, measured_what(results), sections, lines))
+        names = ["scaling.md"]
+        for stem, columns, body in (("scaling", benchmarks.SCALING_COLUMNS, rows), ("cost", COST_COLUMNS, costs),
+                                    ("independent", INDEPENDENT_COLUMNS, solo), ("timeline", TIMELINE_COLUMNS, traces)):  # fmt: skip
+            if body:
+                names.append(write_csv(stage / f"{stem}.csv", columns, body).name)
+        names += [p.name for p in benchmarks.plot_scaling(table, stage)]
+    written = [out / name for name in names]
     for title, columns, body in sections:
         if body:
             print_table(console, title, columns, body)

@@ -3,7 +3,10 @@ rich tables on the console, and a study's report folder; an output that cannot b
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import os
+import shutil
 from pathlib import Path
 
 from app.core.errors import AppError, UsageError
@@ -23,6 +26,32 @@ def _write_failed(path: Path, exc: OSError) -> AppError:
     return AppError(
         f"--out: cannot write {path} ({exc.strerror or exc}); pass an --out folder you can write to"
     )
+
+
+@contextlib.contextmanager
+def staged(out: Path):
+    """A hidden folder inside ``out`` for a report's files; only when every one was written are they moved
+    into ``out``. A failure (a full disk, a plot that cannot be drawn) leaves the earlier report whole and no
+    half-written file; the folder is removed either way."""
+    stage = out / f".staging-{os.getpid()}"
+    try:
+        shutil.rmtree(stage, ignore_errors=True)
+        stage.mkdir(parents=True)
+    except OSError as exc:
+        raise _write_failed(out, exc) from None
+    try:
+        yield stage
+        files = sorted(stage.iterdir())
+        for path in files:  # before any is moved: a folder in a file's way would stop the move half-way
+            if (out / path.name).is_dir():
+                raise _write_failed(out / path.name, IsADirectoryError(21, "Is a directory"))
+        for path in files:
+            try:
+                os.replace(path, out / path.name)
+            except OSError as exc:
+                raise _write_failed(out / path.name, exc) from None
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def write_text(path: Path, text: str) -> None:
