@@ -170,6 +170,7 @@ def test_read_only_run_dir_gives_one_line(tmp_path):
         ({"ckpt.index": 5}, "the entry of ckpt.index is not [size, sha256]"),
         ({"ckpt.index": [1]}, "the entry of ckpt.index is not [size, sha256]"),
         ({"../../etc/passwd": [1, "x"]}, "it lists '../../etc/passwd', not a file of the checkpoint"),
+        ({"a\0b": [1, "x"]}, "it lists 'a\\x00b', not a file of the checkpoint"),
     ],
 )
 def test_damaged_state_file_is_skipped_not_a_traceback(tmp_path, files, why):
@@ -244,6 +245,8 @@ def test_a_resume_on_more_workers_numbers_new_checkpoints_lower_yet_they_win(tmp
         ('"workers": true', "workers is 'True', not a whole number from 1 to 1e+12"),
         ('"steps_per_epoch": 0', "steps_per_epoch is '0', not a whole number from 1 to 1e+12"),
         ('"metrics": {"loss": "low"}', "its metrics are not a mapping of numbers"),
+        ('"metrics": {"epoch": 2.5}', "its metrics are of epoch 2.5, not 2"),
+        ('"epoch": 3', "it says epoch 3 step 0, its folder's name another"),
         ("[]", "not a JSON object"),
     ],
 )

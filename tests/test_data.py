@@ -372,7 +372,7 @@ def test_converter_force_removes_only_what_a_conversion_wrote(tmp_path):
     raw = make_tree(tmp_path / "raw", classes=2, per_class=2, val=2, png_as_jpeg=False)
     out, labels = tmp_path / "out", raw / "val_labels.txt"
     out.mkdir()
-    theirs = {"chapter-1-of-3.txt": "notes", "train-00009-of-00010": "not ours: no manifest lists it"}
+    theirs = {"chapter-1-of-3.txt": "notes", "train-notes.txt": "notes too"}
     for name, text in theirs.items():
         (out / name).write_text(text)
     convert(raw, out, train_shards=3, validation_shards=2, workers=1, labels_file=labels, force=True)
@@ -381,6 +381,16 @@ def test_converter_force_removes_only_what_a_conversion_wrote(tmp_path):
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == sorted(
         [*theirs, "counts.json", "train-00000-of-00001", "validation-00000-of-00001"]
     )
+    # A shard no conversion wrote, which training would read: neither deleted nor silently kept.
+    (out / "train-00009-of-00010").write_text("another tool's shard")
+    before = sorted(p.name for p in out.iterdir())
+    with pytest.raises(UsageError) as err:
+        convert(raw, out, train_shards=1, validation_shards=1, workers=1, labels_file=labels, force=True)
+    assert str(err.value) == (
+        f"DEST {out}: train-00009-of-00010 (and 0 more) was not written by a conversion, yet training would "
+        "read it; move it out of DEST (or pick another DEST), then convert again"
+    )
+    assert sorted(p.name for p in out.iterdir()) == before
 
 
 @pytest.mark.parametrize("where", [".", "out", "train/out"])

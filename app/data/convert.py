@@ -26,11 +26,12 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
-from app.core.errors import AppError, UsageError
+from app.core.errors import AppError, UsageError, read_regular
 
 IMAGE_EXTENSIONS = {".jpeg", ".jpg", ".png"}
 MANIFEST = ".scaleout-convert.json"  # the files a conversion writes, listed before it writes them
 COUNTS = "counts.json"
+MANIFEST_LIMIT = 64 * 2**20  # bytes of the manifest or counts.json: names of a few thousand shards
 OUTPUT_NAME = re.compile(r"(train|validation)-[0-9]{5}-of-[0-9]{5}")  # the only shard names it writes
 
 
@@ -183,6 +184,7 @@ def convert(
         for split, n, items in (("train", train_shards, train), ("validation", validation_shards, val))
         for i in range(n)
     ]
+    _refuse_foreign(dest, previous | {name for name, _ in jobs})
     dest.mkdir(parents=True, exist_ok=True)
     _write_json(dest / MANIFEST, {"format": 1, "files": sorted({*previous, *(name for name, _ in jobs)})})
     counts: dict[str, int] = {}
@@ -212,26 +214,42 @@ def convert(
     return counts
 
 
+def _read_by_training(dest: Path) -> set[str]:
+    """The files of ``dest`` that training reads (app.data.sources takes every train-*-of-* and
+    validation-*-of-* there), whoever wrote them."""
+    return {p.name for pattern in ("train-*-of-*", "validation-*-of-*") for p in dest.glob(pattern)}
+
+
 def _previous_output(dest: Path, force: bool) -> set[str]:
     """The shard names an earlier conversion wrote into ``dest`` (its manifest and counts.json), which only
     --force may replace. Files it did not write are never counted, so never removed."""
     if not dest.is_dir():
         return set()
-    ours = {p.name for p in dest.iterdir() if OUTPUT_NAME.fullmatch(p.name)}
-    if ours and not force:
-        first = min(ours)
+    there = sorted(_read_by_training(dest))
+    if there and not force:
         raise UsageError(
-            f"DEST {dest}: already holds {first} and {len(ours) - 1} more; pass --force to overwrite"
+            f"DEST {dest}: already holds {there[0]} and {len(there) - 1} more; pass --force to overwrite"
         )
     listed: set[str] = set()
     for name, key in ((MANIFEST, "files"), (COUNTS, None)):
         try:
-            data = json.loads((dest / name).read_text())
+            data = json.loads(read_regular(dest / name, str(dest / name), MANIFEST_LIMIT, "manifest"))
             names = data[key] if key else list(data)
-        except (OSError, ValueError, KeyError, TypeError):
+        except (UsageError, ValueError, KeyError, TypeError, RecursionError):
             continue  # missing or damaged: then nothing of it is removed
         listed |= {n for n in names if isinstance(n, str) and OUTPUT_NAME.fullmatch(n)}
     return listed
+
+
+def _refuse_foreign(dest: Path, ours: set[str]) -> None:
+    """Refuse a DEST holding files training would read that no conversion wrote (another tool's shards, an
+    older partial conversion): kept, they would mix into the data; removing them is the user's call."""
+    foreign = sorted(_read_by_training(dest) - ours) if dest.is_dir() else []
+    if foreign:
+        raise UsageError(
+            f"DEST {dest}: {foreign[0]} (and {len(foreign) - 1} more) was not written by a conversion, yet "
+            "training would read it; move it out of DEST (or pick another DEST), then convert again"
+        )
 
 
 def _write_json(path: Path, data) -> None:

@@ -16,7 +16,7 @@ from app.engines.world import resume_command, stall_settings
 class StopRequest:
     """Notes SIGUSR1 (Slurm's --signal ahead of the time limit) and SIGTERM (scancel, preemption, a container
     stop) instead of dying. The handler only records the signal, so a second one while a checkpoint is being
-    written changes nothing; training acts on it at the next agreed step (:func:`agree`)."""
+    written changes nothing; training acts on it at the next agreed step (:func:`app.engines.horovod.agree`)."""
 
     SIGNALS = ("SIGUSR1", "SIGTERM")
 

@@ -1,6 +1,7 @@
 """study: a research question of the reference study as one command. Plans (which runs, with which overrides,
 on how many workers), the state of a study folder, and the executors that run a plan locally or as Slurm jobs.
 
-May import: app.core, app.cluster, and of app.training only the schedule's arithmetic (no TensorFlow). Never
-imports TensorFlow or Horovod: `app study status` and `--cluster` run on a login node.
+May import: app.core, app.cluster, of app.engines only world (launcher detection) and of app.training only
+the schedule's arithmetic (tests/test_architecture.py holds it to that). Never imports TensorFlow or Horovod:
+`app study status` and `--cluster` run on a login node.
 """

@@ -36,7 +36,7 @@ class EvaluateEachEpoch(tf.keras.callbacks.Callback):
 
 
 class CheckpointWriter:
-    """Rank 0's checkpoints: at each epoch end as :class:`MetricsWriter`'s ``before_write`` (written before
+    """Rank 0's checkpoints: at each epoch end as :class:`~app.training.output.MetricsWriter`'s ``before_write`` (written before
     the epoch's metrics row, and holding that row, so a resume restores exactly what was recorded), and
     inside epochs for :class:`Interruptions`. On other ranks it writes nothing and returns None."""
 
@@ -82,8 +82,8 @@ class Interruptions(tf.keras.callbacks.Callback):
     stop signal and, for time-based checkpoints, whether rank 0's clock says one is due; step-based ones
     need no agreement. A checkpoint is always taken on an update boundary, so accumulation stays exact: the
     batch-norm statistics are averaged, rank 0 writes it, and a barrier lets no rank leave before it is
-    complete. On a stop every rank then raises :class:`~app.engines.horovod.Preempted` (exit status 3). At an
-    epoch end the epoch's own checkpoint (written just before, by :class:`MetricsWriter`) serves. Must be
+    complete. On a stop every rank then raises :class:`~app.core.errors.Preempted` (exit status 3). At an
+    epoch end the epoch's own checkpoint (written just before, by :class:`~app.training.output.MetricsWriter`) serves. Must be
     the last callback.
     """
 

@@ -22,10 +22,11 @@ import shutil
 import time
 from pathlib import Path
 
-from app.core.errors import AppError
+from app.core.errors import AppError, UsageError, read_regular
 
 PREFIX = "ckpt"
 STATE = "state.json"
+STATE_LIMIT = 16 * 2**20  # bytes: a state.json lists a few files and one metrics row
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
@@ -84,22 +85,34 @@ def state_problem(state) -> str | None:
         isinstance(v, int | float | None) and not isinstance(v, bool) for v in metrics.values()
     ):
         return "its metrics are not a mapping of numbers"
+    if (
+        "epoch" in metrics and metrics["epoch"] != state["epoch"]
+    ):  # the row a resume puts back into metrics.jsonl
+        return f"its metrics are of epoch {str(metrics['epoch'])[:40]}, not {state['epoch']}"
     return None
 
 
 def problem(path: Path) -> str | None:
     """Why the checkpoint at ``path`` cannot be used, or None when it is complete and intact: its state file
     parses, every file it lists has the recorded size and checksum, and TensorFlow can read its index."""
-    try:
-        state = json.loads((path / STATE).read_text())
-    except (OSError, ValueError, RecursionError):
+    try:  # a regular file of sane size: a FIFO planted there would block, a huge file be read whole
+        state = json.loads(read_regular(path / STATE, STATE, STATE_LIMIT))
+    except (UsageError, ValueError, RecursionError):
         return f"{STATE} missing or unreadable"
     wrong = state_problem(state)
+    if not wrong and (state["epoch"], state.get("step", 0)) != _progress_of(path):
+        wrong = f"it says epoch {state['epoch']} step {state.get('step', 0)}, its folder's name another"
     if wrong:
         return f"{STATE} is damaged ({wrong})"
     files = state.get("files", {})
     for name, entry in files.items():
-        if not isinstance(name, str) or "/" in name or name in ("", ".", "..") or name == STATE:
+        if (
+            not isinstance(name, str)
+            or "/" in name
+            or "\0" in name
+            or name in ("", ".", "..")
+            or name == STATE
+        ):
             return f"{STATE} is damaged (it lists {name!r}, not a file of the checkpoint)"
         if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], int)):
             return f"{STATE} is damaged (the entry of {name} is not [size, sha256])"
