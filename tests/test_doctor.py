@@ -72,3 +72,38 @@ def test_bus_bandwidth_is_algorithm_bandwidth_times_2_n_minus_1_over_n():
     algorithm, bus = bandwidths(10**9, 0.5, 4)
     assert algorithm == 2.0 and bus == pytest.approx(3.0)
     assert all(x != x for x in bandwidths(10**9, 0.0, 2))  # NaN, never a division by zero
+
+
+def test_a_stop_signal_reports_what_it_found():
+    """Issue 22, item 8: a smoke job's time limit (SIGTERM) ends app doctor with its table and one line, not
+    a silent exit 143."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from app.engines.local import _catches
+    from conftest import ROOT
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app", "doctor", "--megabytes", "1", "--iterations", "1000000000"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while not _catches(proc.pid, signal.SIGTERM):  # its handler is in place
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.2)
+        time.sleep(5)  # into the checks
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err
+    assert "stopped by SIGTERM before every check ended" in " ".join(out.split())
+    errors = [line for line in err.splitlines() if line.startswith("Error:")]
+    assert errors == [
+        "Error: doctor: stopped: stopped by SIGTERM before every check ended (the job's time limit, or scancel); "
+        "the rows above are what it found"
+    ], err
+    assert "Traceback" not in err

@@ -50,7 +50,8 @@ def doctor(megabytes, iterations, threads, np_, as_json):
 
             doctor_stage.render(report, Console(width=None if sys.stdout.isatty() else 120))
         sys.stdout.flush()
-    doctor_stage.finish(failed)
+    if not report.get("stopped"):  # a stopped rank waits for nobody: the others may be stopped too
+        doctor_stage.finish(failed)
     if report["rank"] != 0:
         sys.exit(1 if failed else 0)
     doctor_stage.verdict(report)

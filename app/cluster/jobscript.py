@@ -155,7 +155,15 @@ def render(
     command, announce, purpose = _command(smoke, task)
     values = {
         **_header(
-            cluster, shape, name, gres, account, log_dir, purpose, exclusive=bool(extra), requeue=not task
+            cluster,
+            shape,
+            name,
+            gres,
+            account,
+            log_dir,
+            purpose,
+            exclusive=bool(extra),
+            requeue=not task and not smoke,
         ),
         **_launch(cluster, app, extra),
         "run_dir": shlex.quote(resume)
@@ -374,7 +382,8 @@ def _header(
         "log_dir": str(log_dir),  # checked plain: #SBATCH lines are not shell, quotes would be kept
         "signal_seconds": lead,
         # A task (app benchmark) has no stop handler: SIGUSR1 would only end it early, and a requeue would
-        # measure again what it measured. Training and doctor jobs stop cleanly and requeue.
+        # measure again what it measured; a smoke job (app doctor) has no checkpoint to continue from, and
+        # reports what it found when its time limit's SIGTERM comes. Training jobs stop cleanly and requeue.
         "stop_lines": f"#SBATCH --signal=USR1@{lead}\n#SBATCH --requeue\n" if requeue else "",
         "requeue_code": REQUEUE_EXIT_CODE,
     }

@@ -38,6 +38,7 @@ from app.engines.world import (
     check_world_size,
     gpu_device_nodes,
     launched_size,
+    rank_from_env,
 )
 
 WARMUP = 2
@@ -86,11 +87,37 @@ def bandwidths(nbytes: int, seconds: float, size: int) -> tuple[float, float]:
     return algorithm, algorithm * (2 * (size - 1) / size if size > 1 else 0.0)
 
 
+class Stopped(Exception):
+    """A stop signal (the job's time limit, scancel) while the checks ran."""
+
+
+def _stop_on_signals() -> None:
+    """SIGUSR1/SIGTERM (a smoke job's time limit, scancel) end the checks with what they found so far, instead
+    of a silent exit 138 or 143. Python runs the handler between bytecodes: a hung collective ends only at
+    Slurm's SIGKILL."""
+    import signal
+
+    def stop(signum, frame):
+        raise Stopped(signal.Signals(signum).name)
+
+    for name in ("SIGUSR1", "SIGTERM"):
+        signal.signal(getattr(signal, name), stop)
+
+
 def run(megabytes: float, iterations: int, threads: int = 0) -> dict:
-    """Every check, the same on every rank (each rank's part is gathered), for rank 0 to print."""
+    """Every check, the same on every rank (each rank's part is gathered), for rank 0 to print. Stopped by a
+    signal, this rank's checks so far and a ``stopped`` row (``report["stopped"]``: nothing was gathered)."""
     nccl_dir = _nccl_log_dir()
+    checks: list[Check] = []
+    _stop_on_signals()
     try:
-        report = _run(megabytes, iterations, threads, nccl_dir)
+        report = _run(megabytes, iterations, threads, nccl_dir, checks)
+    except Stopped as exc:
+        checks.append(Check("stopped", False, f"stopped by {exc} before every check ended (the job's time "
+                                               "limit, or scancel); the rows above are what it found"))  # fmt: skip
+        launched = launched_size(os.environ)
+        return {"rank": rank_from_env(), "size": launched[1] if launched else 1, "stopped": True,
+                "checks": [asdict(c) for c in checks], "ranks": [], "allreduce": None, "network": None}  # fmt: skip
     except BaseException:
         if nccl_dir is not None:  # NCCL's own words on what failed are there, WARN lines included
             print(f"scaleout doctor: NCCL's log of this rank is in {nccl_dir}", file=sys.stderr)
@@ -108,7 +135,7 @@ def finish(failed: bool) -> None:
     dist.allgather_object(failed)
 
 
-def _run(megabytes: float, iterations: int, threads: int, nccl_dir: str | None) -> dict:
+def _run(megabytes: float, iterations: int, threads: int, nccl_dir: str | None, checks: list[Check]) -> dict:
     from app.core.compat import import_tensorflow
     from app.engines import horovod as dist
     from app.engines.info import horovod_build, tensorflow_build
@@ -116,7 +143,7 @@ def _run(megabytes: float, iterations: int, threads: int, nccl_dir: str | None) 
     tf = import_tensorflow()
     hvd_build, tf_build = horovod_build(), tensorflow_build(tf)
     world = dist.init(threads, checks=False)  # the checks become rows below instead of ending the command
-    checks: list[Check] = [check_build(tf, hvd_build, tf_build)]
+    checks.append(check_build(tf, hvd_build, tf_build))
     gpus = [d.name for d in tf.config.list_physical_devices("GPU")]
     ranks = gather_ranks(tf, world, gpus)
     checks += [check_devices(ranks), check_world(ranks, world)]
