@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -104,17 +105,20 @@ def test_shape_of_a_multi_node_job():
     assert "#SBATCH --exclusive" not in job.script and "--cpu-bind" not in job.script
 
 
-def _run_job(tmp_path: Path, restart: int, srun_exit: int, scontrol_exit: int = 0, saved: bool = True):
-    """The local job script with srun and scontrol faked: (exit status, output, srun's argv, scontrol called)."""
-    script = render("local", 2, sets=["train.epochs=5"]).script
+def _run_job(tmp_path: Path, restart: int, srun_exit: int, scontrol_exit: int = 0, saved: bool = True,
+             progress: bool = True, **options):  # fmt: skip
+    """The local job script with srun and scontrol faked: (exit status, output, srun's argv, scontrol called).
+    With ``progress`` the fake training leaves a new checkpoint, as a stop after some steps does."""
+    script = render("local", 2, sets=["train.epochs=5"], **options).script
     run = tmp_path / "runs" / "synthetic-77"
-    run.mkdir(parents=True)
+    (run / "checkpoints" / "epoch-0001").mkdir(parents=True)
     if saved:
         (run / "config.yaml").write_text("name: synthetic\n")
     bin_ = tmp_path / "bin"
     bin_.mkdir()
+    step = f'mkdir "{run}/checkpoints/epoch-0001-step-0000007"\n' if progress else ""
     (bin_ / "srun").write_text(
-        f'#!/bin/bash\nprintf "%s\\n" "$@" > "{tmp_path}/srun.argv"\nexit {srun_exit}\n'
+        f'#!/bin/bash\nprintf "%s\\n" "$@" > "{tmp_path}/srun.argv"\n{step}exit {srun_exit}\n'
     )
     (bin_ / "scontrol").write_text(f'#!/bin/bash\ntouch "{tmp_path}/requeued"\nexit {scontrol_exit}\n')
     for tool in bin_.iterdir():
@@ -154,6 +158,22 @@ def test_status_3_requeues_and_a_failed_requeue_is_no_success(tmp_path):
     assert code == 3 and requeued and "scontrol requeue failed" in out, out
     code, out, _, requeued = _run_job(tmp_path / "c", restart=0, srun_exit=1)
     assert code == 1 and not requeued, out
+
+
+def test_a_stop_without_a_new_checkpoint_or_past_the_cap_does_not_requeue(tmp_path):
+    """Issue 22, item 5: a job that stops before its first new checkpoint would stop there at every start."""
+    code, out, _, requeued = _run_job(tmp_path / "a", restart=3, srun_exit=3, progress=False)
+    assert code == 3 and not requeued, out
+    assert "scaleout: stopped before a new checkpoint since this start: not requeueing" in out
+    assert "app submit --resume runs/synthetic-77 --time ..." in out
+    code, out, _, requeued = _run_job(tmp_path / "b", restart=5, srun_exit=3, max_requeues=5)
+    assert code == 3 and not requeued, out
+    assert (
+        "scaleout: requeued 5 times already (--max-requeues): not again; continue with app submit --resume"
+        in out
+    )
+    code, out, _, requeued = _run_job(tmp_path / "c", restart=4, srun_exit=3, max_requeues=5)
+    assert code == 0 and requeued, out
 
 
 def test_partition_choice_and_staging():
@@ -837,7 +857,9 @@ def test_the_rendezvous_server_is_started_waited_for_and_stopped(
     for folder in (calls, envs, scratch):
         folder.mkdir()
     (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "srun").write_text(f'#!/bin/bash\n{shims / "srun"} "$@"\nexit {srun_exit}\n')
+    run_dir = re.search(r"^RUN_DIR=(.*)$", script, re.M).group(1).replace("$SLURM_JOB_ID", "77")
+    step = f'mkdir -p "{tmp_path / run_dir}/checkpoints/epoch-0001"\n' if srun_exit == 3 else ""  # progress
+    (tmp_path / "bin" / "srun").write_text(f'#!/bin/bash\n{shims / "srun"} "$@"\n{step}exit {srun_exit}\n')
     (tmp_path / "bin" / "srun").chmod(0o755)
     (tmp_path / "job.sbatch").write_text(script)
     env = {

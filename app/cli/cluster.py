@@ -85,6 +85,8 @@ def doctor(megabytes, iterations, threads, np_, as_json):
 @click.option("--resume", "resume", metavar="RUN_DIR",
               help="Continue this run directory (its saved config and latest checkpoint) in a new job.")  # fmt: skip
 @click.option("--name", help="Job name (default: the config's name).")
+@click.option("--max-requeues", type=Int(min=0), default=20, show_default=True,
+              help="Requeues of the job at its time limit at most (each needs a new checkpoint since its start).")  # fmt: skip
 @click.option("--smoke", is_flag=True,
               help="Run `app doctor` in the same job shape instead of training (no -c; 10 min; a test partition).")  # fmt: skip
 @click.option("--dry-run", is_flag=True, help="Print the rendered script; submit nothing.")
@@ -102,6 +104,7 @@ def submit(
     stage_gb,
     resume,
     name,
+    max_requeues,
     smoke,
     dry_run,
     test_only,
@@ -125,7 +128,7 @@ def submit(
 
     job = jobscript.render(
         profiles.load_cluster(cluster), gpus, list(configs), list(sets), time_limit, account, partition,
-        image, data_dir, stage_gb, name, resume=resume, smoke=smoke,
+        image, data_dir, stage_gb, name, resume=resume, smoke=smoke, max_requeues=max_requeues,
     )  # fmt: skip
     if dry_run:  # exactly the script sbatch would get (click.echo would strip escape sequences off a pipe)
         sys.stdout.write(job.script)

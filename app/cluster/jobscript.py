@@ -27,6 +27,8 @@ from app.cluster.staging import SHARED_RUN_DIR, plan_stage
 from app.core.errors import REQUEUE_EXIT_CODE, UsageError, show
 
 TEMPLATE = ROOT / "jobs" / "train.sbatch"
+# Requeues of one job at most: a run whose every start stops at its limit with progress would go on for ever.
+MAX_REQUEUES = 20
 SMOKE_TIME = "10"  # --smoke: `app doctor` takes a minute or two; ten leaves room for a slow container start
 
 
@@ -130,7 +132,7 @@ def render(
     data_dir: str | None = None, stage_gb: int | None = None, name: str | None = None,
     log_dir: Path = Path("logs"), runs_dir: Path = Path("runs"), python: str | None = None,
     resume: str | None = None, smoke: bool = False, task: list[str] | None = None, cfg=None,
-    into: str | None = None,
+    into: str | None = None, max_requeues: int = MAX_REQUEUES,
 ) -> Job:  # fmt: skip
     """The sbatch script for ``gpus`` GPUs on ``cluster``; every check that can fail, fails here. With
     ``resume`` (a run directory) the job continues that run with its saved config instead of starting one.
@@ -141,6 +143,8 @@ def render(
     (a study's), instead of runs/<name>-<job id>."""
     configs, sets = [str(c) for c in configs], list(sets)
     _check_arguments(gpus, configs, sets, data_dir, stage_gb, resume, into, smoke, cfg)
+    if not 0 <= max_requeues <= 10_000:  # a number bash's test compares, and more requeues than any run needs
+        raise UsageError(f"--max-requeues {max_requeues}: give a number from 0 to 10000")
     _check_plain_values(account, name, partition, image, log_dir, runs_dir)
     shape = _job_shape(cluster, gpus, time_limit, partition, account, smoke)
     name = _job_name(configs, sets, data_dir, name, resume, smoke, cfg)
@@ -173,6 +177,7 @@ def render(
         else f"{shlex.quote(str(runs_dir))}/{name}-$SLURM_JOB_ID",
         "data_dir": shlex.quote(data_dir) if data_dir else '""',
         "announce": announce,
+        "max_requeues": max_requeues,
         "shared_block": SHARED_RUN_DIR if shape.nodes > 1 and not smoke else "",
         "stage_block": stage,
         "app": app,
