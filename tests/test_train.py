@@ -355,3 +355,25 @@ def test_evaluation_at_each_epoch_end_is_traced_once():
         callback.on_epoch_end(epoch, logs)
         assert logs["val_examples"] == 8
     assert len(calls) == 1
+
+
+def test_evaluating_with_another_model_or_a_damaged_newest_checkpoint_says_so_once(tmp_path):
+    """Issue 22, item 20: one line for a checkpoint that does not fit (no chained tracebacks, no TensorFlow
+    warnings after it), and a note for a damaged newest checkpoint instead of skipping it silently."""
+    run = tmp_path / "run"
+    recipe = [*TINY_SYNTHETIC, "--set", "train.steps_per_epoch=1", "--set", "train.eval_steps=1"]
+    run_app(["train", *recipe, "--epochs", "2", "--run-dir", str(run)])
+    proc = run_app(
+        ["evaluate", str(run), "--set", "data.num_classes=5", "--set", "train.eval_steps=1"], expect=2
+    )
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(
+        f"Error: RUN_DIR {run}: checkpoint {run / 'checkpoints' / 'epoch-0002'} does not fit"
+    )
+    (run / "checkpoints" / "epoch-0002" / "state.json").write_text("{")
+    proc = run_app(["evaluate", str(run), "--set", "train.eval_steps=1"])
+    assert (
+        f"skipping checkpoint {run / 'checkpoints' / 'epoch-0002'}: state.json missing or unreadable"
+        in proc.stdout
+    )
+    assert (run / "eval-epoch-0001.json").is_file()

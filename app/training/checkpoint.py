@@ -160,12 +160,18 @@ def latest(run_dir: Path, skipped: list[str] | None = None) -> tuple[int, Path] 
     return None
 
 
-def find(run_dir: Path, epoch: int | None = None) -> tuple[int, Path] | None:
-    """The checkpoint at the end of ``epoch`` (if valid), or the latest valid one."""
+def find(
+    run_dir: Path, epoch: int | None = None, skipped: list[str] | None = None
+) -> tuple[int, Path] | None:
+    """The checkpoint at the end of ``epoch`` (if valid), or the latest valid one; why one was passed over is
+    appended to ``skipped``."""
     if epoch is None:
-        return latest(run_dir)
+        return latest(run_dir, skipped)
     path = checkpoint_dir(run_dir) / name_for(epoch)
-    return (epoch, path) if is_valid(path) else None
+    why = problem(path) if path.is_dir() else None
+    if why and skipped is not None:
+        skipped.append(f"{path}: {why}")
+    return (epoch, path) if path.is_dir() and why is None else None
 
 
 def _fsync(path: Path) -> None:
@@ -286,4 +292,6 @@ def read_state(path: Path) -> dict:
 
 def restore(checkpoint, path: Path) -> None:
     """Load weights and optimizer state into ``checkpoint``'s objects (which must already be built)."""
-    checkpoint.read(str(Path(path) / PREFIX)).assert_existing_objects_matched()
+    status = checkpoint.read(str(Path(path) / PREFIX))
+    status.expect_partial()  # a mismatch is said once, by the assertion, not again by TensorFlow at exit
+    status.assert_existing_objects_matched()

@@ -4,6 +4,7 @@ policy, and the compiled model with its (Horovod-wrapped) optimizer, loss and me
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import tensorflow as tf
 
@@ -12,7 +13,7 @@ from app.core.errors import UsageError
 from app.data.sources import Spec
 from app.engines import horovod as distributed
 from app.engines.world import World
-from app.training import models
+from app.training import checkpoint, models
 from app.training.output import Reporter
 from app.training.schedule import make_schedule
 
@@ -112,3 +113,16 @@ def set_precision(cfg: Config, world: World, reporter: Reporter) -> str:
         )
     tf.keras.mixed_precision.set_global_policy(policy)
     return policy
+
+
+def restore(model, path: Path, run_dir: Path, label: str = "--run-dir") -> None:
+    """Restore the checkpoint at ``path`` into ``model`` (training's resume, `app evaluate`), or one line saying
+    that it does not fit the model the config builds."""
+    try:  # every rank restores; the broadcast below re-syncs
+        checkpoint.restore(tracked(model), path)
+    except (AssertionError, ValueError, tf.errors.OpError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UsageError(
+            f"{label} {run_dir}: checkpoint {path} does not fit the model built from this config "
+            f"({first[:200]}); use the run's own data and model, or start a new --run-dir"
+        ) from None

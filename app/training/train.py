@@ -38,7 +38,7 @@ from app.training.output import (
     write_text_atomic,
 )
 from app.training.plan import Plan, keep_global_batch, plan, resume_step
-from app.training.prepare import build_model, set_precision, setup, tracked
+from app.training.prepare import build_model, restore, set_precision, setup
 from app.training.schedule import make_schedule
 
 
@@ -192,18 +192,6 @@ def resume_config(
                 f"{state.get('workers', 'the saved number of')} workers instead"
             ) from None
     return cfg, policy
-
-
-def restore(model, path: Path, run_dir: Path) -> None:
-    """Restore the checkpoint at ``path`` into ``model``, or one line saying that it does not fit."""
-    try:  # every rank restores; the broadcast below re-syncs
-        checkpoint.restore(tracked(model), path)
-    except (AssertionError, ValueError, tf.errors.OpError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UsageError(
-            f"--run-dir {run_dir}: checkpoint {path} does not fit the model built from this config "
-            f"({first[:200]}); resume with the run's own data and model, or start a new --run-dir"
-        ) from None
 
 
 def save_config(
