@@ -632,3 +632,33 @@ def test_a_runs_slurm_job_overrides_what_its_files_say():
     assert with_job(files, ("7", "OUT_OF_MEMORY")) == RunState("failed", 2, "job 7 out_of_memory")
     assert with_job(files, ("7", "COMPLETED")) == RunState("partial", 2, "job 7")
     assert with_job(RunState("done", 4), ("7", "FAILED")).state == "done"
+
+
+def test_a_full_disk_leaves_no_half_made_study_folder(tmp_path, monkeypatch, capsys):
+    """Issue 22, item 18: one line, nothing left that would block the same command once space is freed."""
+    import subprocess
+
+    from conftest import IN_CI
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        if IN_CI:
+            pytest.fail(f"mount failed in CI (runs as root): {proc.stderr.strip()}")
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {proc.stderr.strip()}")
+    try:
+        subprocess.run(["dd", "if=/dev/zero", f"of={disk / 'fill'}", "bs=4k"], capture_output=True)  # full
+        args = ["study", "scaling", "-c", SYNTHETIC, "--np", "1,2", "--batch-sizes", "8", "--steps", "5",
+                "--windows", "2", "--out", str(disk / "studies"), "--dry-run"]  # fmt: skip
+        folder = disk / "studies" / "synthetic-scaling"
+        code, _, stderr = app_main(args[:-1], monkeypatch, capsys)
+        assert code == 1 and stderr.count("\n") == 1, stderr
+        assert stderr.startswith(f"Error: study folder {folder}: cannot be written (No space left on device)")
+        assert not folder.exists()
+        (disk / "fill").unlink()  # space freed: the same command's plan goes through (a dry run here)
+        assert app_main(args, monkeypatch, capsys)[0] == 0
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)

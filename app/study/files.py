@@ -15,11 +15,15 @@ STUDY_FILE_LIMIT = 16 * 2**20  # bytes of study.json (a few KB per run)
 def _write_atomic(path: Path, text: str) -> None:
     """As app.training.output.write_text_atomic (which imports TensorFlow): aside, fsynced, renamed."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # no half-written file left under either name
+        raise
 
 
 class _Lock:

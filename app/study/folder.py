@@ -25,12 +25,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 import time
 from pathlib import Path
 
 from app.core import config as config_mod
 from app.core import rundir
-from app.core.errors import UsageError, brief, read_regular, show
+from app.core.errors import AppError, UsageError, brief, read_regular, show
 from app.study.files import STUDY_FILE_LIMIT, _write_atomic
 from app.study.large_batch import StudyPlan
 from app.study.scaling import ScalingPlan
@@ -130,9 +131,20 @@ def prepare(folder: Path, plan: StudyPlan | ScalingPlan, cfg, command: list[str]
     if not write:
         return True
     rundir.check_writable(folder, "study folder", "pass a writable --out")
-    (folder / ("results" if plan.kind == "scaling" else "runs")).mkdir(parents=True, exist_ok=True)
-    _write_atomic(folder / "config.yaml", config_mod.dump(cfg))
-    meta = {"format": FORMAT, "kind": plan.kind, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "command": command, "plan": plan.to_json()}  # fmt: skip
-    _write_atomic(folder / "study.json", json.dumps(meta, indent=1) + "\n")
+    made = not folder.exists()
+    try:
+        (folder / ("results" if plan.kind == "scaling" else "runs")).mkdir(parents=True, exist_ok=True)
+        _write_atomic(folder / "config.yaml", config_mod.dump(cfg))
+        meta = {"format": FORMAT, "kind": plan.kind, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "command": command, "plan": plan.to_json()}  # fmt: skip
+        _write_atomic(folder / "study.json", json.dumps(meta, indent=1) + "\n")
+    except OSError as exc:  # a full disk or quota: a half-made folder would block the same command later
+        for child in folder.iterdir() if folder.is_dir() else ():  # it was empty: all of it is ours
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+        if made:
+            folder.rmdir()
+        raise AppError(
+            f"{label}: cannot be written ({exc.strerror or exc}); nothing was left there: free some space (or "
+            "pass another --out) and run the same command again"
+        ) from None
     return True
