@@ -94,6 +94,12 @@ def test_np_inside_an_interactive_srun_shell_starts_its_workers(tmp_path):
     proc = run_app(["train", *TINY_SYNTHETIC, "--epochs", "1", "--run-dir", str(run), "--np", "2"], env=shell)
     assert "note: --np 2 inside a one-task pmix step: starting 2 local workers" in proc.stderr
     assert json.loads((run / "summary.json").read_text())["workers"] == 2
+    # The finished run, "resumed" on 1 worker: nothing to do, and its record stays the 2 workers' (the summary
+    # said 1 worker and the config accumulation 2 before).
+    before = {name: (run / name).read_bytes() for name in ("summary.json", "config.yaml")}
+    proc = run_app(["train", "--run-dir", str(run)])
+    assert "nothing to do" in proc.stdout
+    assert {name: (run / name).read_bytes() for name in before} == before
 
 
 def test_usage_error_under_two_workers_is_printed_once(tmp_path):

@@ -104,6 +104,11 @@ def train_and_evaluate(
         restore(model, found[1], run_dir)
         where = f"epoch {start_epoch}" + (f", step {start_step}" if start_step else "")
         reporter.note(f"resumed from {found[1]} ({where})")
+    if start_epoch >= cfg.train.epochs and (run_dir / "summary.json").is_file():
+        # A finished run stays as it finished: its config.yaml and summary.json are not rewritten for another
+        # number of workers (a resume without --np would record 1 worker and the accumulation it implies).
+        reporter.note(f"nothing to do: {run_dir} already trained {start_epoch}/{cfg.train.epochs} epochs")
+        return {}
     if world.is_chief:  # only now, when the resume is known to work, does the saved config change
         save_config(cfg, run_dir, bool(found), state, start_epoch, reporter)
     if start_epoch >= cfg.train.epochs:
