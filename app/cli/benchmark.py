@@ -82,8 +82,8 @@ def benchmark(
 ):
     """Measure training (or input-pipeline) throughput; warmup excluded, mean with a 95% confidence interval.
 
-    Sweep workers by launching it at 1, 2, 4, ... workers (--np locally, app submit on a cluster), then
-    read all results with `app report`.
+    Sweep workers by launching it at 1, 2, 4, ... workers (--np locally; on a cluster `app study scaling
+    --cluster` submits a job per GPU count), then read all results with `app report`.
 
     \b
     Example:
