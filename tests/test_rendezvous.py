@@ -3,6 +3,9 @@ server (`app rendezvous`) for real; a rank that joins, a missing server and a mi
 
 from __future__ import annotations
 
+import http.client
+import ipaddress
+import os
 import signal
 import socket
 import subprocess
@@ -80,21 +83,21 @@ def test_a_task_layout_that_does_not_add_up_is_one_line(change, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-def _serve_in_thread(hosts: list[str], spec: str) -> tuple[int, threading.Event]:
-    """The server's own parts (RendezvousServer with Horovod's plan) in this process, stopped by the event."""
-    from horovod.runner.http.http_server import RendezvousServer
+SECRET = "0123456789abcdef" * 2
 
-    server = RendezvousServer()
-    port = server.start()
-    server.init(rendezvous.host_assignments(hosts, rendezvous.tasks_per_node(spec)))
+
+def _serve_in_thread(hosts: list[str], spec: str) -> tuple[int, threading.Event]:
+    """The server (Horovod's store with scaleout's limits) in this process on 127.0.0.1, stopped by the event."""
+    server = rendezvous.Server(hosts, rendezvous.tasks_per_node(spec), SECRET, "127.0.0.1", {"127.0.0.1"})
     stop = threading.Event()
     threading.Thread(target=lambda: (stop.wait(), server.stop()), daemon=True).start()
-    return port, stop
+    return server.port, stop
 
 
 def _rank_env(rank: int, port: int, size: int = 2) -> dict[str, str]:
     env = _slurm_env(rank, 0, rank, str(size), size)
-    env.update({rendezvous.ADDR_VAR: "127.0.0.1", rendezvous.PORT_VAR: str(port), "SLURM_JOB_ID": "9"})
+    env.update({rendezvous.ADDR_VAR: "127.0.0.1", rendezvous.PORT_VAR: str(port), "SLURM_JOB_ID": "9",
+                rendezvous.TOKEN_VAR: SECRET})
     return env
 
 
@@ -187,19 +190,105 @@ def test_a_bad_timeout_is_one_line(value):
     assert str(err.value).startswith(f"HOROVOD_GLOO_TIMEOUT_SECONDS={value!r}: whole seconds, 1 or more")
 
 
-def test_app_rendezvous_prints_its_port_and_stops_on_sigterm():
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "app", "rendezvous", "--hosts", "n0,n1", "--tasks-per-node", "2(x2)"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-    )  # fmt: skip
+def _app_rendezvous(*args: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, rendezvous.TOKEN_VAR: SECRET} if env is None else env
+    return subprocess.Popen([sys.executable, "-m", "app", "rendezvous", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env, **kwargs)  # fmt: skip
+
+
+def test_app_rendezvous_prints_its_port_and_address_and_stops_on_sigterm():
+    proc = _app_rendezvous("--hosts", socket.gethostname(), "--tasks-per-node", "2")
     try:
-        port = int(proc.stdout.readline())
-        with socket.create_connection(("127.0.0.1", port), timeout=5):
+        port, address = proc.stdout.readline().split()
+        assert address == socket.gethostbyname(socket.gethostname())  # the address it listens on, not the name
+        with socket.create_connection((address, int(port)), timeout=5):
             pass  # listening
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0 and proc.stderr.read() == ""
     finally:
         proc.kill()
+
+
+def test_a_multi_node_job_on_a_name_that_resolves_to_loopback_listens_everywhere_and_says_so():
+    # This machine's name resolves to 127.0.0.1 (as 127.0.1.1 does on Debian): other nodes would know it by
+    # another address, so it listens on every interface and gives the ranks the name.
+    assert ipaddress.ip_address(socket.gethostbyname(socket.gethostname())).is_loopback
+    proc = _app_rendezvous("--hosts", f"localhost,{socket.gethostname()}", "--tasks-per-node", "2(x2)")
+    try:
+        port, address = proc.stdout.readline().split()
+        assert address == socket.gethostname()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        assert proc.stderr.read() == (
+            f"scaleout rendezvous: {socket.gethostname()} has no address here the other nodes could use: listening "
+            "on every interface (the job's nodes are still the only ones admitted)\n"
+        )
+    finally:
+        proc.kill()
+
+
+def _delete(port: int, path: str, source: str = "127.0.0.1") -> int:
+    """What Horovod's C++ store sends when a rank is through a scope (HTTPStore::Finalize: DELETE /scope/rank)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5, source_address=(source, 0))
+    conn.request("DELETE", path)
+    return conn.getresponse().status
+
+
+def test_the_server_closes_once_every_rank_is_through_all_of_gloos_scopes():
+    proc = _app_rendezvous("--hosts", "localhost", "--tasks-per-node", "2")
+    try:
+        port = int(proc.stdout.readline().split()[0])
+        # Horovod's plan for 2 ranks on one node: global (2), local_localhost (2), cross_0 and cross_1 (1 each).
+        for path in ("/global/0", "/local_localhost/0", "/cross_0/0", "/global/1", "/local_localhost/1"):
+            assert _delete(port, path) == 200
+        time.sleep(3 * rendezvous.POLL_S)
+        assert proc.poll() is None  # rank 1 is not through cross_1 yet
+        assert _delete(port, "/cross_1/1") == 200
+        assert proc.wait(timeout=10) == 0
+        assert proc.stderr.read() == "scaleout rendezvous: all 2 ranks are through Gloo's rendezvous; closed\n"
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    finally:
+        proc.kill()
+
+
+def test_a_connection_from_outside_the_job_is_turned_away_and_named_once():
+    proc = _app_rendezvous("--hosts", "localhost", "--tasks-per-node", "2")
+    try:
+        port = int(proc.stdout.readline().split()[0])
+        for _ in range(2):  # 127.0.0.9 is this machine, but no address of the job's nodes
+            with pytest.raises((ConnectionError, http.client.HTTPException)):
+                _delete(port, "/global/0", source="127.0.0.9")
+        assert _delete(port, "/global/0") == 200  # the job's own node is still admitted
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        assert proc.stderr.read() == (
+            "scaleout rendezvous: turned away a connection from 127.0.0.9: not one of the job's nodes\n"
+        )
+    finally:
+        proc.kill()
+
+
+def test_a_rank_without_the_jobs_secret_is_refused_in_one_line():
+    port, stop = _serve_in_thread(["n0"], "2")
+    with pytest.raises(AppError) as err:
+        rendezvous.join({**_rank_env(0, port), rendezvous.TOKEN_VAR: "f" * 32})
+    stop.set()
+    assert str(err.value) == (
+        f"Horovod's rendezvous server at 127.0.0.1:{port} refused this rank's SCALEOUT_RENDEZVOUS_TOKEN: every "
+        "rank needs the one the job script gave the server (srun passes the job's environment on; do not change it)"
+    )
+
+
+@pytest.mark.parametrize("value", ["", "short", "0123456789ABCDEF" * 2])
+def test_app_rendezvous_without_a_secret_is_one_line(value):
+    env = {k: v for k, v in os.environ.items() if k != rendezvous.TOKEN_VAR}
+    proc = _app_rendezvous("--hosts", "localhost", "--tasks-per-node", "2",
+                           env={**env, rendezvous.TOKEN_VAR: value} if value else env)  # fmt: skip
+    out, err = proc.communicate(timeout=30)
+    what = "not 32-128 lowercase hex digits" if value else "unset"
+    assert (proc.returncode, out) == (2, "") and err.startswith(f"Error: SCALEOUT_RENDEZVOUS_TOKEN is {what}: ")
+    assert err.count("\n") == 1
 
 
 @pytest.mark.parametrize(

@@ -134,6 +134,9 @@ def test_two_node_gloo_job_joins_ranks_on_both_nodes_through_the_rendezvous(clus
     assert (
         "2 (2 nodes, 1 per node), launcher srun, Horovod controller gloo" in text and "Error" not in text
     ), text
+    # The server listened on node1's own address, admitted both nodes and closed once both ranks were through.
+    assert "scaleout rendezvous: all 2 ranks are through Gloo's rendezvous; closed\n" in text, text
+    assert "turned away" not in text and "every interface" not in text, text
     state = job_state(cluster, job)
     assert "JobState=COMPLETED" in state and " NodeList=node[1-2]\n" in state, state
 

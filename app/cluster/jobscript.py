@@ -91,7 +91,11 @@ def _rendezvous(app: str) -> str:
     first) node, stopped by the EXIT trap (also when the job requeues itself), and its address exported."""
     return f"""
 # mpi: none. srun starts the ranks without MPI; they find each other through Horovod's own Gloo rendezvous
-# server (app rendezvous), started here on the first node and stopped when this script exits (also on a requeue).
+# server (app rendezvous), started here on the first node; it admits only this job's nodes, closes once every
+# rank is through, and is stopped when this script exits (also on a requeue). Its secret for scaleout's own keys
+# is made fresh at each start and passed in the environment only (see app/engines/rendezvous.py).
+SCALEOUT_RENDEZVOUS_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -dc 0-9a-f) && [ -n "$SCALEOUT_RENDEZVOUS_TOKEN" ] || {{ echo "Error: cannot read /dev/urandom for the rendezvous secret" >&2; exit 1; }}
+export SCALEOUT_RENDEZVOUS_TOKEN
 rdv_out=$(mktemp "${{TMPDIR:-/tmp}}/scaleout-rendezvous.XXXXXX") || {{ echo "Error: cannot create a file in ${{TMPDIR:-/tmp}} for Horovod's rendezvous port" >&2; exit 1; }}
 {app} rendezvous --hosts "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -)" --tasks-per-node "$SLURM_TASKS_PER_NODE" >"$rdv_out" &
 rdv_pid=$!
@@ -101,9 +105,9 @@ for _ in $(seq {RENDEZVOUS_WAIT_S * 10}); do
     if [ -s "$rdv_out" ] || ! kill -0 "$rdv_pid" 2>/dev/null; then break; fi
     sleep 0.1
 done
-port=$(head -n 1 "$rdv_out")
-case "$port" in
-    "" | *[!0-9]*)
+read -r port rdv_addr _ <"$rdv_out"
+case "$port:$rdv_addr" in
+    ":"* | *[!0-9]*:* | *:)
         if kill -0 "$rdv_pid" 2>/dev/null; then
             echo "Error: Horovod's rendezvous server (app rendezvous) reported no port within {RENDEZVOUS_WAIT_S} s on $(uname -n); not starting the ranks" >&2
         else
@@ -111,7 +115,7 @@ case "$port" in
         fi
         exit 1 ;;
 esac
-export HOROVOD_GLOO_RENDEZVOUS_ADDR="$(uname -n)" HOROVOD_GLOO_RENDEZVOUS_PORT="$port" HOROVOD_CONTROLLER=gloo HOROVOD_CPU_OPERATIONS=gloo
+export HOROVOD_GLOO_RENDEZVOUS_ADDR="$rdv_addr" HOROVOD_GLOO_RENDEZVOUS_PORT="$port" HOROVOD_CONTROLLER=gloo HOROVOD_CPU_OPERATIONS=gloo
 """
 
 

@@ -16,13 +16,35 @@ Two halves, one per side of `srun`:
 Gloo itself aborts the process (C++ ``terminate``) when its rendezvous fails, so :func:`join` checks what it
 can first, in Python, and fails with one line: no server at the address, a rank that never arrived.
 Importing this module is cheap (no TensorFlow, no Horovod); :func:`serve` imports Horovod's runner only.
+
+Exposure. Horovod's own server (what `horovodrun --gloo` starts) listens on every interface, admits anyone and
+lives as long as the job; what it holds are the ranks' Gloo addresses, so whoever can write there can put
+itself between two ranks. This server is Horovod's store with three limits around it:
+
+- it listens only on the address this node's name resolves to (an IPv4 address, which the ranks are then given
+  in place of the name), not on every interface;
+- it admits connections only from the job's nodes (the addresses ``--hosts`` resolve to here) and names each
+  other address it turned away, once, on stderr;
+- it closes as soon as every rank has finished all three of Gloo's rendezvous (global, per node, across nodes:
+  each rank deletes its key in a scope when it is done there), seconds after the ranks start, not at the job's end.
+
+A per-job secret (``SCALEOUT_RENDEZVOUS_TOKEN``, made fresh by the job script at each start, passed in the
+environment, never in argv) guards scaleout's own keys (the joins above): a rank without it is refused. Gloo's
+own keys cannot be guarded that way: Horovod's C++ store (``horovod/common/gloo/http_store.h``) sends plain
+requests to ``http://ADDR:PORT/SCOPE/KEY`` with no header or credential of any kind. So on nodes that other
+users share, another user's process on one of the job's nodes could still reach Gloo's keys in the seconds the
+server is open; whole-node (``--exclusive``) jobs, which multi-node GPU jobs on Roihu and LUMI are, leave no one.
 """
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
 import os
 import re
 import socket
+import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -31,6 +53,9 @@ from app.core.errors import AppError, UsageError, brief, show
 
 ADDR_VAR, PORT_VAR = "HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT"
 TIMEOUT_VAR = "HOROVOD_GLOO_TIMEOUT_SECONDS"
+TOKEN_VAR, TOKEN_HEADER = "SCALEOUT_RENDEZVOUS_TOKEN", "X-Scaleout-Token"
+_TOKEN = re.compile(r"[0-9a-f]{32,128}")
+OURS = "/scaleout-"  # the path prefix of scaleout's own keys (join), the ones the token guards
 DEFAULT_TIMEOUT_S = 300  # ranks start seconds to minutes apart (container start, TensorFlow's import)
 POLL_S = 0.5
 GRACE_S = 10  # ranks other than 0 wait this much longer, so that rank 0 reports who is missing
@@ -58,16 +83,133 @@ def host_assignments(hosts: list[str], counts: list[int]):
     return get_host_assignments([HostInfo(h, n) for h, n in zip(hosts, counts, strict=True)], sum(counts))
 
 
-def _announce(port: int) -> None:
-    print(port, flush=True)  # the job script reads it from a file: flushed now, not at exit
+def _announce(port: int, address: str) -> None:
+    print(port, address, flush=True)  # the job script reads them from a file: flushed now, not at exit
 
 
-def serve(hosts: list[str], spec: str, announce=_announce) -> None:
+def _note(line: str) -> None:
+    print(f"scaleout rendezvous: {line}", file=sys.stderr, flush=True)  # the job log
+
+
+def _addresses(name: str, family=socket.AF_INET) -> list[str]:
+    try:
+        return list(dict.fromkeys(info[4][0] for info in socket.getaddrinfo(name, None, family, socket.SOCK_STREAM)))
+    except (socket.gaierror, UnicodeError):
+        return []
+
+
+def bind_address(nodes: int) -> tuple[str, str]:
+    """Where to listen and what address the ranks should use: this node's name's first IPv4 address (an IPv4
+    literal, as Horovod's C++ store puts it in its URLs unbracketed). Every interface, with the name, when the
+    name has no IPv4 address here, or only a loopback one while other nodes take part (a Debian-style
+    ``127.0.1.1 name`` line: the other nodes know this node by another address)."""
+    name = socket.gethostname()
+    found = _addresses(name)
+    if not found or (nodes > 1 and ipaddress.ip_address(found[0]).is_loopback):
+        _note(f"{name} has no address here the other nodes could use: listening on every interface "
+              "(the job's nodes are still the only ones admitted)")  # fmt: skip
+        return "", name
+    return found[0], found[0]
+
+
+def token(env) -> str:
+    value = env.get(TOKEN_VAR, "")
+    if not _TOKEN.fullmatch(value):
+        raise UsageError(
+            f"{TOKEN_VAR} is {'not 32-128 lowercase hex digits' if value else 'unset'}: the job script of app "
+            f"submit sets a fresh one; by hand, export {TOKEN_VAR}=$(python3 -c 'import secrets; "
+            "print(secrets.token_hex(16))') for the server and every rank"
+        )
+    return value
+
+
+class Server:
+    """Horovod's rendezvous store (``horovod.runner.http.http_server``) for one job: listening on ``host``
+    only, admitting only ``peers``, the token required for scaleout's keys, and :attr:`done` set once every rank
+    has finished each of Gloo's rendezvous in Horovod's plan (global, local per node, cross per local rank)."""
+
+    def __init__(self, hosts: list[str], counts: list[int], secret: str, host: str, peers: set[str]):
+        from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+        plan = host_assignments(hosts, counts)
+        sizes = {"global": plan[0].size}
+        for slot in plan:
+            sizes[f"local_{slot.hostname}"] = slot.local_size
+            sizes[f"cross_{slot.local_rank}"] = slot.cross_size
+        finished: dict[str, set[str]] = {scope: set() for scope in sizes}
+        refused: set[str] = set()
+        lock, self.done = threading.Lock(), threading.Event()
+
+        class Handler(RendezvousHandler):
+            def _refused(self) -> bool:
+                given = self.headers.get(TOKEN_HEADER, "").encode()
+                if self.path.startswith(OURS) and not hmac.compare_digest(given, secret.encode()):
+                    self.send_status_code(403)
+                    return True
+                return False
+
+            def do_GET(self):
+                if not self._refused():
+                    super().do_GET()
+
+            def do_PUT(self):
+                if not self._refused():
+                    super().do_PUT()
+
+            def do_DELETE(self):  # Gloo's Finalize: this rank is done with the scope
+                if self._refused():
+                    return
+                super().do_DELETE()
+                parts = self.path.split("/")
+                if len(parts) == 3 and parts[1] in finished:
+                    with lock:
+                        finished[parts[1]].add(parts[2])
+                        if all(len(finished[scope]) >= size for scope, size in sizes.items()):
+                            self.server.server.done.set()
+
+        class HTTPServer(RendezvousHTTPServer):
+            daemon_threads = True
+
+            def verify_request(self, request, client_address):
+                peer = client_address[0]
+                if peer in peers:
+                    return True
+                with lock:
+                    if peer not in refused:
+                        refused.add(peer)
+                        _note(f"turned away a connection from {peer}: not one of the job's nodes")
+                return False
+
+        self.httpd = HTTPServer((host, 0), Handler, 0)
+        self.httpd.server = self
+        self.httpd.init(plan)
+        self.port = self.httpd.server_address[1]
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="rendezvous", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self._thread.join()
+
+
+def peers_of(hosts: list[str], host: str) -> set[str]:
+    """The addresses the job's nodes connect from: what each of ``hosts`` resolves to here, and the address
+    this server listens on (ranks on this node); every local address when it listens on every interface."""
+    found = {addr for h in hosts for addr in _addresses(h)}
+    missing = [h for h in hosts if not _addresses(h)]
+    if missing:
+        _note(f"node(s) {', '.join(missing[:4])} have no IPv4 address here: their ranks will be turned away")
+    return found | ({host} if host else {"127.0.0.1", *_addresses(socket.gethostname())})
+
+
+def serve(hosts: list[str], spec: str, announce=_announce, env=None) -> None:
     """Serve the rendezvous for ``spec`` tasks per node on ``hosts`` (Slurm node names, in node-list order):
-    announce the port once listening, then serve until SIGTERM/SIGINT/SIGHUP."""
+    announce the port and the address the ranks should use once listening, then serve until every rank is
+    through Gloo's rendezvous, or until SIGTERM/SIGINT/SIGHUP."""
     import signal
-    import threading
 
+    env = os.environ if env is None else env
     for h in hosts:
         if not _HOST.fullmatch(h):
             raise UsageError(f"--hosts: {show(h)} is not a host name (letters, digits, '.', '_', '-')")
@@ -84,19 +226,19 @@ def serve(hosts: list[str], spec: str, announce=_announce) -> None:
         )
     if len(set(hosts)) != len(hosts):
         raise UsageError(f"--hosts {','.join(hosts)}: a node is named twice")
-    from horovod.runner.http.http_server import RendezvousServer
-
+    secret = token(env)
+    host, address = bind_address(len(hosts))
+    server = Server(hosts, counts, secret, host, peers_of(hosts, host))
     stop = threading.Event()
     for name in ("SIGTERM", "SIGINT", "SIGHUP"):
         signal.signal(getattr(signal, name), lambda *_: stop.set())
-    server = RendezvousServer()
-    port = server.start()  # a free port on every interface, as horovodrun --gloo uses it
-    server.init(host_assignments(hosts, counts))
-    announce(port)
+    announce(server.port, address)
     # A timed wait: the handler runs in the main thread only, and a signal the kernel hands to the server's
     # thread would otherwise leave an untimed wait() asleep for good (seen: 1 hang in 5 starts).
     while not stop.wait(POLL_S):
-        pass
+        if server.done.is_set():
+            _note(f"all {sum(counts)} ranks are through Gloo's rendezvous; closed")
+            break
     server.stop()
 
 
@@ -157,9 +299,9 @@ def _timeout(env) -> int:
     return seconds
 
 
-def _request(url: str, method: str = "GET", data: bytes | None = None) -> bytes | None:
+def _request(url: str, secret: str, method: str = "GET", data: bytes | None = None) -> bytes | None:
     """One request to the rendezvous server; None for a key it does not hold (404)."""
-    req = urllib.request.Request(url, data=data, method=method)
+    req = urllib.request.Request(url, data=data, method=method, headers={TOKEN_HEADER: secret})
     try:
         with urllib.request.urlopen(req, timeout=10) as answer:
             return answer.read()
@@ -177,6 +319,7 @@ def join(env=None) -> bool:
     if not env.get(ADDR_VAR) or "HOROVOD_RANK" in env:
         return False
     mapped = horovod_env(env)
+    secret = token(env)
     addr, port = env[ADDR_VAR].strip(), _whole(env, PORT_VAR)
     if port is None or not 0 < port < 65536:
         raise AppError(
@@ -201,21 +344,28 @@ def join(env=None) -> bool:
     # the job log shows when srun ends the step.
     missing, deadline = set(range(1, size)), time.monotonic() + timeout + (0 if rank == 0 else GRACE_S)
     try:
-        _request(f"{scope}/{rank}", "PUT", mapped["HOROVOD_HOSTNAME"].encode())
+        _request(f"{scope}/{rank}", secret, "PUT", mapped["HOROVOD_HOSTNAME"].encode())
         while True:
             if rank == 0:
-                missing = {other for other in sorted(missing) if _request(f"{scope}/{other}") is None}
+                missing = {other for other in sorted(missing) if _request(f"{scope}/{other}", secret) is None}
                 if not missing:
-                    _request(f"{scope}/all", "PUT", b"%d" % size)
-            elif _request(f"{scope}/all") is not None:
+                    _request(f"{scope}/all", secret, "PUT", b"%d" % size)
+            elif _request(f"{scope}/all", secret) is not None:
                 missing = set()
             if not missing or time.monotonic() > deadline:
                 break
             time.sleep(POLL_S)
-    except (OSError, urllib.error.HTTPError) as exc:
+    except urllib.error.HTTPError as exc:
+        if exc.code != 403:
+            raise AppError(f"Horovod's rendezvous server at {show(where)} answered {exc.code}: see the job log") from None
         raise AppError(
-            f"Horovod's rendezvous server at {show(where)} stopped answering ({brief(str(exc))}): did the job "
-            "script end? See the job log"
+            f"Horovod's rendezvous server at {show(where)} refused this rank's {TOKEN_VAR}: every rank needs the "
+            "one the job script gave the server (srun passes the job's environment on; do not change it)"
+        ) from None
+    except OSError as exc:
+        raise AppError(
+            f"Horovod's rendezvous server at {show(where)} stopped answering ({brief(str(exc))}): it closes once "
+            "every rank is through and turns away other nodes' connections; see its lines in the job log"
         ) from None
     if missing and rank == 0:
         shown = ", ".join(map(str, sorted(missing)[:8])) + (", ..." if len(missing) > 8 else "")
