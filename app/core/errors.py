@@ -121,3 +121,12 @@ class Preempted(AppError):
     """Training stopped on SIGUSR1/SIGTERM after writing a checkpoint; every rank exits with status 3."""
 
     exit_code = REQUEUE_EXIT_CODE
+
+
+STALLED_EXIT_CODE = 4  # a rank stopped responding (stopped, frozen or dead): the job ends, not requeued
+
+
+class Stalled(AppError):
+    """A rank stopped responding and the others ended the job (see app.engines.faults.Watchdog); status 4."""
+
+    exit_code = STALLED_EXIT_CODE

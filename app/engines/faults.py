@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 
-from app.engines.world import resume_command, stall_settings
+from app.core.errors import STALLED_EXIT_CODE, Stalled
+from app.engines.world import report_to_launcher, resume_command, stall_settings
 
 
 class StopRequest:
@@ -44,20 +46,76 @@ class StopRequest:
         return signal.Signals(int(number)).name
 
 
-class Watchdog:
-    """[horovod] Ends a job that stopped making progress, naming the ranks at fault.
+HEARTBEAT = re.compile(r"(rank|node)-([0-9]{1,9})")  # what readers take from the shared folder (not *.tmp)
 
-    Horovod's stall inspector only sees ranks that still take part in its coordination; a rank that is
-    stopped (SIGSTOP, a node that froze) or stuck in a system call blocks the others inside a collective, for
-    ever under MPI and ~80 s (then unnamed) under Gloo. So every rank also runs this thread: it leaves a
-    heartbeat (steps done, wall time) in ``<run_dir>/.heartbeat/rank-N`` every few seconds, and when its own
-    training made no step for ``timeout`` seconds the lowest rank that still beats reads the others'
-    heartbeats, prints one line naming the ranks that stopped beating (or, if all beat, those furthest
-    behind) and every live rank exits with status 1, which the launcher turns into the end of the job.
-    The run directory is shared by all nodes (the job script keeps it there), so every rank sees every file.
+
+def node_folder(run_dir) -> str | None:
+    """A folder on this node, the same for every rank of the run here: ``/dev/shm`` (memory), else the temp
+    folder (a Slurm job's own on most sites). Named by user and run directory; used only when it is a real
+    folder of this user that nobody else can write (``/dev/shm`` is shared by every user of the node)."""
+    import hashlib
+    import stat
+    import tempfile
+
+    digest = hashlib.sha256(os.path.realpath(run_dir).encode()).hexdigest()[:16]
+    for base in ("/dev/shm", tempfile.gettempdir()):
+        path = os.path.join(base, f"scaleout-{os.getuid()}-{digest}")
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022:
+            return path
+    return None
+
+
+def _write(path: str, text: str) -> None:
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def _beats(text: str, size: int) -> dict[int, tuple[int, float]]:
+    """``rank steps time`` lines -> {rank: (steps, time)}; damaged lines are left out."""
+    out = {}
+    for line in text.splitlines():
+        try:
+            rank, steps, when = line.split()
+            r, n, t = int(rank), int(steps), float(when)
+        except ValueError:
+            continue
+        if 0 <= r < size and n >= 0 and t == t:
+            out[r] = (n, t)
+    return out
+
+
+class Watchdog:
+    """[horovod] Ends a job that stopped making progress, and names the ranks at fault.
+
+    Horovod's stall inspector only sees ranks that still take part in its coordination. A rank that is
+    stopped (SIGSTOP, a frozen node) or stuck in a system call blocks the others inside a collective: for
+    ever under MPI, and under Gloo until its timeout fails the collective on a healthy rank. So every rank
+    also runs this thread, and it leaves a heartbeat (steps done, wall time) every few seconds.
+
+    Ending a stall. When this rank's training made no step for ``timeout`` seconds, the lowest rank that
+    still beats reads the heartbeats and prints one line. It names the ranks that stopped beating (or, if
+    all beat, those furthest behind), and every live rank exits with :data:`STALLED_EXIT_CODE`.
+
+    Naming the rank after a failed collective. When a collective fails first (Gloo's timeout), training
+    calls :meth:`stalled`: the same verdict, so the line names the silent rank, not the healthy one that
+    saw the timeout.
+
+    Where the heartbeats go. Each rank writes a file in a folder of its node (:func:`node_folder`, in
+    memory). Only one rank per node (local rank 0, the node's reporter) writes to the shared run directory:
+    ``.heartbeat/node-<its rank>``, with every local rank's line. On a parallel file system that is one write
+    and one rename per node per beat, not per rank. A rank that cannot see a fresh reporter file on its node
+    (the reporter is stopped, or ``/dev/shm`` is not shared between the node's ranks) writes its own
+    ``.heartbeat/rank-<rank>`` instead. So a stopped reporter is named alone, and its node's other ranks
+    still count as alive. Readers take the newest line for each rank.
     """
 
-    def __init__(self, run_dir, rank: int, size: int, timeout: float | None = None):
+    def __init__(self, run_dir, rank: int, size: int, timeout: float | None = None, local_rank: int | None = None):
         import threading
 
         self.run_dir = str(run_dir)
@@ -66,6 +124,8 @@ class Watchdog:
         self.timeout = timeout or stall_settings()["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"]
         self.beat = max(0.5, min(10.0, self.timeout / 6))
         self.steps, self.last = 0, None  # None: no step yet (start-up and the first compilation don't count)
+        self.local = node_folder(run_dir) if local_rank is not None and size > 1 else None
+        self.reporter = local_rank == 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="scaleout-watchdog", daemon=True)
         # Heartbeats are written by a thread of their own: a hung file system blocks it, not the decision.
@@ -81,6 +141,12 @@ class Watchdog:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.local:  # what this rank left in memory; the folder goes with the node's last rank
+            for name in (f"rank-{self.rank}", *(["reporter"] if self.reporter else [])):
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(self.local, name))
+            with contextlib.suppress(OSError):
+                os.rmdir(self.local)
 
     def progress(self) -> None:
         import time
@@ -91,61 +157,134 @@ class Watchdog:
     def _write(self) -> None:
         import time
 
-        path = os.path.join(self.folder, f"rank-{self.rank}")
-        with open(path + ".tmp", "w") as f:
-            f.write(f"{self.steps} {time.time():.3f}\n")
-        os.replace(path + ".tmp", path)
+        line = f"{self.rank} {self.steps} {time.time():.3f}\n"
+        if self.local:
+            try:
+                _write(os.path.join(self.local, f"rank-{self.rank}"), line)
+                if self.reporter:
+                    _write(os.path.join(self.local, "reporter"), line)
+                    lines = self._read_folder(self.local, names=("rank",))
+                    _write(os.path.join(self.folder, f"node-{self.rank}"),
+                           "".join(f"{r} {n} {t:.3f}\n" for r, (n, t) in sorted(lines.items())))  # fmt: skip
+                    return
+                reporter = self._read_file(os.path.join(self.local, "reporter"))
+                if any(time.time() - t < 1.5 * self.beat for _, t in reporter.values()):
+                    return  # the node's reporter carries this rank's line
+            except OSError:
+                pass  # the node folder failed: the shared folder, as below
+        _write(os.path.join(self.folder, f"rank-{self.rank}"), line)
+
+    def _read_file(self, path: str) -> dict[int, tuple[int, float]]:
+        try:
+            with open(path, errors="replace") as f:
+                return _beats(f.read(65536), self.size)
+        except OSError:
+            return {}
+
+    def _read_folder(self, folder: str, names=("rank", "node")) -> dict[int, tuple[int, float]]:
+        out: dict[int, tuple[int, float]] = {}
+        try:
+            entries = os.listdir(folder)
+        except OSError:
+            return out
+        for entry in entries:
+            m = HEARTBEAT.fullmatch(entry)
+            if not m or m.group(1) not in names:
+                continue
+            for r, beat in self._read_file(os.path.join(folder, entry)).items():
+                if r not in out or beat[1] > out[r][1]:
+                    out[r] = beat  # the newest line for each rank, wherever it was written
+        return out
 
     def _read(self) -> dict[int, tuple[int, float]]:
-        out = {}
-        for r in range(self.size):
-            try:
-                with open(os.path.join(self.folder, f"rank-{r}")) as f:
-                    steps, when = f.read().split()
-                out[r] = (int(steps), float(when))
-            except (OSError, ValueError):
-                continue
-        return out
+        return self._read_folder(self.folder)
 
     def _read_into(self, out: list) -> None:
         out.append(self._read())
 
     def _beat(self) -> None:
-        while not self._stop.wait(self.beat):
+        while True:
             with contextlib.suppress(OSError):  # a full or vanished run directory: training will say so
                 self._write()
+            if self._stop.wait(self.beat):
+                return
+
+    def _verdict(self) -> tuple[str, list[int], list[int]]:
+        """Why the job stalled, the ranks that still beat and those that stopped, from the heartbeats."""
+        import threading
+        import time
+
+        read: list[dict] = []  # read by a thread of its own: a hung file system may block it
+        reader = threading.Thread(target=self._read_into, args=(read,), daemon=True)
+        reader.start()
+        reader.join(2 * self.beat)
+        beats, now = (read[0] if read else {}), time.time()
+        alive = sorted(r for r, (_, when) in beats.items() if now - when < 3 * self.beat)
+        silent = [r for r in range(self.size) if r not in alive]
+        if not alive:  # no heartbeat could be read (or written): every rank speaks for itself
+            why = f"rank {self.rank} saw no heartbeats in {self.folder} (a hung or full file system?)"
+        elif silent:
+            why = f"rank(s) {_ranks(silent)} stopped responding (stopped, frozen or dead)"
+        else:
+            fewest = min(steps for steps, _ in beats.values())
+            behind = [r for r, (steps, _) in sorted(beats.items()) if steps == fewest]
+            why = f"rank(s) {_ranks(behind)} stuck at step {fewest} (a hung file system or data source?)"
+        return why, alive, silent
 
     def _run(self) -> None:
-        import threading
         import time
 
         while not self._stop.wait(self.beat):
             if self.last is None or time.monotonic() - self.last < self.timeout:
                 continue
-            read: list[dict] = []  # read by a thread of its own: a hung file system may block it
-            reader = threading.Thread(target=self._read_into, args=(read,), daemon=True)
-            reader.start()
-            reader.join(2 * self.beat)
-            beats, now = (read[0] if read else {}), time.time()
-            alive = sorted(r for r, (_, when) in beats.items() if now - when < 3 * self.beat)
-            silent = [r for r in range(self.size) if r not in alive]
-            if not alive:  # no heartbeat could be read (or written): every rank speaks for itself
-                why = f"rank {self.rank} saw no heartbeats in {self.folder} (a hung or full file system?)"
-            elif silent:
-                why = f"rank(s) {', '.join(map(str, silent))} stopped responding (stopped, frozen or dead)"
-            else:
-                fewest = min(steps for steps, _ in beats.values())
-                behind = [r for r, (steps, _) in sorted(beats.items()) if steps == fewest]
-                why = f"rank(s) {', '.join(map(str, behind))} stuck at step {fewest} (a hung file system or data source?)"
+            why, alive, _ = self._verdict()
             if not alive or self.rank == alive[0]:
-                print(
-                    f"Error: no training step for {self.timeout:.0f} s: {why}; ending the job "
+                message = (
+                    f"no training step for {self.timeout:.0f} s: {why}; ending the job "
                     f"(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS sets this time); the checkpoints in {self.run_dir} are "
-                    f"intact: continue with `{resume_command(self.run_dir)}`",
-                    file=sys.stderr,
-                    flush=True,
+                    f"intact: continue with `{resume_command(self.run_dir)}`"
                 )
-            os._exit(1)  # the main thread is blocked inside a collective: nothing else can end it
+                if not report_to_launcher(self.rank, STALLED_EXIT_CODE, message):  # `app --np` prints it once
+                    print(f"Error: {message}", file=sys.stderr, flush=True)
+            os._exit(STALLED_EXIT_CODE)  # the main thread is blocked inside a collective: nothing else can end it
+
+    def stalled(self, exc: BaseException) -> Stalled | None:
+        """After a collective failed on this rank (Horovod shut down, as Gloo does when a peer stops answering
+        within ``HOROVOD_GLOO_TIMEOUT_SECONDS``): a :class:`Stalled` naming the ranks that stopped beating,
+        waiting up to four beats for a stopped rank's last heartbeat to age; None when every rank still beats
+        (then the failure is not a stall and its own error stands). The traceback goes to
+        ``<run_dir>/tracebacks/rank-<rank>.txt``."""
+        import time
+        import traceback
+
+        if not self._writer.is_alive():
+            return None
+        deadline = time.monotonic() + 4 * self.beat
+        while True:
+            why, alive, silent = self._verdict()
+            if [r for r in silent if r != self.rank] and alive:
+                break
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(self.beat / 2)
+        where = os.path.join(self.run_dir, "tracebacks")
+        with contextlib.suppress(OSError):
+            os.makedirs(where, exist_ok=True)
+            _write(os.path.join(where, f"rank-{self.rank}.txt"), "".join(traceback.format_exception(exc)))
+        return Stalled(
+            f"{why}: a collective failed on the others ({type(exc).__name__}; tracebacks in {where}); "
+            f"ending the job; the checkpoints in {self.run_dir} are intact: continue with "
+            f"`{resume_command(self.run_dir)}`"
+        )
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks[:8])) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
+
+
+def collective_failed(exc: BaseException) -> bool:
+    """Horovod's word that a collective could not complete: a peer failed or stopped answering."""
+    return "Horovod has been shut down" in str(exc)
 
 
 def watchdog_callback(watchdog: Watchdog):

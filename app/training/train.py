@@ -260,7 +260,7 @@ def fit(
     first_whole = start_epoch + 1 if start_step else start_epoch
     if first_whole < cfg.train.epochs:
         segments.append((first_whole, 0))
-    watchdog = faults.Watchdog(run_dir, world.rank, world.size).start()  # [horovod] no silent stall
+    watchdog = faults.Watchdog(run_dir, world.rank, world.size, local_rank=world.local_rank).start()  # [horovod]
     try:
         for first_epoch, first_step in segments:
             last = first_epoch + 1 if first_step else cfg.train.epochs
@@ -275,6 +275,11 @@ def fit(
             )  # fmt: skip
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as exc:
         raise input_error(source, exc) from None
+    except tf.errors.OpError as exc:
+        stalled = watchdog.stalled(exc) if faults.collective_failed(exc) else None
+        if stalled is None:
+            raise
+        raise stalled from None
     finally:
         watchdog.stop()
 
