@@ -126,6 +126,36 @@ def test_equal_steps_and_reproducible_order():
     assert batches(per_rank[0], initial=1) == full[steps:]  # a resume replays epoch 2 exactly
 
 
+def test_a_mid_epoch_resume_gives_the_same_batches_and_decodes_only_what_it_trains_on(imagenet_dir):
+    cfg = config.build(
+        [], ["data.source=imagenet", f"data.data_dir={imagenet_dir}", "data.image_size=32"]
+    ).data
+    source = sources.open_source(cfg, 0, 1, seed=5)
+    decoded = []
+    preprocess_train = source.preprocess_train
+
+    def counted(record, seed):  # every example that reaches parsing and decoding, counted as it passes
+        return preprocess_train(
+            tf.numpy_function(lambda r: decoded.append(1) or r, [record], tf.string), seed
+        )
+
+    source.preprocess_train = counted
+
+    def batches(skip: int) -> list:
+        decoded.clear()
+        ds = pipeline.train_dataset(
+            source, 3, 6, 2, seed=5, shuffle_buffer=64, skip_steps=skip, deterministic=True
+        )
+        return [(images.numpy(), labels.numpy()) for images, labels in ds], len(decoded)
+
+    full, _ = batches(0)
+    resumed, decoded_after_skip = batches(4)
+    assert len(full) == 12 and len(resumed) == 8
+    for (a, la), (b, lb) in zip(full[4:], resumed, strict=True):  # the same images, crops and flips
+        np.testing.assert_array_equal(a, b), np.testing.assert_array_equal(la, lb)
+    assert decoded_after_skip <= 8 * 3 + 6  # the 12 skipped examples were never decoded (+ prefetched ones)
+
+
 def test_nondeterministic_order_keeps_the_same_examples():
     source = id_source(96, 0, 1)
 

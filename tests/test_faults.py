@@ -128,7 +128,9 @@ def test_a_killed_worker_ends_the_job_and_a_restart_resumes(tmp_path, launcher):
     assert code != 0 and time.monotonic() - t0 < 60, out
     if launcher == "np":
         # horovodrun ends rank 0, or rank 0 sees the collective fail first and names the dead rank.
-        assert ("Error: worker" in out and "of 2 failed" in out) or "Error: rank(s) 1 stopped responding" in out, out
+        assert (
+            "Error: worker" in out and "of 2 failed" in out
+        ) or "Error: rank(s) 1 stopped responding" in out, out
     else:  # OpenMPI's own line: "mpirun noticed that process rank 1 with PID ... exited on signal 9 (Killed)."
         assert "process rank 1 " in out and "signal 9" in out, out
     proc = run_app(["train", "--run-dir", str(run), "--epochs", "3"])
@@ -193,7 +195,9 @@ def test_a_stopped_worker_ends_the_job_naming_it(tmp_path, stopped, env, line):
         for sig in (signal.SIGKILL, signal.SIGCONT):
             with __import__("contextlib").suppress(ProcessLookupError):
                 os.kill(pid, sig)
-    print(f"the job ended {took:.1f} s after SIGSTOP of rank {stopped} ({env})")  # docs/training.md quotes it (-rP)
+    print(
+        f"the job ended {took:.1f} s after SIGSTOP of rank {stopped} ({env})"
+    )  # docs/training.md quotes it (-rP)
     assert code == 4 and took < 60, (code, took, out)  # 4: stalled
     assert line.replace("[rank 0] ", "").format(run=run) in out, out
     assert "Traceback" not in out and "its output is above" not in out, out  # the traceback: in the run dir

@@ -96,8 +96,14 @@ def _serve_in_thread(hosts: list[str], spec: str) -> tuple[int, threading.Event]
 
 def _rank_env(rank: int, port: int, size: int = 2) -> dict[str, str]:
     env = _slurm_env(rank, 0, rank, str(size), size)
-    env.update({rendezvous.ADDR_VAR: "127.0.0.1", rendezvous.PORT_VAR: str(port), "SLURM_JOB_ID": "9",
-                rendezvous.TOKEN_VAR: SECRET})
+    env.update(
+        {
+            rendezvous.ADDR_VAR: "127.0.0.1",
+            rendezvous.PORT_VAR: str(port),
+            "SLURM_JOB_ID": "9",
+            rendezvous.TOKEN_VAR: SECRET,
+        }
+    )
     return env
 
 
@@ -200,7 +206,9 @@ def test_app_rendezvous_prints_its_port_and_address_and_stops_on_sigterm():
     proc = _app_rendezvous("--hosts", socket.gethostname(), "--tasks-per-node", "2")
     try:
         port, address = proc.stdout.readline().split()
-        assert address == socket.gethostbyname(socket.gethostname())  # the address it listens on, not the name
+        assert address == socket.gethostbyname(
+            socket.gethostname()
+        )  # the address it listens on, not the name
         with socket.create_connection((address, int(port)), timeout=5):
             pass  # listening
         proc.send_signal(signal.SIGTERM)
@@ -245,7 +253,9 @@ def test_the_server_closes_once_every_rank_is_through_all_of_gloos_scopes():
         assert proc.poll() is None  # rank 1 is not through cross_1 yet
         assert _delete(port, "/cross_1/1") == 200
         assert proc.wait(timeout=10) == 0
-        assert proc.stderr.read() == "scaleout rendezvous: all 2 ranks are through Gloo's rendezvous; closed\n"
+        assert (
+            proc.stderr.read() == "scaleout rendezvous: all 2 ranks are through Gloo's rendezvous; closed\n"
+        )
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", port), timeout=5).close()
     finally:
@@ -287,7 +297,9 @@ def test_app_rendezvous_without_a_secret_is_one_line(value):
                            env={**env, rendezvous.TOKEN_VAR: value} if value else env)  # fmt: skip
     out, err = proc.communicate(timeout=30)
     what = "not 32-128 lowercase hex digits" if value else "unset"
-    assert (proc.returncode, out) == (2, "") and err.startswith(f"Error: SCALEOUT_RENDEZVOUS_TOKEN is {what}: ")
+    assert (proc.returncode, out) == (2, "") and err.startswith(
+        f"Error: SCALEOUT_RENDEZVOUS_TOKEN is {what}: "
+    )
     assert err.count("\n") == 1
 
 

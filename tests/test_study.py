@@ -132,6 +132,26 @@ def test_a_huge_k_or_np_is_planned_at_once_and_local_workers_are_bounded(tmp_pat
     assert code == 2 and stderr.startswith("Error: --np 100000: more local workers than this machine holds (")
 
 
+@pytest.mark.parametrize(
+    "study, room",
+    [(["large-batch", "-c", "configs/study_fashion_mnist.yaml", "--k", "1,8"], ("<name>-constant-warmup-k8-s1", 106)),
+     (["scaling", "-c", "configs/synthetic.yaml", "--gpus", "1,2"], ("<name>-workers-1", 118))],
+)  # fmt: skip
+def test_a_study_name_too_long_for_its_job_names_is_named_as_the_study_name(
+    tmp_path, monkeypatch, capsys, study, room
+):
+    study = [*study[:2], str(ROOT / study[2]), *study[3:]]
+    name = "a" * 126  # a valid name of its own: the jobs' names (<name>-<part>) would pass 128
+    code, stdout, stderr = app_main(["study", *study, "--name", name, "--cluster", "local", "--out",
+                                     str(tmp_path / "o"), "--dry-run"], monkeypatch, capsys)  # fmt: skip
+    assert (code, stdout) == (2, "") and not (tmp_path / "o").exists()
+    line, example = room
+    assert stderr == (
+        f"Error: --name '{name[:37]}...{name[-38:]}': 126 characters, too long for this study's Slurm job names "
+        f"({line} must fit in 128): use at most {example} characters\n"
+    )
+
+
 def test_a_baseline_with_accumulation_spreads_over_workers_too():
     # The config's accumulation is part of the baseline: 2 x 64 = 128 per update, on 2 workers with --np 2.
     p = plan(

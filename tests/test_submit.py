@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -17,6 +18,7 @@ from app.cli import cli
 from app.cluster import checks, jobscript, profile_rules, profiles, staging, submit
 from app.core.config import SAFE, SAFE_HINT
 from app.core.errors import UsageError, brief, show
+from conftest import ROOT
 
 GOLDEN = Path(__file__).parent / "golden"
 CLUSTERS = ["lumi", "roihu", "local", "local-gloo"]
@@ -590,7 +592,7 @@ INPUTS = {
 SHIM = """#!/bin/bash
 # Records its argv (NUL-separated) as the next numbered file in $SHIM_CALLS, and the values of the variables
 # named in $SHIM_ENV in $SHIM_ENVS, and runs nothing, except: asked for `app rendezvous`, a container runtime
-# (or python) acts as the server as $SHIM_RDV says (port: prints a port as the real one does once it listens;
+# (or python) acts as the server as $SHIM_RDV says (port: prints a port and address as the real one does once it listens;
 # serve: that, then stays; hang: stays silent; die: fails); with SHIM_EXEC=1 srun runs its command as task 0.
 shopt -s nullglob
 calls=("$SHIM_CALLS"/*)
@@ -601,8 +603,8 @@ case "${0##*/}" in
     apptainer | singularity | python)
         if [[ " $* " == *" app rendezvous "* ]]; then
             case "${SHIM_RDV:-port}" in
-                port) echo 4242 ;;
-                serve) echo $$ > "$SHIM_PID"; echo 4242; exec sleep 60 ;;
+                port) echo 4242 node1 ;;
+                serve) echo $$ > "$SHIM_PID"; echo 4242 node1; exec sleep 60 ;;
                 hang) echo $$ > "$SHIM_PID"; exec sleep 60 ;;
                 die) echo "Error: the server failed" >&2; exit 1 ;;
             esac
@@ -864,7 +866,7 @@ def test_the_rendezvous_server_is_started_waited_for_and_stopped(
     (tmp_path / "job.sbatch").write_text(script)
     env = {
         "PATH": f"{tmp_path / 'bin'}:{shims}:/usr/bin:/bin", "SHIM_CALLS": str(calls), "SHIM_ENVS": str(envs),
-        "SHIM_RDV": mode, "SHIM_PID": str(pid_file), "SHIM_ENV": "HOROVOD_GLOO_RENDEZVOUS_ADDR HOROVOD_GLOO_RENDEZVOUS_PORT HOROVOD_CONTROLLER",
+        "SHIM_RDV": mode, "SHIM_PID": str(pid_file), "SHIM_ENV": "HOROVOD_GLOO_RENDEZVOUS_ADDR HOROVOD_GLOO_RENDEZVOUS_PORT HOROVOD_CONTROLLER SCALEOUT_RENDEZVOUS_TOKEN",
         "SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "1", "SLURM_CPUS_PER_TASK": "1", "SLURM_JOB_NODELIST": "n0",
         "SLURM_TASKS_PER_NODE": "2", "TMPDIR": str(scratch), "HOME": str(tmp_path),
     }  # fmt: skip
@@ -881,7 +883,14 @@ def test_the_rendezvous_server_is_started_waited_for_and_stopped(
         if line is None:
             train = names.index("srun")  # srun saw the server's address and Gloo's controller
             assert names[:2] == ["scontrol", "python"] and train == 2, names
-            assert (envs / str(train)).read_text().split("\0")[:3] == [os.uname().nodename, "4242", "gloo"]
+            # The address the server announced (not this host's name), and the secret: in the environment of
+            # the server and of the ranks, the same, fresh, and in no command line.
+            addr, port, controller, secret = (envs / str(train)).read_text().split("\0")[:4]
+            assert (addr, port, controller) == ("node1", "4242", "gloo") and re.fullmatch(
+                "[0-9a-f]{32}", secret
+            )
+            assert (envs / "1").read_text().split("\0")[3] == secret  # the server (python shim) had it too
+            assert not [i for i in calls.iterdir() if secret.encode() in i.read_bytes()]
             assert ("requeueing job 77" in proc.stdout) == (srun_exit == 3), proc.stdout
         else:
             assert "srun" not in names, names
@@ -1369,3 +1378,37 @@ def test_a_submit_directory_with_a_comma_or_colon_is_refused_before_it_splits_th
     with pytest.raises(UsageError) as err:
         render("roihu", 4, configs=[str(profiles.ROOT / "configs/synthetic.yaml")])
     assert "holds a comma or colon, which would split the container's --bind list" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "kw, what, path",
+    [
+        ({"data_dir": "/opt/imagenet"}, "--data-dir", "/opt/imagenet"),
+        ({"resume": "/var/runs/r1", "configs": []}, "--resume", "/var/runs/r1"),
+        ({"runs_dir": "/srv/runs"}, "--runs-dir", "/srv/runs"),
+        ({"configs": ["/var/tmp/{}/exp.yaml"]}, "--config /var/tmp/{}/exp.yaml", "/var/tmp/{}/exp.yaml"),
+    ],
+)  # fmt: skip
+def test_a_path_the_container_cannot_see_is_refused_before_submission(kw, what, path, monkeypatch):
+    outside = Path(tempfile.mkdtemp(dir="/var/tmp"))  # a real config, in a folder no bind covers
+    shutil.copy(ROOT / "configs" / "synthetic.yaml", outside / "exp.yaml")
+    kw = {k: [c.format(outside.name) for c in v] if k == "configs" else v for k, v in kw.items()}
+    what, path = what.format(outside.name), path.format(outside.name)
+    # Roihu's container sees its binds (/users, /projappl, /scratch, /dataset), the submit directory, $HOME and
+    # /tmp; a path elsewhere would fail on the compute nodes, after the queue.
+    monkeypatch.setattr(jobscript, "_job_name", lambda *a: "exp")  # the config need not exist for this check
+    with pytest.raises(UsageError) as err:
+        render("roihu", 4, **kw)
+    assert str(err.value) == (
+        f"{what}: {path} is not inside a folder the roihu container sees ($HOME, $PWD, /dataset, /projappl, "
+        "/scratch, /tmp, /users); move it under one of them, or add its folder to container.binds in the profile"
+    )
+    shutil.rmtree(outside)
+
+
+def test_paths_the_container_sees_and_native_runs_are_accepted(tmp_path):
+    link = tmp_path / "data"
+    link.symlink_to("/scratch/project_2001234/imagenet")  # under /tmp and, resolved, under a bind
+    for data_dir in ("/scratch/project_2001234/imagenet", "/dataset/imagenet", str(link), "data/fmnist"):
+        render("roihu", 4, data_dir=data_dir)
+    render("local", 1, data_dir="/opt/imagenet")  # runtime native: the job sees what the submit host sees

@@ -157,6 +157,9 @@ def render(
     if stage_gb is not None:
         gres, staged_bind, stage = plan_stage(cluster, data_dir, stage_gb, gres)
     app = _app_line(cluster, image, account, python, staged_bind)
+    _check_visible(cluster, {"--data-dir": None if stage_gb is not None else data_dir, "--resume": resume,
+                             "the run directory": into, "--runs-dir": None if resume or into else str(runs_dir),
+                             **{f"--config {c}": c for c in configs}})  # fmt: skip
     # Every GPU of each node: node-wide settings (CPU binding per GPU) apply.
     full_node = shape.tasks == cluster.gpus_per_node
     extra = cluster.full_node_srun_args if full_node else ()
@@ -316,6 +319,28 @@ def _job_name(
             [], sets, options, resume, label="--resume", fresh="submit without --resume"
         )
     return name if name is not None else cfg.name
+
+
+def _check_visible(cluster: Cluster, paths: dict[str, str | None]) -> None:
+    """Each path the ranks read or write inside the container is under a folder the container sees: the
+    profile's binds, the submit directory ($PWD, bound by the job script) and what Apptainer and Singularity
+    bind unless told not to ($HOME, /tmp). Checked on the submit host's view (its own path and the path with
+    symlinks resolved), before anything is submitted; a native runtime sees everything."""
+    if cluster.container.get("runtime", "native") == "native":
+        return
+    roots = [*cluster.container.get("binds", []), os.getcwd(), os.path.expanduser("~"), "/tmp"]
+    roots = {os.path.abspath(r) for r in roots} | {os.path.realpath(r) for r in roots}
+
+    def inside(path: str) -> bool:
+        return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+    for what, path in paths.items():
+        if path and not (inside(os.path.abspath(path)) or inside(os.path.realpath(path))):
+            raise UsageError(
+                f"{what}: {show(path, limit=None)} is not inside a folder the {cluster.name} container sees "
+                f"({', '.join(sorted({*cluster.container.get('binds', []), '$PWD', '$HOME', '/tmp'}))}); move it "
+                "under one of them, or add its folder to container.binds in the profile"
+            )
 
 
 def _app_line(

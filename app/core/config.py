@@ -31,8 +31,9 @@ SCHEDULES = ("step", "cosine", "constant")
 WARMUPS = ("gradual", "constant")  # Goyal et al.'s two warmups (see app.training.schedule)
 # The experiment's name names its run directory (runs/<name>-<date>) and, through app submit, its Slurm job:
 # letters, digits and . _ + - only, never a path, never an option. One definition, used by submit too.
-SAFE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
-SAFE_HINT = "use letters, digits and . _ + - only (first a letter, digit or _; at most 128)"
+NAME_MAX = 128  # characters; Slurm's own limit for a job name is 1024
+SAFE = re.compile(rf"[A-Za-z0-9_][A-Za-z0-9_.+-]{{0,{NAME_MAX - 1}}}")
+SAFE_HINT = f"use letters, digits and . _ + - only (first a letter, digit or _; at most {NAME_MAX})"
 # Keys that may differ between a run's saved config and a resume of it: they do not change what is learned
 # so far (longer training, other logging, data moved to another disk).
 RESUMABLE_CHANGES = ("train.epochs", "train.decay_epochs", "data.data_dir", "run.")

@@ -30,26 +30,32 @@ def train_dataset(
 ) -> tf.data.Dataset:  # fmt: skip
     """Batches for epochs ``initial_epoch..epochs-1``, ``steps_per_epoch`` per epoch, one epoch after another;
     the first ``skip_steps`` batches of the first epoch left out (a mid-epoch resume: the rest are exactly
-    the batches an uninterrupted run would see)."""
+    the batches an uninterrupted run would see). Their examples are dropped before they are parsed and
+    decoded: a resume at 90% of an ImageNet epoch reads 90% of its shards to get there but decodes nothing."""
     total = (epochs - initial_epoch) * steps_per_epoch - skip_steps
     if synthetic:  # one batch, made once, repeated: nothing but compute is measured
         batch = next(iter(source.train_elements(0).batch(batch_size)))
         return tf.data.Dataset.from_tensors(batch).repeat(total)
 
-    def one_epoch(epoch: int) -> tf.data.Dataset:
+    def one_epoch(epoch: int, skip: int = 0) -> tf.data.Dataset:
         ds = source.train_elements(epoch)
         ds = ds.shuffle(shuffle_buffer, seed=epoch_seed(seed, rank, epoch), reshuffle_each_iteration=False)
-        ds = ds.enumerate().map(
-            lambda i, el: source.preprocess_train(el, example_seed(seed, rank, epoch, i)),
-            num_parallel_calls=AUTOTUNE,
-            deterministic=deterministic,
+        # Skipped after enumerate: each example keeps its index, and so its augmentation seed.
+        ds = (
+            ds.enumerate()
+            .skip(skip * batch_size)
+            .map(
+                lambda i, el: source.preprocess_train(el, example_seed(seed, rank, epoch, i)),
+                num_parallel_calls=AUTOTUNE,
+                deterministic=deterministic,
+            )
         )
         ds = ds.batch(batch_size, drop_remainder=True).map(source.finish_batch, num_parallel_calls=AUTOTUNE)
-        return ds.take(steps_per_epoch)
+        return ds.take(steps_per_epoch - skip)
 
     # One dataset per epoch, concatenated: each epoch's shuffle seed is a plain int derived from (seed, rank,
     # epoch), which Dataset.shuffle needs (it cannot take a traced seed, so flat_map over epochs won't do).
-    ds = one_epoch(initial_epoch).skip(skip_steps)
+    ds = one_epoch(initial_epoch, skip_steps)
     for epoch in range(initial_epoch + 1, epochs):
         ds = ds.concatenate(one_epoch(epoch))
     ds = ds.apply(tf.data.experimental.assert_cardinality(total))

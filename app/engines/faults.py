@@ -115,7 +115,9 @@ class Watchdog:
     still count as alive. Readers take the newest line for each rank.
     """
 
-    def __init__(self, run_dir, rank: int, size: int, timeout: float | None = None, local_rank: int | None = None):
+    def __init__(
+        self, run_dir, rank: int, size: int, timeout: float | None = None, local_rank: int | None = None
+    ):
         import threading
 
         self.run_dir = str(run_dir)
@@ -246,7 +248,9 @@ class Watchdog:
                 )
                 if not report_to_launcher(self.rank, STALLED_EXIT_CODE, message):  # `app --np` prints it once
                     print(f"Error: {message}", file=sys.stderr, flush=True)
-            os._exit(STALLED_EXIT_CODE)  # the main thread is blocked inside a collective: nothing else can end it
+            os._exit(
+                STALLED_EXIT_CODE
+            )  # the main thread is blocked inside a collective: nothing else can end it
 
     def stalled(self, exc: BaseException) -> Stalled | None:
         """After a collective failed on this rank (Horovod shut down, as Gloo does when a peer stops answering

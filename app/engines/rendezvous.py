@@ -93,7 +93,9 @@ def _note(line: str) -> None:
 
 def _addresses(name: str, family=socket.AF_INET) -> list[str]:
     try:
-        return list(dict.fromkeys(info[4][0] for info in socket.getaddrinfo(name, None, family, socket.SOCK_STREAM)))
+        return list(
+            dict.fromkeys(info[4][0] for info in socket.getaddrinfo(name, None, family, socket.SOCK_STREAM))
+        )
     except (socket.gaierror, UnicodeError):
         return []
 
@@ -357,7 +359,9 @@ def join(env=None) -> bool:
             time.sleep(POLL_S)
     except urllib.error.HTTPError as exc:
         if exc.code != 403:
-            raise AppError(f"Horovod's rendezvous server at {show(where)} answered {exc.code}: see the job log") from None
+            raise AppError(
+                f"Horovod's rendezvous server at {show(where)} answered {exc.code}: see the job log"
+            ) from None
         raise AppError(
             f"Horovod's rendezvous server at {show(where)} refused this rank's {TOKEN_VAR}: every rank needs the "
             "one the job script gave the server (srun passes the job's environment on; do not change it)"

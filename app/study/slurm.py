@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.core.config import NAME_MAX
 from app.core.errors import UsageError, show
 from app.study.files import _Lock, _write_atomic
 from app.study.large_batch import StudyPlan, run_dir
@@ -49,6 +50,17 @@ def large_batch_jobs(folder: Path, plan: StudyPlan) -> list[JobPlan]:
     ]
 
 
+def _check_job_names(study: str, parts: list[str]) -> None:
+    """Each job is named ``<study>-<part>``: a study name that leaves no room for its longest part is one line
+    naming --name and how long it may be, not a refusal of a name the user never typed."""
+    longest = max([*parts, "report"], key=len)
+    if len(study) + 1 + len(longest) > NAME_MAX:
+        raise UsageError(
+            f"--name {show(study)}: {len(study)} characters, too long for this study's Slurm job names "
+            f"(<name>-{longest} must fit in {NAME_MAX}): use at most {NAME_MAX - 1 - len(longest)} characters"
+        )
+
+
 def submit_study(
     folder: Path, plan: StudyPlan | ScalingPlan, cfg, options: dict, dry_run: bool, echo,
 ) -> dict[str, str]:  # fmt: skip
@@ -72,6 +84,7 @@ def _submit_study(folder: Path, plan, cfg, options: dict, dry_run: bool, echo) -
     folder = Path(folder)
     config = str(folder / "config.yaml")
     planned = scaling_jobs(folder, plan) if plan.kind == "scaling" else large_batch_jobs(folder, plan)
+    _check_job_names(plan.name, [item.name for item in planned])
     jobs: list[tuple[str, jobscript.Job]] = []
     active = {p: job for p, (job, state) in slurm_states(folder).items() if state in ACTIVE}
     for item in planned:

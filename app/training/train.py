@@ -260,7 +260,9 @@ def fit(
     first_whole = start_epoch + 1 if start_step else start_epoch
     if first_whole < cfg.train.epochs:
         segments.append((first_whole, 0))
-    watchdog = faults.Watchdog(run_dir, world.rank, world.size, local_rank=world.local_rank).start()  # [horovod]
+    watchdog = faults.Watchdog(
+        run_dir, world.rank, world.size, local_rank=world.local_rank
+    ).start()  # [horovod]
     try:
         for first_epoch, first_step in segments:
             last = first_epoch + 1 if first_step else cfg.train.epochs
