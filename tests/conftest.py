@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -125,3 +126,23 @@ TINY_SYNTHETIC = [
     "--set", "data.synthetic_examples=256", "--set", "model.name=resnet20", "--set", "train.batch_size=8",
     "--set", "train.steps_per_epoch=2", "--set", "train.warmup_epochs=0", "--set", "run.log_every=1",
 ]  # fmt: skip
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str, free: int | None = None):
+    """A tmpfs of ``size`` (mount's syntax, e.g. 1m) at ``path``, filled up to ``free`` bytes left when given:
+    a disk that fills up, for real. Needs root: CI runs as root (a failure there), elsewhere the test skips."""
+    path.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True,
+                          text=True)  # fmt: skip
+    if proc.returncode != 0:
+        if IN_CI:
+            pytest.fail(f"mounting a tmpfs failed in CI (runs as root): {proc.stderr.strip()}")
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {proc.stderr.strip()}")
+    try:
+        if free is not None:
+            left = os.statvfs(path).f_bavail * os.statvfs(path).f_frsize - free
+            (path / ".fill").write_bytes(b"\0" * max(0, left))
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from click.testing import CliRunner
 
 from app import __version__
 from app.cli import cli
+from conftest import TINY_SYNTHETIC, run_app, tmpfs
 
 
 def test_version():
@@ -199,3 +201,14 @@ def test_errors_are_one_line_with_control_characters_escaped():
     proc = run_app(["train", "--precision", "x\n\x1b[2Jy"], expect=2)
     assert proc.stderr.count("\n") == 1 and "\x1b" not in proc.stderr
     assert proc.stderr.startswith("Error: Invalid value for '--precision': 'x\\n\\x1b[2Jy' is not one of")
+
+
+def test_a_full_disk_at_the_start_of_training_is_one_line_and_leaves_nothing(tmp_path):
+    # An empty file can still be made on a full disk: the writability probe writes and syncs some bytes.
+    with tmpfs(tmp_path / "disk", "256k", free=0) as disk:
+        proc = run_app(["train", *TINY_SYNTHETIC, "--run-dir", str(disk / "run")], expect=2)
+        assert proc.stderr == (
+            f"Error: --run-dir {disk / 'run'}: cannot write in {disk} (No space left on device); pass a writable "
+            "--run-dir\n"
+        )
+        assert os.listdir(disk) == [".fill"]

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -17,7 +21,7 @@ from app.core import config  # noqa: E402
 from app.core.errors import AppError, UsageError  # noqa: E402
 from app.data import pipeline, preprocess, sources  # noqa: E402
 from app.data.convert import convert  # noqa: E402
-from conftest import IN_CI  # noqa: E402
+from conftest import IN_CI, run_app, tmpfs  # noqa: E402
 from imagenet_fixture import make_tree  # noqa: E402
 
 SEED = tf.constant([7, 11], tf.int64)
@@ -384,6 +388,83 @@ def test_converter_stops_at_a_bad_image_and_leaves_no_temporary_shard(tmp_path):
     assert str(err.value).startswith(f"{broken}: not a decodable JPEG or PNG (")
     assert "remove or replace it, then convert again with --force" in str(err.value)
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_full_disk_during_conversion_is_one_line_and_the_same_command_works_once_there_is_room(tmp_path):
+    raw = make_tree(tmp_path / "raw", classes=2, per_class=3, val=2, png_as_jpeg=False)
+    with tmpfs(tmp_path / "disk", "1m", free=12 * 1024) as disk:  # room for the manifest, not for the shards
+        args = ["data", "imagenet-to-tfrecord", str(raw), str(disk / "out"), "--train-shards", "2",
+                "--validation-shards", "1", "--labels", str(raw / "val_labels.txt"), "--workers", "1"]  # fmt: skip
+        proc = run_app(args, expect=1)
+        assert proc.stderr.count("\n") == 1, proc.stderr
+        assert re.fullmatch(
+            rf"Error: DEST {disk / 'out'}: No space left on device while writing shards; the [01] of 3 shards "
+            r"written so far were removed; free some space \(about as much as SRC holds\), then run the same "
+            r"command again\n", proc.stderr,
+        ), proc.stderr  # fmt: skip
+        assert sorted(os.listdir(disk)) == [".fill"]  # DEST, which it made, is gone again
+        (disk / ".fill").unlink()  # space freed: the same command, not --force
+        run_app(args)
+        assert json.loads((disk / "out" / "counts.json").read_text()) == {
+            "train-00000-of-00002": 3, "train-00001-of-00002": 3, "validation-00000-of-00001": 2
+        }  # fmt: skip
+
+
+def test_a_read_only_dest_is_one_line(tmp_path):
+    (tmp_path / "ro").mkdir()
+    proc = subprocess.run(["mount", "--bind", "-o", "ro", str(tmp_path / "ro"), str(tmp_path / "ro")],
+                          capture_output=True, text=True)  # fmt: skip
+    if proc.returncode != 0:
+        if IN_CI:
+            pytest.fail(f"a read-only bind mount failed in CI (runs as root): {proc.stderr}")
+        pytest.skip(f"cannot mount here (needs root): {proc.stderr.strip()}")
+    try:
+        raw = make_tree(tmp_path / "raw", classes=2, per_class=3, val=2)
+        proc = run_app(["data", "imagenet-to-tfrecord", str(raw), str(tmp_path / "ro" / "out"), "--train-shards",
+                        "1", "--validation-shards", "1", "--labels", str(raw / "val_labels.txt")], expect=1)  # fmt: skip
+        assert (proc.returncode, proc.stderr) == (1, (
+            f"Error: {tmp_path / 'ro' / 'out'}: cannot write (Read-only file system); what was written before is "
+            "intact: make it writable, then run the same command again\n"
+        )), proc.stderr  # fmt: skip
+    finally:
+        subprocess.run(["umount", "-l", str(tmp_path / "ro")], check=False)
+
+
+def test_damaged_jpegs_give_no_raw_libjpeg_lines_and_recoverable_ones_are_stored_clean(tmp_path):
+    raw = make_tree(tmp_path / "raw", classes=2, per_class=3, val=2, png_as_jpeg=False)
+    noisy = raw / "train" / "n00001001" / "n00001001_2.JPEG"
+    data = noisy.read_bytes()
+    noisy.write_bytes(
+        data[:-2] + b"\0" * 9 + data[-2:]
+    )  # bytes before the end marker: decodes, with a warning
+    args = ["data", "imagenet-to-tfrecord", str(raw), str(tmp_path / "out"), "--train-shards", "1",
+            "--validation-shards", "1", "--labels", str(raw / "val_labels.txt"), "--workers", "1"]  # fmt: skip
+    proc = run_app(args)
+    assert proc.stderr == (
+        f"Note: 1 JPEG(s) decoded only with libjpeg's warning (e.g. {noisy}) were stored re-encoded (quality 95), "
+        "as training would have decoded them\n"
+    )
+    features = {k: tf.io.FixedLenFeature([], tf.string) for k in ("image/encoded", "image/filename")}
+    records = tf.data.TFRecordDataset(str(tmp_path / "out" / "train-00000-of-00001"))
+    (stored,) = [f["image/encoded"].numpy() for f in (tf.io.parse_single_example(r, features) for r in records)
+                 if f["image/filename"].numpy() == noisy.name.encode()]  # fmt: skip
+    decode = [
+        sys.executable,
+        "-c",
+        "import sys, tensorflow as tf; tf.io.decode_jpeg(sys.stdin.buffer.read())",
+    ]
+    assert (
+        b"Corrupt JPEG data" in subprocess.run(decode, input=noisy.read_bytes(), capture_output=True).stderr
+    )
+    check = subprocess.run(decode, input=stored, capture_output=True)  # the stored copy decodes silently
+    assert check.returncode == 0 and b"Corrupt JPEG" not in check.stderr, check.stderr
+    noisy.write_bytes(data[: len(data) // 2])  # truncated: not decodable
+    proc = run_app([*args, "--force"], expect=1)
+    assert (
+        proc.stderr.startswith(f"Error: {noisy}: not a decodable JPEG or PNG (")
+        and proc.stderr.count("\n") == 1
+    ), proc.stderr
+    assert "function_node" not in proc.stderr
 
 
 def test_converter_force_replaces_the_old_layout(tmp_path):

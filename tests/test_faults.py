@@ -158,6 +158,20 @@ def test_a_crash_inside_a_checkpoint_write_keeps_the_previous_one(tmp_path):
     assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]  # leftovers swept
 
 
+def test_a_resume_that_dies_before_its_first_checkpoint_leaves_the_saved_config_as_it_was(tmp_path):
+    # Issue 22, item 16: the resume's changes (here --epochs 3) reach config.yaml with its first checkpoint.
+    run = tmp_path / "run"
+    run_app(["train", *RECIPE, "--epochs", "1", "--run-dir", str(run)])
+    before = (run / "config.yaml").read_text()
+    proc = start(["train", "--run-dir", str(run), "--epochs", "3"])
+    wait_for(proc, "epoch 2/3 step 2/6")  # training, before epoch 2's checkpoint
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert (run / "config.yaml").read_text() == before and "epochs: 1\n" in before
+    run_app(["train", "--run-dir", str(run), "--epochs", "2"])  # finishes epoch 2: now it is written
+    assert "epochs: 2\n" in (run / "config.yaml").read_text() and rows(run) == [1, 2]
+
+
 def test_checkpoint_every_steps_writes_mid_epoch_checkpoints(tmp_path):
     run = tmp_path / "run"
     run_app(["train", *RECIPE, "--epochs", "1", "--set", "run.checkpoint_every=2", "--set",

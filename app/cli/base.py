@@ -12,7 +12,7 @@ from click.core import ParameterSource
 
 from app import __version__
 from app.core.compat import KerasError
-from app.core.errors import REQUEUE_EXIT_CODE, AppError, UsageError, brief, one_line
+from app.core.errors import REQUEUE_EXIT_CODE, AppError, UsageError, brief, one_line, write_failure
 from app.engines.world import detected_launcher, joined_launcher, rank_from_env, report_to_launcher
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "APP", "max_content_width": 100}
@@ -39,24 +39,34 @@ class AppGroup(click.Group):
             )
             error.exit_code = 2
             raise error from None
+        except OSError as exc:  # a full disk or a read-only mount while writing: one line, like any error
+            error = write_failure(exc)
+            if error is None or ctx.params.get("debug"):
+                raise
+            self._report(ctx, error)
         except (AppError, KerasError) as exc:
             if ctx.params.get("debug"):
                 raise
-            code = getattr(exc, "exit_code", 1)
-            message = one_line(str(exc))
-            rank = rank_from_env()
-            if report_to_launcher(rank, code, message):
-                ctx.exit(code)  # `app --np` prints each different error once, after the workers ended
-            if (
-                code == REQUEUE_EXIT_CODE
-            ):  # a clean stop on a signal, checkpoint written: no error, rank 0 says so
-                if rank == 0:
-                    click.echo(f"scaleout: {message}", err=True)
-                ctx.exit(code)
-            prefix = f"[rank {rank}] " if rank else ""
-            error = click.ClickException(prefix + message)
-            error.exit_code = code
-            raise error from None
+            self._report(ctx, exc)
+
+    @staticmethod
+    def _report(ctx: click.Context, exc: Exception):
+        """One line and the exit status, or the error left for `app --np`'s launcher to print once."""
+        code = getattr(exc, "exit_code", 1)
+        message = one_line(str(exc))
+        rank = rank_from_env()
+        if report_to_launcher(rank, code, message):
+            ctx.exit(code)  # `app --np` prints each different error once, after the workers ended
+        if (
+            code == REQUEUE_EXIT_CODE
+        ):  # a clean stop on a signal, checkpoint written: no error, rank 0 says so
+            if rank == 0:
+                click.echo(f"scaleout: {message}", err=True)
+            ctx.exit(code)
+        prefix = f"[rank {rank}] " if rank else ""
+        error = click.ClickException(prefix + message)
+        error.exit_code = code
+        raise error from None
 
 
 def from_environment(ctx: click.Context | None, param: click.Parameter | None) -> str | None:

@@ -53,7 +53,15 @@ def imagenet_to_tfrecord(src, dest, train_shards, validation_shards, labels_file
                 click.echo(f"{done}/{total} shards written")
 
         counts = convert(
-            src, dest, train_shards, validation_shards, workers, force, labels_file, progress=progress
+            src,
+            dest,
+            train_shards,
+            validation_shards,
+            workers,
+            force,
+            labels_file,
+            progress=progress,
+            note=lambda line: click.echo(f"Note: {line}", err=True),
         )
     train = sum(n for k, n in counts.items() if k.startswith("train-"))
     click.echo(

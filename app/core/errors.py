@@ -8,6 +8,7 @@ value is harmless, :func:`one_line` escapes the control characters of a whole me
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import reprlib
@@ -112,6 +113,27 @@ def read_regular(path: str | os.PathLike, label: str, limit: int, kind: str = "f
             f"{label}: larger than {size_text(limit)}, the limit for a {kind}; is it the right file?"
         )
     return data
+
+
+WRITE_ERRNOS = (
+    errno.ENOSPC,
+    errno.EDQUOT,
+    errno.EROFS,
+)  # the writes a user fixes by freeing or unlocking a disk
+
+
+def write_failure(exc: OSError) -> AppError | None:
+    """A full disk, an exhausted quota or a read-only file system met while writing, as one line naming the
+    file and the fix (every writer leaves its earlier files whole: temporaries, then renames); None for any
+    other failure, which is not the user's to fix this way."""
+    if exc.errno not in WRITE_ERRNOS:
+        return None
+    where = f"{show(exc.filename, limit=None)}: " if exc.filename else ""
+    fix = "make it writable" if exc.errno == errno.EROFS else "free some space (or raise the quota)"
+    return AppError(
+        f"{where}cannot write ({os.strerror(exc.errno)}); what was written before is intact: {fix}, then run "
+        "the same command again"
+    )
 
 
 REQUEUE_EXIT_CODE = 3  # stopped on request with a checkpoint: a Slurm job requeues itself on it

@@ -76,6 +76,9 @@ def for_run(
     return cfg, path
 
 
+PROBE_BYTES = 65536  # what the probe writes: more than a config.yaml, so a disk that has less fails here
+
+
 def check_writable(run_dir: Path, label: str, fix: str | None = None) -> None:
     """Fail in one line, before TensorFlow starts, when ``run_dir`` cannot be created or written: a file in
     its way, a read-only mount, /proc. Probed with a temporary file in the deepest folder that exists."""
@@ -86,10 +89,16 @@ def check_writable(run_dir: Path, label: str, fix: str | None = None) -> None:
         probe = probe.parent
     if not probe.is_dir():
         raise UsageError(f"{label} {run_dir}: {probe} is not a directory; {fix or 'pass another --run-dir'}")
+    name = None
     try:
+        # Some bytes, synced: an empty file can still be made on a full disk (or past a quota).
         fd, name = tempfile.mkstemp(prefix=".write-test-", dir=probe)
-        os.close(fd)
-        os.unlink(name)
+        try:
+            os.write(fd, b"\0" * PROBE_BYTES)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(name)
     except OSError as exc:
         raise UsageError(
             f"{label} {run_dir}: cannot write in {probe} ({exc.strerror or exc}); {fix or 'pass a writable --run-dir'}"

@@ -7,7 +7,8 @@ Input (SRC):
 Output (DEST): train-00000-of-01024 ..., validation-00000-of-00128 ..., and counts.json (examples per file)
 with the features image/encoded, image/class/label (1..1000), image/class/synset, image/height|width,
 image/format, image/filename, image/object/bbox/* (empty: boxes are optional and the crop falls back to the
-whole image). PNG and CMYK files hidden among ImageNet's JPEGs are re-encoded as RGB JPEG.
+whole image). PNG and CMYK files hidden among ImageNet's JPEGs are re-encoded as RGB JPEG, and so are JPEGs
+that libjpeg decodes only with a warning ("Corrupt JPEG data: ..."), so that training never meets them.
 
 Shards are written in parallel processes, each to a temporary name renamed when complete; existing output is
 never overwritten without --force. Before the first shard, the names this conversion will write go into
@@ -17,16 +18,20 @@ manifest's and counts.json's names), never another file in DEST, whatever its na
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import errno
 import json
 import os
 import random
 import re
+import shutil
+import tempfile
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
-from app.core.errors import AppError, UsageError, read_regular
+from app.core.errors import WRITE_ERRNOS, AppError, UsageError, read_regular
 
 IMAGE_EXTENSIONS = {".jpeg", ".jpg", ".png"}
 MANIFEST = ".scaleout-convert.json"  # the files a conversion writes, listed before it writes them
@@ -94,10 +99,42 @@ def _labelled_validation(src: Path, images: list[Path], labels_file: Path | None
     return [(str(p), w) for p, w in zip(images, lines, strict=True)]
 
 
+_LOG: str | None = None  # a worker's stderr, where libjpeg writes its warnings (see _quiet_worker)
+LIBJPEG_WARNING = re.compile(rb"Corrupt JPEG data|Premature end of JPEG|Invalid JPEG|Warning:.*JPEG", re.I)
+
+
+def _quiet_worker_in(folder: str) -> None:
+    _quiet_worker(os.path.join(folder, f"worker-{os.getpid()}.log"))
+
+
+def _quiet_worker(log: str) -> None:
+    """A worker's stderr (file descriptor 2) goes to ``log``: libjpeg prints its warnings there from C, where
+    Python cannot catch them; the worker reads them back to tell a damaged JPEG (see :func:`_example`), and
+    they never reach the terminal as raw lines."""
+    global _LOG
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 2)
+    os.close(fd)
+    _LOG = log
+
+
+def _log_size() -> int:
+    return os.path.getsize(_LOG) if _LOG else 0
+
+
+def _warned_since(offset: int) -> bool:
+    """Whether libjpeg wrote a warning to this worker's stderr since ``offset``."""
+    if _LOG is None:
+        return False
+    with open(_LOG, "rb") as f:
+        f.seek(offset)
+        return bool(LIBJPEG_WARNING.search(f.read(1 << 16)))
+
+
 def _write_shard(
     dest: str, name: str, items: list[tuple[str, str]], index: dict[str, int]
-) -> tuple[str, int]:
-    """Write one shard (in a worker process) and return (file name, examples)."""
+) -> tuple[str, int, list[str]]:
+    """Write one shard (in a worker process) and return (file name, examples, the JPEGs it repaired)."""
     from app.core.compat import import_tensorflow
 
     tf = import_tensorflow()
@@ -110,28 +147,36 @@ def _write_shard(
         return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
 
     tmp = os.path.join(dest, f".{name}.tmp")
+    repaired: list[str] = []
     try:
         with tf.io.TFRecordWriter(tmp) as writer:
             for path, wnid in items:
-                writer.write(_example(tf, feature, path, wnid, index))
-    except BaseException:
+                writer.write(_example(tf, feature, path, wnid, index, repaired))
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.remove(tmp)  # no half-written shard is left behind, under any name
+        if isinstance(exc, tf.errors.ResourceExhaustedError):  # TensorFlow's word for a full disk or quota
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(dest, name)) from None
         raise
     os.replace(tmp, os.path.join(dest, name))
-    return name, len(items)
+    return name, len(items), repaired
 
 
-def _example(tf, feature, path: str, wnid: str, index: dict[str, int]) -> bytes:
+def _example(tf, feature, path: str, wnid: str, index: dict[str, int], repaired: list[str]) -> bytes:
     """One image as a serialized tf.train.Example; a file that cannot be read or decoded is a BadImage."""
     try:
         data = Path(path).read_bytes()
+        before = _log_size()
         image = tf.io.decode_image(data, channels=3, expand_animations=False)
         is_rgb_jpeg = data[:3] == b"\xff\xd8\xff" and int(tf.image.extract_jpeg_shape(data)[2]) == 3
     except OSError as exc:
         raise BadImage(f"{path}: cannot be read ({exc.strerror or exc})") from None
     except tf.errors.OpError as exc:
-        raise BadImage(f"{path}: not a decodable JPEG or PNG ({exc.message.splitlines()[0][:120]})") from None
+        reason = (re.sub(r"\{\{function_node [^}]*\}\}\s*", "", exc.message).splitlines() or ["?"])[0][:120]
+        raise BadImage(f"{path}: not a decodable JPEG or PNG ({reason})") from None
+    if is_rgb_jpeg and _warned_since(before):  # decoded with libjpeg's warning: store a clean re-encoding
+        repaired.append(path)
+        is_rgb_jpeg = False
     if not is_rgb_jpeg:  # a PNG or a CMYK/grayscale JPEG: store an RGB JPEG like all the others
         data = tf.io.encode_jpeg(image, quality=95).numpy()
     example = tf.train.Example(
@@ -157,9 +202,10 @@ class BadImage(Exception):
 
 def convert(
     src: Path, dest: Path, train_shards: int = 1024, validation_shards: int = 128, workers: int = 0,
-    force: bool = False, labels_file: Path | None = None, seed: int = 0, progress=None,
+    force: bool = False, labels_file: Path | None = None, seed: int = 0, progress=None, note=None,
 ) -> dict[str, int]:  # fmt: skip
-    """Convert and return {file name: examples}; ``progress(done, total)`` is called as shards finish."""
+    """Convert and return {file name: examples}; ``progress(done, total)`` is called as shards finish, and
+    ``note(line)`` says which JPEGs were repaired."""
     src, dest = Path(src), Path(dest)
     if not src.is_dir():
         raise UsageError(f"SRC {src}: no such directory")
@@ -184,33 +230,80 @@ def convert(
         for i in range(n)
     ]
     _refuse_foreign(dest, previous | {name for name, _ in jobs})
+    existed = dest.is_dir()
     dest.mkdir(parents=True, exist_ok=True)
     _write_json(dest / MANIFEST, {"format": 1, "files": sorted({*previous, *(name for name, _ in jobs)})})
     counts: dict[str, int] = {}
-    # Spawned (not forked) workers: each imports TensorFlow itself, which is not fork-safe once loaded.
-    with ProcessPoolExecutor(max_workers=workers or os.cpu_count(), mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(_write_shard, str(dest), name, items, index) for name, items in jobs]
-        try:
-            for future in as_completed(futures):
-                name, n = future.result()
-                counts[name] = n
-                if progress:
-                    progress(len(counts), len(jobs))
-        except (
-            BadImage
-        ) as exc:  # fail fast: no new shard starts; running ones finish or remove their temporaries
-            pool.shutdown(wait=True, cancel_futures=True)
-            written = sum(1 for f in futures if f.done() and not f.cancelled() and f.exception() is None)
-            raise AppError(
-                f"{exc}; remove or replace it, then convert again with --force "
-                f"({written} of {len(jobs)} shards were written to {dest})"
-            ) from None
+    repaired: list[str] = []
+    logs = tempfile.mkdtemp(prefix="scaleout-convert-")  # the workers' stderr: libjpeg's warnings, TF's noise
+    try:
+        _run_pool(dest, jobs, index, workers, (counts, repaired), progress, bool(previous), existed, logs)
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
+    if repaired and note:
+        note(f"{len(repaired)} JPEG(s) decoded only with libjpeg's warning (e.g. {repaired[0]}) were stored "
+             "re-encoded (quality 95), as training would have decoded them")  # fmt: skip
     # --force: the old layout's shards that this conversion did not overwrite would mix into the new one.
     for old in sorted(previous - set(counts)):
         (dest / old).unlink(missing_ok=True)
     _write_json(dest / COUNTS, dict(sorted(counts.items())))
     _write_json(dest / MANIFEST, {"format": 1, "files": sorted(counts)})
     return counts
+
+
+def _run_pool(
+    dest: Path, jobs, index, workers: int, out, progress, earlier: bool, existed: bool, logs: str
+) -> None:
+    """The shards, written by spawned (not forked) workers (each imports TensorFlow itself, which is not
+    fork-safe once loaded), whose stderr goes to files in ``logs`` (:func:`_quiet_worker`); ``out``: the
+    counts per shard and the repaired JPEGs, filled as shards finish."""
+    counts, repaired = out
+    with ProcessPoolExecutor(max_workers=workers or os.cpu_count(), mp_context=get_context("spawn"),
+                             initializer=_quiet_worker_in, initargs=(logs,)) as pool:  # fmt: skip
+        futures = [pool.submit(_write_shard, str(dest), name, items, index) for name, items in jobs]
+        try:
+            for future in as_completed(futures):
+                name, n, fixed = future.result()
+                counts[name] = n
+                repaired += fixed
+                if progress:
+                    progress(len(counts), len(jobs))
+        except (BadImage, OSError) as exc:  # fail fast: no new shard starts; running ones finish or clean up
+            pool.shutdown(wait=True, cancel_futures=True)
+            written = [
+                f.result()[0] for f in futures if f.done() and not f.cancelled() and f.exception() is None
+            ]
+            if isinstance(exc, BadImage):
+                raise AppError(
+                    f"{exc}; remove or replace it, then convert again with --force "
+                    f"({len(written)} of {len(jobs)} shards were written to {dest})"
+                ) from None
+            raise _write_failed(exc, dest, written, len(jobs), created=not existed, earlier=earlier) from None
+
+
+def _write_failed(
+    exc: OSError, dest: Path, written: list[str], total: int, created: bool, earlier: bool
+) -> Exception:
+    """A full disk, a quota or a read-only DEST in the middle of a conversion, as one line. With no earlier
+    conversion in DEST, what this one wrote is removed (and DEST, if it made it), so the same command works
+    once there is room; over an earlier one (--force), the manifest lists both for the next --force."""
+    if exc.errno not in WRITE_ERRNOS:
+        return exc
+    if earlier:
+        kept = (
+            f"{len(written)} of {total} new shards were written; the same command with --force replaces them"
+        )
+    else:
+        for name in [*written, COUNTS, MANIFEST]:
+            with contextlib.suppress(OSError):
+                (dest / name).unlink()
+        if created:
+            with contextlib.suppress(OSError):
+                dest.rmdir()
+        kept = f"the {len(written)} of {total} shards written so far were removed"
+    fix = "make DEST writable" if exc.errno == errno.EROFS else "free some space (about as much as SRC holds)"
+    return AppError(f"DEST {dest}: {os.strerror(exc.errno)} while writing shards; {kept}; {fix}, then run the "
+                    "same command again")  # fmt: skip
 
 
 def _read_by_training(dest: Path) -> set[str]:

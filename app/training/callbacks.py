@@ -42,7 +42,9 @@ class CheckpointWriter:
 
     STOPPED = ".stopped"  # rank 0 leaves the stop message here for the job script (see jobs/train.sbatch)
 
-    def __init__(self, run_dir: Path, model, keep: int, extra_state: dict, chief: bool):
+    def __init__(
+        self, run_dir: Path, model, keep: int, extra_state: dict, chief: bool, pending_config: str | None = None
+    ):  # fmt: skip
         self.run_dir, self.model, self.keep, self.extra_state, self.chief = (
             run_dir,
             model,
@@ -50,10 +52,16 @@ class CheckpointWriter:
             extra_state,
             chief,
         )
+        self.pending_config = (
+            pending_config  # a resume's changed config.yaml, written with its first checkpoint
+        )
 
     def __call__(self, epoch: int, row: dict, step: int = 0):
         if not self.chief:
             return None
+        if self.pending_config is not None:
+            write_text_atomic(self.run_dir / "config.yaml", self.pending_config)
+            self.pending_config = None
         state = {**self.extra_state, "metrics": row}
         return checkpoint.save(self.run_dir, tracked(self.model), epoch, state, self.keep, step)
 

@@ -211,11 +211,17 @@ def write_text_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically: a temporary file beside it, fsynced, then renamed over it."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half-written temporary behind
+        if exc.filename is None:  # a failed write() names no file: the one that was being written
+            exc.filename = str(path)
+        raise
 
 
 def write_json(path: Path, data: dict) -> None:

@@ -109,16 +109,22 @@ def train_and_evaluate(
         # number of workers (a resume without --np would record 1 worker and the accumulation it implies).
         reporter.note(f"nothing to do: {run_dir} already trained {start_epoch}/{cfg.train.epochs} epochs")
         return {}
-    if world.is_chief:  # only now, when the resume is known to work, does the saved config change
-        save_config(cfg, run_dir, bool(found), state, start_epoch, reporter)
-    if start_epoch >= cfg.train.epochs:
+    finished = start_epoch >= cfg.train.epochs
+    # A resume's config.yaml changes with its first checkpoint, not before: a resume that fails first (bad
+    # data, a signal at start-up) leaves the run's saved config as it was.
+    pending = (
+        save_config(cfg, run_dir, bool(found) and not finished, state, start_epoch, reporter)
+        if world.is_chief
+        else None
+    )
+    if finished:
         reporter.note(f"nothing to do: {run_dir} already trained {start_epoch}/{cfg.train.epochs} epochs")
         return summarize(cfg, run_dir, world, p, policy) if world.is_chief else {}
 
     write = CheckpointWriter(
         run_dir, model, cfg.run.keep_checkpoints,
         {"workers": world.size, "global_batch": p.global_batch, "steps_per_epoch": p.steps_per_epoch},
-        world.is_chief,
+        world.is_chief, pending_config=pending,
     )  # fmt: skip
     kept = f"checkpoint {found[1]} is intact" if found else "nothing was trained yet"
     stop_if_asked(request, write, kept, run_dir)
@@ -201,15 +207,28 @@ def resume_config(
 
 def save_config(
     cfg: Config, run_dir: Path, resumed: bool, state: dict, start_epoch: int, reporter: Reporter
-) -> None:
-    """Rank 0's start of a run: config.yaml (re)written, the last stop's marker removed, metrics.jsonl cut
-    back to the epochs the checkpoint holds."""
+) -> str | None:
+    """Rank 0's start of a run: config.yaml written (a new run's now; a resume's returned, for its first
+    checkpoint to write, when it changed), the last stop's marker removed, metrics.jsonl cut back to the
+    epochs the checkpoint holds."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(run_dir / "config.yaml", dump(cfg))
+    text, pending = dump(cfg), None
+    if not resumed:
+        write_text_atomic(run_dir / "config.yaml", text)
+    elif read_text(run_dir / "config.yaml") != text:
+        pending = text
     (run_dir / CheckpointWriter.STOPPED).unlink(missing_ok=True)
     if resumed or (run_dir / "metrics.jsonl").exists():  # each epoch up to the checkpoint once, no torn line
         saved_row = state.get("metrics") or {}
         reconcile_metrics(run_dir, start_epoch, saved_row if "epoch" in saved_row else None, reporter.note)
+    return pending
+
+
+def read_text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def stop_if_asked(request: faults.StopRequest, write: CheckpointWriter, kept: str, run_dir: Path) -> None:
