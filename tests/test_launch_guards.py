@@ -3,10 +3,18 @@ allocated and left unused (TensorFlow sees none), end the run before training wi
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from app.core.errors import AppError
-from app.engines.world import allocated_gpus, check_gpus_seen, check_world_size, launched_size
+from app.engines.world import (
+    GPU_ALLOCATION_VARS,
+    allocated_gpus,
+    check_gpus_seen,
+    check_world_size,
+    launched_size,
+)
 
 CUDA_BUILD = {"is_cuda_build": True, "is_rocm_build": False}
 CPU_BUILD = {"is_cuda_build": False, "is_rocm_build": False}
@@ -55,7 +63,9 @@ def test_n_tasks_that_joined_as_one_are_refused():
         ({"SLURM_JOB_GPUS": "2,3"}, NODES, "SLURM_JOB_GPUS=2,3"),
         ({"SLURM_GPUS_ON_NODE": "0"}, NODES, None),
         ({"ROCR_VISIBLE_DEVICES": "0"}, ["/dev/kfd"], "ROCR_VISIBLE_DEVICES=0"),
-        ({}, NODES, None),
+        ({"SLURM_JOB_ID": "7"}, NODES, None),  # a Slurm job given no GPUs on a GPU node
+        ({}, NODES, "2 GPU device(s) here, none hidden by CUDA_VISIBLE_DEVICES"),  # a workstation (issue 23)
+        ({"CUDA_VISIBLE_DEVICES": "-1"}, NODES, None),  # the workstation's GPUs hidden on purpose
     ],
 )
 def test_allocated_gpus(env, nodes, expected):
@@ -70,7 +80,9 @@ def test_allocated_gpus_that_tensorflow_cannot_see_are_refused(build, why):
     with pytest.raises(AppError) as err:
         check_gpus_seen(0, {"SLURM_JOB_GPUS": "0"}, NODES, build)
     line = str(err.value)
-    assert line.startswith("GPUs were allocated (SLURM_JOB_GPUS=0, /dev/nvidia0) but TensorFlow sees none: ")
+    assert line.startswith(
+        "GPUs are there for this process (SLURM_JOB_GPUS=0, /dev/nvidia0) but TensorFlow sees none: "
+    )
     assert why in line and "SCALEOUT_ALLOW_CPU=1" in line and "\n" not in line
 
 
@@ -78,6 +90,7 @@ def test_gpus_seen_or_cpu_on_purpose_pass():
     check_gpus_seen(1, {"SLURM_JOB_GPUS": "0"}, NODES, CUDA_BUILD)
     check_gpus_seen(0, {"SLURM_JOB_GPUS": "0", "SCALEOUT_ALLOW_CPU": "1"}, NODES, CPU_BUILD)
     check_gpus_seen(0, {}, [], CPU_BUILD)
+    check_gpus_seen(0, {"SLURM_JOB_ID": "7"}, NODES, CPU_BUILD)
 
 
 def test_a_batch_script_running_app_alone_is_told_to_use_srun():
@@ -131,3 +144,44 @@ def test_the_continue_line_resumes_as_the_run_was_started(monkeypatch, env, comm
     for var, value in env.items():
         monkeypatch.setenv(var, value)
     assert resume_command("runs/my run") == command
+
+
+GPU_DEV_NAMESPACE = r"""
+set -e
+old=$(mktemp -d); mount --rbind /dev "$old"; mount -t tmpfs tmpfs /dev
+for n in null zero random urandom full; do touch "/dev/$n"; mount --bind "$old/$n" "/dev/$n"; done
+mkdir /dev/shm && mount -t tmpfs tmpfs /dev/shm
+touch /dev/nvidia0  # an NVIDIA GPU's device node, as a workstation has it; nothing hides it
+exec "$@"
+"""
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_a_workstation_with_gpus_and_a_cpu_tensorflow_is_refused_unless_asked(tmp_path, allow):
+    # Issue 23, item 2: no allocation variable at all (no Slurm, no CUDA_VISIBLE_DEVICES), as on a workstation;
+    # the device node exists only in this test's private mount namespace.
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import IN_CI, ROOT, TINY_SYNTHETIC
+
+    unshare = shutil.which("unshare")
+    if unshare is None or os.geteuid() != 0:
+        if IN_CI:
+            pytest.fail("CI runs as root with unshare (util-linux): this test must run there")
+        pytest.skip("needs root and unshare for a private mount namespace")
+    env = {k: v for k, v in os.environ.items() if k not in GPU_ALLOCATION_VARS and not k.startswith("SLURM")}
+    env |= {"SCALEOUT_ALLOW_CPU": "1"} if allow else {}
+    cmd = [unshare, "--mount", "--propagation", "private", "bash", "-c", GPU_DEV_NAMESPACE, "gpu",
+           sys.executable, "-m", "app", "train", *TINY_SYNTHETIC, "--epochs", "1", "--run-dir", str(tmp_path / "run")]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    if allow:
+        assert proc.returncode == 0 and (tmp_path / "run" / "summary.json").is_file(), proc.stderr
+        return
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(
+        "Error: GPUs are there for this process (1 GPU device(s) here, none hidden by CUDA_VISIBLE_DEVICES, "
+        "/dev/nvidia0) but TensorFlow sees none: this TensorFlow is a CPU-only build"
+    ), proc.stderr
+    assert "SCALEOUT_ALLOW_CPU=1" in proc.stderr and not (tmp_path / "run" / "checkpoints").exists()

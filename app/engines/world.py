@@ -116,24 +116,33 @@ def allocated_gpus(env, device_nodes) -> str | None:
         value = env.get(var, "").strip()
         if value and not (var == "SLURM_GPUS_ON_NODE" and value == "0"):  # a count; the others list indices
             return f"{var}={value}"
-    return None
+    if not any(v in env for v in ("SLURM_JOB_ID", *GPU_ALLOCATION_VARS[3:])):  # a workstation: its GPUs are
+        return (
+            f"{len(device_nodes)} GPU device(s) here, none hidden by CUDA_VISIBLE_DEVICES"  # this process's
+        )
+    return None  # a Slurm job that was given no GPUs (its device cgroup hides the node's GPUs)
 
 
 def check_gpus_seen(gpus_seen: int, env, device_nodes, build: dict) -> None:
-    """Refuse to train on the CPU of a GPU allocation: TensorFlow sees no GPU, but the job was given some."""
+    """Refuse to train on the CPU where GPUs are this process's: TensorFlow sees none, but a Slurm job was
+    given some, or a workstation has some and nothing hides them."""
     allocated = allocated_gpus(env, device_nodes)
     if gpus_seen or allocated is None or env.get(ALLOW_CPU_VAR) == "1":
         return
     if not (build.get("is_cuda_build") or build.get("is_rocm_build")):
-        why = "this TensorFlow is a CPU-only build (use the image for this cluster, see docs/clusters/other-slurm.md)"
+        why = (
+            "this TensorFlow is a CPU-only build (on a cluster use its image, see docs/clusters/other-slurm.md; on a "
+            "workstation `make install TF=gpu`, see docs/workstation.md)"
+        )
     else:
         why = (
             "the GPUs are not reachable inside the container or the driver is too old (Apptainer needs "
             "--nv, or --rocm on AMD; Docker --gpus all)"
         )
     raise AppError(
-        f"GPUs were allocated ({allocated}, {device_nodes[0]}) but TensorFlow sees none: {why}; `app info` shows "
-        f"the build and devices. To train on the CPU on purpose, set {ALLOW_CPU_VAR}=1"
+        f"GPUs are there for this process ({allocated}, {device_nodes[0]}) but TensorFlow sees none: {why}; `app "
+        f"info` shows the build and devices. To train on the CPU on purpose, set {ALLOW_CPU_VAR}=1 (or "
+        "CUDA_VISIBLE_DEVICES=-1)"
     )
 
 
