@@ -20,20 +20,35 @@ BENCH_ARGS ?=
 STUDY_ARGS   ?= --k 1,8 --seeds 1 --set train.epochs=4 --set train.warmup_epochs=1
 SCALING_ARGS ?= --np 1,2 --batch-sizes 32,128 --steps 30 --windows 5 --timeline
 
-.PHONY: help install system-deps data test-data train test test-compat lint format clean image sif submit bench study
+.PHONY: help install system-deps data test-data train test test-compat lint format clean clean-runs image sif submit bench study
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: pyproject.toml scripts/install-stack.sh
+ifneq ($(filter-out cpu gpu,$(TF)),)
+$(error TF=$(TF) is not a TensorFlow flavour; use TF=cpu or TF=gpu)
+endif
+# The marker names the flavour the venv holds: another TF= makes `install` switch it (the other TensorFlow
+# package out first: two would overwrite each other's files) and rebuild Horovod against it.
+OTHER_TF_cpu := tensorflow
+OTHER_TF_gpu := tensorflow-cpu
+# TF=gpu: Horovod's NCCL operations when a CUDA toolkit with NCCL is here (nvcc, nccl.h), unless
+# HOROVOD_GPU_OPERATIONS says otherwise; without one, Horovod's allreduce goes through host memory.
+NCCL_HERE = command -v nvcc >/dev/null && for d in "$${HOROVOD_NCCL_HOME:-/nonexistent}/include" "$$(dirname "$$(dirname "$$(command -v nvcc)")")/include" /usr/include; do [ -f "$$d/nccl.h" ] && exit 0; done; exit 1
+$(VENV)/.installed-$(TF): pyproject.toml scripts/install-stack.sh
 	@command -v mpicxx >/dev/null || $(MAKE) --no-print-directory system-deps
 	test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[$(strip $(TF)),dev]"
-	scripts/install-stack.sh $(PY)
+	@if $(PY) -m pip show -q $(OTHER_TF_$(TF)) 2>/dev/null; then echo "install: switching .venv to TF=$(TF): removing $(OTHER_TF_$(TF))"; $(PY) -m pip uninstall -q -y $(OTHER_TF_$(TF)) horovod; fi
+	$(PY) -m pip install -q -e ".[$(TF),dev]"
+	@if [ "$(TF)" = gpu ] && [ -z "$${HOROVOD_GPU_OPERATIONS:-}" ]; then \
+	    if ( $(NCCL_HERE) ); then echo "install: CUDA toolkit with NCCL found: Horovod gets NCCL operations"; export HOROVOD_GPU_OPERATIONS=NCCL; \
+	    else echo "install: no CUDA toolkit with NCCL here (nvcc, nccl.h): Horovod's allreduce will go through host memory with Gloo (each step copies the gradients to the CPU and back; fine for one GPU, slower on several; see docs/workstation.md)"; fi; \
+	fi; set -x; scripts/install-stack.sh $(PY)
+	rm -f $(VENV)/.installed $(VENV)/.installed-*
 	touch $@
 
-install: $(VENV)/.installed ## create .venv with pinned TensorFlow/tf_keras and Horovod (built once, cached)
+install: $(VENV)/.installed-$(TF) ## create .venv with pinned TensorFlow/tf_keras and Horovod (TF=cpu|gpu; built once, cached)
 
 system-deps: ## apt packages: OpenMPI (Horovod's MPI controller) and the build tools (needs root)
 	@if [ "$$(id -u)" != 0 ]; then echo "system-deps: run as root or install openmpi-bin libopenmpi-dev g++ by hand" >&2; exit 1; fi
@@ -178,6 +193,17 @@ SUBMIT_ARGS ?=
 submit: install ## submit a training job: make submit GPUS=32 CLUSTER=roihu CONFIG=... ACCOUNT=project_...
 	$(APP) submit --gpus $(GPUS) --cluster $(CLUSTER) -c $(CONFIG) $(if $(ACCOUNT),--account $(ACCOUNT)) $(SUBMIT_ARGS)
 
-clean: ## remove the venv, caches and run outputs (the cached Horovod wheel stays in ~/.cache/scaleout)
-	rm -rf $(VENV) .venv-tf* .pytest_cache .ruff_cache build *.egg-info runs
+clean: ## remove the venv, caches and build outputs; keeps runs/, studies/ and logs/ (see clean-runs)
+	rm -rf $(VENV) .venv-tf* .pytest_cache .ruff_cache build *.egg-info bench/out .sif.def .sif.tar
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+clean-runs: ## delete runs/, studies/ and logs/ (trained models, metrics): lists them and asks, or FORCE=1
+	@set -- $$(for d in runs studies logs; do [ -d "$$d" ] && echo "$$d"; done); \
+	if [ $$# -eq 0 ]; then echo "clean-runs: no runs/, studies/ or logs/ here"; exit 0; fi; \
+	du -sh -- "$$@"; \
+	if [ "$(FORCE)" != 1 ]; then \
+	    if [ ! -t 0 ]; then echo "clean-runs: not deleting without a terminal to ask on: run make clean-runs FORCE=1" >&2; exit 1; fi; \
+	    read -r -p "delete these (the trained models and metrics in them)? [y/N] " answer; \
+	    case "$$answer" in y|Y|yes) ;; *) echo "clean-runs: nothing deleted"; exit 0 ;; esac; \
+	fi; \
+	rm -rf -- "$$@" && echo "clean-runs: deleted $$*"

@@ -48,6 +48,7 @@ def collect() -> dict:
         "executable": sys.executable,
         "tensorflow": tf.__version__,
         "tensorflow_build": tensorflow_build(tf),
+        "tensorflow_packages": tensorflow_packages(),
         "keras": {"flavour": flavour, "version": keras_version},
         "horovod": horovod_build(),
         "gpus": gpus,
@@ -57,6 +58,23 @@ def collect() -> dict:
         "tools": {name: shutil.which(name) for name in TOOLS},
         "tfds_data_dir": tfds_data_dir(),
     }
+
+
+TF_PACKAGES = ("tensorflow", "tensorflow-cpu", "tensorflow-rocm", "tensorflow-intel", "tensorflow-macos")
+
+
+def tensorflow_packages() -> list[str]:
+    """The TensorFlow distributions installed here (``make install TF=cpu|gpu`` leaves exactly one): two
+    would overwrite each other's files in one ``tensorflow`` folder."""
+    from importlib import metadata
+
+    found = []
+    for name in TF_PACKAGES:
+        try:
+            found.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            continue
+    return found
 
 
 def tensorflow_build(tf) -> dict:
@@ -96,7 +114,13 @@ def render(info: dict, console) -> None:
         if build["cuda"]
         else ("ROCm" if build["rocm"] else "CPU only")
     )
-    table.add_row("TensorFlow", f"{info['tensorflow']} (built for {built_for})")
+    packages = info["tensorflow_packages"]
+    installed = "; ".join(packages) or "no pip package: a container's or module's own build"
+    if len(packages) > 1:
+        installed = (
+            f"[red]{installed}[/]: two overwrite each other; `make install TF=cpu` or `TF=gpu` keeps one"
+        )
+    table.add_row("TensorFlow", f"{info['tensorflow']} (built for {built_for}; {installed})")
     table.add_row("Keras", f"{info['keras']['flavour']} {info['keras']['version']}")
     hvd = info["horovod"]
     if hvd["version"] is None:

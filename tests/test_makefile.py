@@ -1,0 +1,74 @@
+"""The Makefile's own logic, run for real with make in a copy of the repository's top level: the venv's
+TensorFlow flavour and switching it (issue 23, item 1), and what `make clean` and `make clean-runs` delete
+(item 4). `make -n` shows what install would run without installing anything."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    shutil.copy(ROOT / "Makefile", tmp_path)
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "install-stack.sh", tmp_path / "scripts")
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    return tmp_path
+
+
+def make(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "--no-print-directory", *args], cwd=repo, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=60)  # fmt: skip
+
+
+def test_the_venv_marker_names_its_flavour_and_another_flavour_switches_it(repo):
+    marker = repo / ".venv" / ".installed-cpu"
+    marker.touch()
+    later = os.stat(repo / "Makefile").st_mtime + 10
+    os.utime(marker, (later, later))  # installed after the Makefile and pyproject.toml were written
+    assert make(repo, "-n", "install").stdout.strip() == "make: Nothing to be done for 'install'."
+    gpu = make(repo, "-n", "install", "TF=gpu").stdout
+    assert "pip uninstall -q -y tensorflow-cpu horovod" in gpu  # the CPU TensorFlow goes first
+    assert '.venv/bin/python -m pip install -q -e ".[gpu,dev]"' in gpu
+    assert "no CUDA toolkit with NCCL here" in gpu and "touch .venv/.installed-gpu" in gpu
+    back = make(repo, "-n", "install", "TF=cpu", "-W", "pyproject.toml").stdout  # as if pyproject changed
+    assert "pip uninstall -q -y tensorflow horovod" in back and '-e ".[cpu,dev]"' in back
+
+
+def test_a_flavour_that_does_not_exist_is_one_line(repo):
+    proc = make(repo, "install", "TF=xpu")
+    assert proc.returncode == 2 and "TF=xpu is not a TensorFlow flavour; use TF=cpu or TF=gpu" in proc.stderr
+
+
+def test_clean_keeps_the_runs_and_clean_runs_asks_first(repo):
+    for folder in ("runs/a", "studies/s", "logs", ".pytest_cache", "bench/out"):
+        (repo / folder).mkdir(parents=True)
+    (repo / "runs" / "a" / "summary.json").write_text("{}")
+    assert make(repo, "clean").returncode == 0
+    assert sorted(p.name for p in repo.iterdir() if p.is_dir()) == [
+        "bench",
+        "logs",
+        "runs",
+        "scripts",
+        "studies",
+    ]
+    asked = make(repo, "clean-runs")  # no terminal to ask on: nothing deleted
+    assert asked.returncode == 2 and "run make clean-runs FORCE=1" in asked.stderr
+    assert (repo / "runs" / "a" / "summary.json").is_file()
+    for answer, kept in (("n", True), ("y", False)):  # asked on a terminal (util-linux's script gives one)
+        proc = subprocess.run(["script", "-qec", "make --no-print-directory clean-runs", "/dev/null"], cwd=repo,
+                              input=f"{answer}\n", capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert "delete these (the trained models and metrics in them)? [y/N]" in proc.stdout, proc.stdout
+        assert (repo / "runs" / "a" / "summary.json").is_file() is kept, proc.stdout
+    (repo / "runs").mkdir()
+    done = make(repo, "clean-runs", "FORCE=1")
+    assert done.returncode == 0 and done.stdout.endswith("clean-runs: deleted runs\n")
+    assert not (repo / "runs").exists()
