@@ -20,7 +20,7 @@ BENCH_ARGS ?=
 STUDY_ARGS   ?= --k 1,8 --seeds 1 --set train.epochs=4 --set train.warmup_epochs=1
 SCALING_ARGS ?= --np 1,2 --batch-sizes 32,128 --steps 30 --windows 5 --timeline
 
-.PHONY: help install system-deps data test-data train test test-compat lint format clean clean-runs image sif submit bench study
+.PHONY: help install system-deps data test-data train test test-compat lint format clean clean-runs image sif docker-train submit bench study
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -155,7 +155,10 @@ BUILD_ARGS_ngc  := BASE_IMAGE=nvcr.io/nvidia/tensorflow:25.02-tf2-py3 TF_VERSION
 DEF_lumi        := containers/lumi.def
 LUMI_BASE_SIF   ?=
 BUILD_ARGS_lumi := $(if $(LUMI_BASE_SIF),BASE_SIF=$(LUMI_BASE_SIF))
-ENGINE     ?= $(firstword $(shell command -v docker podman 2>/dev/null))
+# docker when its daemon answers, else podman (a docker CLI without a daemon cannot build or run anything).
+# Looked up once, when first used.
+ENGINE     ?= $(eval ENGINE := $(or $(shell timeout 10 docker info >/dev/null 2>&1 && command -v docker),$(shell \
+    command -v podman 2>/dev/null)))$(ENGINE)
 IMAGE      ?= scaleout:$(FLAVOR)
 SIF        ?= scaleout-$(FLAVOR).sif
 IMAGE_ARGS ?=
@@ -166,7 +169,7 @@ build_args = $(foreach a,$(BUILD_ARGS_$(FLAVOR)),--build-arg '$(a)')
 
 image: ## build the container image FLAVOR=gpu|cpu|ngc with docker or podman (lumi: see `make sif`)
 	$(check_flavor)$(if $(filter lumi,$(FLAVOR)),$(error FLAVOR=lumi extends LUMI's own container on LUMI: run `make sif FLAVOR=lumi` there))
-	@test -n "$(ENGINE)" || { echo "image: neither docker nor podman is installed" >&2; exit 1; }
+	@test -n "$(ENGINE)" || { echo "image: neither a docker daemon nor podman is here (ENGINE=podman or docker to choose)" >&2; exit 1; }
 	$(ENGINE) build -t '$(IMAGE)' -f $(DOCKERFILE_$(FLAVOR)) $(if $(PLATFORM_$(FLAVOR)),--platform $(PLATFORM_$(FLAVOR))) \
 	    $(if $(findstring podman,$(ENGINE)),--format docker) $(build_args) \
 	    --build-arg GIT_REVISION=$$(git rev-parse --short HEAD 2>/dev/null || echo unknown) $(IMAGE_ARGS) .
@@ -183,6 +186,32 @@ sif: ## build scaleout-FLAVOR.sif for Apptainer: from `make image`, or on LUMI f
 	else podman save '$(IMAGE)' -o .sif.tar && \
 	     sed -e 's/^Bootstrap: docker-daemon/Bootstrap: docker-archive/' -e 's|^From: .*|From: .sif.tar|' singularity.def > .sif.def && \
 	     $$APPT build '$(SIF)' .sif.def && rm -f .sif.def .sif.tar; fi
+
+# make docker-train: training in the image on this machine, as you (files in RUNS come out yours), with the
+# image read-only. FLAVOR=gpu|ngc: every GPU (docker --gpus all; podman through CDI, nvidia.com/gpu=all) and
+# --ipc=host for NCCL's shared memory between the workers. CONFIG must lie in configs/ (mounted read-only
+# at /configs); DATA (a TFDS folder or converted ImageNet) is mounted read-only at /data; RUNS at /runs.
+RUNS      ?= runs
+DATA      ?= $(DATA_DIR)
+DOCKER_NP ?=
+RUN_AS    ?= $$(id -u):$$(id -g)
+RUN_ARGS  ?=
+check_docker_train = $(if $(filter configs/%,$(CONFIG)),,$(error CONFIG=$(CONFIG) is not in configs/: docker-train mounts that folder; copy your config there))$(if \
+    $(findstring ',$(RUNS)$(DATA)$(CONFIG)$(TRAIN_ARGS)),$(error RUNS, DATA, CONFIG and TRAIN_ARGS cannot contain a single quote))
+docker-train: ## train in the container image on all GPUs (FLAVOR=gpu) as you; runs in RUNS=runs (docs/workstation.md)
+	$(check_flavor)$(check_docker_train)
+	@test -n "$(ENGINE)" || { echo "docker-train: neither a docker daemon nor podman is here (ENGINE=podman or docker to choose)" >&2; exit 1; }
+	@test -z '$(DATA)' || test -d '$(DATA)' || { echo "docker-train: DATA='$(DATA)' is not a folder" >&2; exit 2; }
+	mkdir -p '$(RUNS)'
+	@np='$(DOCKER_NP)'; if [ -z "$$np" ]; then np=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); [ "$${np:-0}" -gt 0 ] || np=$(NP); fi; \
+	gpus=; if [ "$(FLAVOR)" = gpu ] || [ "$(FLAVOR)" = ngc ]; then \
+	    case "$(ENGINE)" in *podman*) gpus="--device nvidia.com/gpu=all" ;; *) gpus="--gpus all" ;; esac; fi; \
+	name=$$(basename '$(CONFIG)' .yaml)-$$(date +%Y%m%d-%H%M%S); set -x; \
+	$(ENGINE) run --rm $$gpus --ipc=host --user "$(RUN_AS)" --read-only --tmpfs /tmp \
+	    -v "$$(realpath '$(RUNS)'):/runs" -v "$(CURDIR)/configs:/configs:ro" \
+	    $(if $(DATA),-v "$$(realpath '$(DATA)'):/data:ro" -e TFDS_DATA_DIR=/data) $(RUN_ARGS) '$(IMAGE)' \
+	    train -c '/configs/$(patsubst configs/%,%,$(CONFIG))' --run-dir "/runs/$$name" --np "$$np" \
+	    $(if $(DATA),--data-dir /data) $(TRAIN_ARGS)
 
 # make submit GPUS=32 CLUSTER=roihu CONFIG=configs/resnet50_imagenet.yaml ACCOUNT=project_2001234 [SUBMIT_ARGS=--dry-run]
 GPUS       ?= 4

@@ -144,37 +144,29 @@ def test_image_runtime_stage_has_no_compiler(image):
     assert "libopenmpi-dev" not in history and "libopenmpi3" in history
 
 
-def test_image_trains_on_two_workers(image, tmp_path):
-    work = tmp_path / "work"
-    work.mkdir()
-    work.chmod(0o777)  # the image's user (uid 1000) writes the run here
-    args = [
-        "train", "-c", "/opt/scaleout/configs/synthetic.yaml", "--np", "2", "--run-dir", "/work/run",
-        "--set", "model.name=resnet20", "--set", "data.image_size=32", "--set", "train.batch_size=8",
-        "--set", "train.steps_per_epoch=2", "--epochs", "1",
-    ]  # fmt: skip
-    # --read-only: the image itself is never written at run time; only /work (mounted) and /tmp.
-    run(
-        [
-            *PODMAN,
-            "run",
-            "--rm",
-            *LIMITS,
-            "--read-only",
-            "--tmpfs",
-            "/tmp",
-            "--network",
-            "host",
-            "-v",
-            f"{work}:/work",
-            image,
-            *args,
-        ],
-        timeout=900,
-    )
-    summary = json.loads((work / "run" / "summary.json").read_text())
+def test_make_docker_train_trains_on_two_workers_as_the_host_user(image, tmp_path):
+    # The documented workstation line (issue 23, item 3), run with podman on the CPU image: as a host user who
+    # is not the image's (uid 1234 here, 1000 in the image), the image read-only, data and configs read-only.
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    os.chown(runs, 1234, 1234)
+    runs.chmod(0o755)  # the host user's own folder: nobody else may write there
+    train_args = ("--set model.name=resnet20 --set data.image_size=32 --set train.batch_size=8 "
+                  "--set train.steps_per_epoch=2 --epochs 1")  # fmt: skip
+    run_args = " ".join([*LIMITS, "--network", "host"])
+    proc = run(
+        ["make", "--no-print-directory", "docker-train", "FLAVOR=cpu", f"IMAGE={image}", f"ENGINE={' '.join(PODMAN)}",
+         "CONFIG=configs/synthetic.yaml", f"RUNS={runs}", "DATA=", "DOCKER_NP=2", "RUN_AS=1234:1234",
+         f"RUN_ARGS={run_args}", f"TRAIN_ARGS={train_args}"],
+        cwd=ROOT, timeout=900,
+    )  # fmt: skip
+    (run_dir,) = runs.iterdir()
+    assert run_dir.name.startswith("synthetic-"), proc.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["workers"] == 2 and summary["launcher"] == "horovodrun"
     assert summary["replica_weight_spread"] < 1e-6
+    owners = {(p.stat().st_uid, p.stat().st_gid) for p in [run_dir, *run_dir.rglob("*")]}
+    assert owners == {(1234, 1234)}, owners  # everything the run wrote is the host user's
 
 
 def lumi_definition(**arguments: str) -> tuple[str, list[tuple[str, str]], str]:

@@ -1386,11 +1386,12 @@ def test_a_submit_directory_with_a_comma_or_colon_is_refused_before_it_splits_th
         ({"data_dir": "/opt/imagenet"}, "--data-dir", "/opt/imagenet"),
         ({"resume": "/var/runs/r1", "configs": []}, "--resume", "/var/runs/r1"),
         ({"runs_dir": "/srv/runs"}, "--runs-dir", "/srv/runs"),
-        ({"configs": ["/var/tmp/{}/exp.yaml"]}, "--config /var/tmp/{}/exp.yaml", "/var/tmp/{}/exp.yaml"),
+        ({"configs": ["/srv/{}/exp.yaml"]}, "--config /srv/{}/exp.yaml", "/srv/{}/exp.yaml"),
     ],
 )  # fmt: skip
 def test_a_path_the_container_cannot_see_is_refused_before_submission(kw, what, path, monkeypatch):
-    outside = Path(tempfile.mkdtemp(dir="/var/tmp"))  # a real config, in a folder no bind covers
+    Path("/srv").mkdir(exist_ok=True)
+    outside = Path(tempfile.mkdtemp(dir="/srv"))  # a real config, in a folder no bind covers
     shutil.copy(ROOT / "configs" / "synthetic.yaml", outside / "exp.yaml")
     kw = {k: [c.format(outside.name) for c in v] if k == "configs" else v for k, v in kw.items()}
     what, path = what.format(outside.name), path.format(outside.name)
@@ -1401,7 +1402,8 @@ def test_a_path_the_container_cannot_see_is_refused_before_submission(kw, what, 
         render("roihu", 4, **kw)
     assert str(err.value) == (
         f"{what}: {path} is not inside a folder the roihu container sees ($HOME, $PWD, /dataset, /projappl, "
-        "/scratch, /tmp, /users); move it under one of them, or add its folder to container.binds in the profile"
+        "/scratch, /tmp, /users, /var/tmp); move it under one of them, or add its folder to container.binds in the "
+        "profile"
     )
     shutil.rmtree(outside)
 

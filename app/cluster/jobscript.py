@@ -324,11 +324,12 @@ def _job_name(
 def _check_visible(cluster: Cluster, paths: dict[str, str | None]) -> None:
     """Each path the ranks read or write inside the container is under a folder the container sees: the
     profile's binds, the submit directory ($PWD, bound by the job script) and what Apptainer and Singularity
-    bind unless told not to ($HOME, /tmp). Checked on the submit host's view (its own path and the path with
-    symlinks resolved), before anything is submitted; a native runtime sees everything."""
+    bind in their default configuration ($HOME, /tmp, /var/tmp: Apptainer's "Bind Paths and Mounts" page).
+    Checked on the submit host's view (its own path and the path with symlinks resolved), before anything is
+    submitted; a native runtime sees everything."""
     if cluster.container.get("runtime", "native") == "native":
         return
-    roots = [*cluster.container.get("binds", []), os.getcwd(), os.path.expanduser("~"), "/tmp"]
+    roots = [*cluster.container.get("binds", []), os.getcwd(), os.path.expanduser("~"), "/tmp", "/var/tmp"]
     roots = {os.path.abspath(r) for r in roots} | {os.path.realpath(r) for r in roots}
 
     def inside(path: str) -> bool:
@@ -338,7 +339,7 @@ def _check_visible(cluster: Cluster, paths: dict[str, str | None]) -> None:
         if path and not (inside(os.path.abspath(path)) or inside(os.path.realpath(path))):
             raise UsageError(
                 f"{what}: {show(path, limit=None)} is not inside a folder the {cluster.name} container sees "
-                f"({', '.join(sorted({*cluster.container.get('binds', []), '$PWD', '$HOME', '/tmp'}))}); move it "
+                f"({', '.join(sorted({*cluster.container.get('binds', []), '$PWD', '$HOME', '/tmp', '/var/tmp'}))}); move it "
                 "under one of them, or add its folder to container.binds in the profile"
             )
 
