@@ -84,7 +84,7 @@ RUN if [ -z "${HOROVOD_BUILD_CUDA_CC_LIST}" ]; then unset HOROVOD_BUILD_CUDA_CC_
 COPY pyproject.toml /tmp/deps/
 # hadolint ignore=DL3013
 RUN mkdir /tmp/deps/app && touch /tmp/deps/app/__init__.py /tmp/deps/README.md \
-    && pip install /tmp/deps "${TF_PACKAGE}" \
+    && pip install "/tmp/deps[train]" "${TF_PACKAGE}" \
     && pip uninstall -y -q scaleout \
     && rm -rf /tmp/deps /root/.cache
 

@@ -20,7 +20,7 @@ BENCH_ARGS ?=
 STUDY_ARGS   ?= --k 1,8 --seeds 1 --set train.epochs=4 --set train.warmup_epochs=1
 SCALING_ARGS ?= --np 1,2 --batch-sizes 32,128 --steps 30 --windows 5 --timeline
 
-.PHONY: help install system-deps data test-data train test test-compat lint format clean clean-runs image sif docker-train submit bench study
+.PHONY: help install system-deps data test-data train test test-compat lint format clean clean-runs image sif docker-train login submit bench study
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -100,7 +100,7 @@ $(COMPAT_VENV)/.installed: pyproject.toml scripts/install-stack.sh
 	@command -v mpicxx >/dev/null || $(MAKE) --no-print-directory system-deps
 	test -x $(COMPAT_VENV)/bin/python || $(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_VENV)/bin/python -m pip install -q --upgrade pip
-	$(COMPAT_VENV)/bin/python -m pip install -q "tensorflow-cpu==$(COMPAT_TF_VERSION)" -e ".[dev]"
+	$(COMPAT_VENV)/bin/python -m pip install -q "tensorflow-cpu==$(COMPAT_TF_VERSION)" -e ".[train,dev]"
 	scripts/install-stack.sh $(COMPAT_VENV)/bin/python
 	touch $@
 
@@ -219,11 +219,24 @@ CLUSTER    ?= roihu
 CONFIG     ?= configs/resnet50_imagenet.yaml
 ACCOUNT    ?=
 SUBMIT_ARGS ?=
-submit: install ## submit a training job: make submit GPUS=32 CLUSTER=roihu CONFIG=... ACCOUNT=project_...
-	$(APP) submit --gpus $(GPUS) --cluster $(CLUSTER) -c $(CONFIG) $(if $(ACCOUNT),--account $(ACCOUNT)) $(SUBMIT_ARGS)
+# The login-node CLI alone, in a venv of its own: no TensorFlow, no Horovod, any Python from 3.9 (a login
+# node's system Python). pip is upgraded first: Python 3.9's own pip cannot install a pyproject.toml project
+# in editable mode.
+LOGIN_VENV ?= .venv-login
+$(LOGIN_VENV)/.installed: pyproject.toml
+	test -x $(LOGIN_VENV)/bin/python || $(PYTHON_SYS) -m venv $(LOGIN_VENV)
+	$(LOGIN_VENV)/bin/python -m pip install -q --upgrade pip
+	$(LOGIN_VENV)/bin/python -m pip install -q -e .
+	touch $@
+
+login: $(LOGIN_VENV)/.installed ## the login-node CLI (submit, studies on Slurm, reports) in .venv-login: seconds, no TensorFlow
+	@echo "login: $(LOGIN_VENV)/bin/app is ready (source $(LOGIN_VENV)/bin/activate to call it app)"
+
+submit: login ## submit a training job: make submit GPUS=32 CLUSTER=roihu CONFIG=... ACCOUNT=project_...
+	$(LOGIN_VENV)/bin/app submit --gpus $(GPUS) --cluster $(CLUSTER) -c $(CONFIG) $(if $(ACCOUNT),--account $(ACCOUNT)) $(SUBMIT_ARGS)
 
 clean: ## remove the venv, caches and build outputs; keeps runs/, studies/ and logs/ (see clean-runs)
-	rm -rf $(VENV) .venv-tf* .pytest_cache .ruff_cache build *.egg-info bench/out .sif.def .sif.tar
+	rm -rf $(VENV) $(LOGIN_VENV) .venv-tf* .pytest_cache .ruff_cache build *.egg-info bench/out .sif.def .sif.tar
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 clean-runs: ## delete runs/, studies/ and logs/ (trained models, metrics): lists them and asks, or FORCE=1

@@ -62,7 +62,7 @@ RUN if [ -z "${HOROVOD_BUILD_CUDA_CC_LIST}" ]; then unset HOROVOD_BUILD_CUDA_CC_
 # scaleout's dependencies from pyproject.toml alone (a placeholder stands in for the code), then the code.
 COPY pyproject.toml /tmp/deps/
 RUN mkdir /tmp/deps/app && touch /tmp/deps/app/__init__.py /tmp/deps/README.md \
-    && pip install -c /opt/scaleout/base-constraints.txt /tmp/deps \
+    && pip install -c /opt/scaleout/base-constraints.txt "/tmp/deps[train]" \
     && pip uninstall -y -q scaleout \
     && rm -rf /tmp/deps /root/.cache
 WORKDIR /opt/scaleout

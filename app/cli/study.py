@@ -10,6 +10,7 @@ import click
 
 from app.cli.base import SLURM_KEYS, Int, cli, refuse_slurm_options, slurm_options, slurm_words
 from app.core.errors import AppError, UsageError, brief, one_line
+from app.core.iterables import zip_equal
 from app.engines.world import joined_launcher
 
 
@@ -208,7 +209,7 @@ def study_status(study_dir):
                             f"{','.join(map(str, plan.batch_sizes))} ({where})", title_justify="left")  # fmt: skip
         for column in ("part", "workers", "state", "batch sizes measured", "detail"):
             table.add_column(column, justify="right" if column == "workers" else "left")
-        for part, state in zip(plan.parts, found, strict=True):
+        for part, state in zip_equal(plan.parts, found):
             what = f"{part.workers} processes" if part.independent else str(part.workers)
             table.add_row(part.name, what, state.state, f"{state.epochs_done}/{len(plan.batch_sizes)}",
                           one_line(state.detail))  # fmt: skip
@@ -222,7 +223,7 @@ def study_status(study_dir):
                   title_justify="left")  # fmt: skip
     for column in ("run", "k", "workers x accumulation", "global batch", "state", "epochs", "detail"):
         table.add_column(column, justify="left" if column in ("run", "state", "detail") else "right")
-    for run, state in zip(plan.runs, found, strict=True):
+    for run, state in zip_equal(plan.runs, found):
         table.add_row(run.name, str(run.k), f"{run.workers} x {run.accumulation_steps}", f"{run.global_batch:,}",
                       state.state, f"{state.epochs_done}/{run.epochs}", one_line(state.detail))  # fmt: skip
     console.print(table)

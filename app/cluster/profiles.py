@@ -34,6 +34,7 @@ from app.cluster.profile_rules import (
 )
 from app.core.config import SAFE, SAFE_HINT  # one definition: a config's name is its job's default name
 from app.core.errors import UsageError, one_line, show
+from app.core.iterables import zip_equal
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTERS = ROOT / "jobs" / "clusters"
@@ -157,7 +158,7 @@ class _Profile:
                 raise self.fail(f"env name {show(name)}: an environment variable name (letters, digits, _)")
             if name in ENV_RESERVED or name.startswith(ENV_RESERVED_PREFIXES):
                 raise self.fail(f"env.{name}: set by the job script or its launcher; leave it out")
-            if isinstance(value, bool) or not isinstance(value, str | int):
+            if isinstance(value, bool) or not isinstance(value, (str, int)):
                 raise self.fail(f"env.{name} must be a string (quote it in YAML), got {show(value)}")
             value = str(value)
             if "\0" in value:
@@ -304,6 +305,13 @@ class _Profile:
 def load_cluster(name: str) -> Cluster:
     """The profile jobs/clusters/<name>.yaml, every value type- and character-checked."""
     path = CLUSTERS / f"{name}.yaml"
+    if (
+        not CLUSTERS.is_dir()
+    ):  # a plain `pip install .` copies the package alone, not the clone's jobs/ folder
+        raise UsageError(
+            f"scaleout's cluster profiles are not at {CLUSTERS}: install from a clone with `pip install -e .` "
+            "(the profiles, job template and configs stay in the clone)"
+        )
     if not SAFE.fullmatch(name) or not path.is_file():
         add = f" or add jobs/clusters/{name}.yaml" if SAFE.fullmatch(name) else ""
         raise UsageError(
@@ -377,7 +385,7 @@ def choose_partition(
         if test is not None:
             return test
     problems = [fits(p) for p in cluster.partitions]
-    for p, problem in zip(cluster.partitions, problems, strict=True):
+    for p, problem in zip_equal(cluster.partitions, problems):
         if problem is None:
             return p
     raise UsageError(problems[0] if len(problems) == 1 else _no_partition(cluster, nodes, gpus, time_s))

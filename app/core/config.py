@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import itertools
 import math
 import os
 import re
@@ -18,10 +17,12 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import yaml
 
 from app.core.errors import UsageError, brief, show
+from app.core.iterables import pairwise
 from app.core.yamlfile import ConfigDumper, ConfigLoader, Refused, parse_yaml, read_text
 
 MODELS = ("resnet50", "resnet18", "resnet20", "resnet32", "resnet56")
@@ -45,7 +46,8 @@ FIXED_ON_RESUME = ("run.seed",)
 class DataConfig:
     source: str = "tfds"  # tfds | imagenet (TFRecords) | synthetic
     name: str = "fashion_mnist"  # TFDS dataset name (source tfds)
-    data_dir: str | None = None  # TFDS data dir or ImageNet TFRecord dir; None: TFDS_DATA_DIR or TFDS default
+    data_dir: Optional[str] = None  # noqa: UP045 (evaluated by get_type_hints: Python 3.9 has no X | None)
+    # TFDS data dir or ImageNet TFRecord dir; None: TFDS_DATA_DIR or TFDS default
     train_split: str = "train"
     eval_split: str = "test"
     image_size: int = 0  # 0: the dataset's own size (28 for Fashion-MNIST, 224 for ImageNet)
@@ -207,7 +209,7 @@ def _unknown(key: str, where: str, value: object = None) -> UsageError:
 def _coerce(key: str, value, tp, where: str):
     """Check ``value`` against the schema type ``tp``; ints are accepted for floats, floats must be finite."""
     origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
+    if origin in (typing.Union, getattr(types, "UnionType", typing.Union)):  # UnionType: X | Y, Python 3.10+
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
@@ -215,12 +217,12 @@ def _coerce(key: str, value, tp, where: str):
         origin = typing.get_origin(tp)
     if origin is list:
         (item,) = typing.get_args(tp)
-        if isinstance(value, int | float) and not isinstance(value, bool):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
             value = [value]
         if not isinstance(value, list):
             raise UsageError(f"{where}: {key} must be a list of {item.__name__}, got {brief(value)}")
         return [_coerce(key, v, item, where) for v in value]
-    if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         try:
             number = float(value)
         except OverflowError:
@@ -228,7 +230,7 @@ def _coerce(key: str, value, tp, where: str):
         if not math.isfinite(number):
             raise UsageError(f"{where}: {key} must be a finite number, got {brief(value)}")
         return number
-    if tp is str and isinstance(value, int | float) and not isinstance(value, bool):
+    if tp is str and isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
     if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
         raise UsageError(f"{where}: {key} must be {tp.__name__}, got {brief(value)} ({type(value).__name__})")
@@ -393,7 +395,7 @@ def validate(cfg: Config, origins: dict[str, str] | None = None) -> None:
     need(0 <= t.momentum < 1, "train.momentum", f"must be in [0, 1), got {t.momentum}")
     need(0 < t.decay_factor <= 1, "train.decay_factor", f"must be in (0, 1], got {t.decay_factor}")
     need(
-        all(a < b for a, b in itertools.pairwise(t.decay_epochs)) and all(e > 0 for e in t.decay_epochs),
+        all(a < b for a, b in pairwise(t.decay_epochs)) and all(e > 0 for e in t.decay_epochs),
         "train.decay_epochs",
         f"must be strictly increasing positive epochs (each once), got {brief(t.decay_epochs)}",
     )

@@ -68,7 +68,7 @@ def brief(value: object, limit: int = BRIEF) -> str:
 def show(value: object, limit: int | None = BRIEF) -> str:
     """``value`` for an error line: plain when harmless (letters, digits, ``._,:/@=+-``), else :func:`brief`.
     ``limit=None`` keeps a path whole (its repr when not plain): the user needs all of it to find the file."""
-    plain = isinstance(value, str | int | float | os.PathLike)  # not containers: their str() is unbounded
+    plain = isinstance(value, (str, int, float, os.PathLike))  # not containers: their str() is unbounded
     text = (os.fspath(value) if isinstance(value, os.PathLike) else str(value)) if plain else None
     if text is not None and (limit is None or len(text) <= limit) and SHOWN_RAW.fullmatch(text):
         return text

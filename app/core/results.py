@@ -73,7 +73,7 @@ def json_lines(path: Path, what: str, note, skip_bad: bool = False) -> list[tupl
 
 
 def is_number(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def is_positive_int(value) -> bool:
@@ -116,6 +116,6 @@ def finite(value):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
         return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
+    if isinstance(value, (list, tuple)):
         return [finite(v) for v in value]
     return value

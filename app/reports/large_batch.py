@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.core.errors import UsageError
+from app.core.iterables import zip_equal
 from app.core.results import read_metrics, read_text
 from app.reports.tables import (
     _pyplot,
@@ -104,7 +105,7 @@ def collect(folder: Path, plan: StudyPlan, note=None) -> list[RunResult]:
     """Every planned run with its state and curves (runs not started yet, or with a damaged metrics.jsonl, have
     empty curves: one damaged run does not stop the report)."""
     out = []
-    for run, state in zip(plan.runs, states(folder, plan), strict=True):
+    for run, state in zip_equal(plan.runs, states(folder, plan)):
         path = run_dir(folder, run)
         try:
             rows = read_metrics(path, note) if state.state != "pending" else []

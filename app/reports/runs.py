@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.core.errors import UsageError, read_regular
+from app.core.iterables import zip_equal
 from app.core.results import parse_json, read_metrics, read_text
 from app.reports.tables import _pyplot, _save_figure
 
@@ -85,7 +86,7 @@ def wall_clock(run: Run) -> list[float]:
 
 
 def time_to_accuracy(run: Run, target: float) -> float | None:
-    for m, t in zip(run.metrics, wall_clock(run), strict=True):
+    for m, t in zip_equal(run.metrics, wall_clock(run)):
         if m.get("val_accuracy", -1) >= target:
             return t
     return None

@@ -70,7 +70,7 @@ _TYPES = {
     "bool": lambda v: isinstance(v, bool),
     "int": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
     "int | None": lambda v: v is None or _TYPES["int"](v),
-    "float": lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v),
+    "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
     "dict": lambda v: isinstance(v, dict),
     "tuple[int, ...]": lambda v: all(_TYPES["int"](x) and x > 0 for x in v),
     "tuple[str, ...]": lambda v: all(isinstance(x, str) for x in v),

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from app.core.config import NAME_MAX
 from app.core.errors import UsageError, show
+from app.core.iterables import zip_equal
 from app.study.files import _Lock, _write_atomic
 from app.study.large_batch import StudyPlan, run_dir
 from app.study.scaling import ScalingPlan, benchmark_args, missing
@@ -110,7 +111,7 @@ def _submit_study(folder: Path, plan, cfg, options: dict, dry_run: bool, echo) -
     after = jobscript.render_after(first, cluster, f"{plan.name}-report", report_args, placeholders,
                                    options.get("account"))  # fmt: skip
     if dry_run:
-        for (name, job), var in zip(jobs, placeholders, strict=True):
+        for (name, job), var in zip_equal(jobs, placeholders):
             echo(f"# ---- {name}: sbatch --parsable (its id is {var})")
             echo(job.script.rstrip("\n"))
         echo(f"# ---- report: sbatch --parsable, after {' '.join(placeholders)}")

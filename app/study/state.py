@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.core.errors import UsageError, read_regular
+from app.core.iterables import zip_equal
 from app.study.files import STUDY_FILE_LIMIT
 from app.study.large_batch import RunPlan, StudyPlan, run_dir
 
@@ -105,7 +106,7 @@ def with_job(state: RunState, job: tuple[str, str] | None) -> RunState:
 
 def todo(folder: Path, plan: StudyPlan) -> list[tuple[RunPlan, RunState]]:
     """The runs an executor still has to start, in order, with their states (partial ones resume)."""
-    return [(r, s) for r, s in zip(plan.runs, states(folder, plan), strict=True) if s.state != "done"]
+    return [(r, s) for r, s in zip_equal(plan.runs, states(folder, plan)) if s.state != "done"]
 
 
 def read_jobs(folder: Path) -> dict[str, str]:
