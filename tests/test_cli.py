@@ -203,12 +203,13 @@ def test_errors_are_one_line_with_control_characters_escaped():
     assert proc.stderr.startswith("Error: Invalid value for '--precision': 'x\\n\\x1b[2Jy' is not one of")
 
 
-def test_a_full_disk_at_the_start_of_training_is_one_line_and_leaves_nothing(tmp_path):
-    # An empty file can still be made on a full disk: the writability probe writes and syncs some bytes.
-    with tmpfs(tmp_path / "disk", "256k", free=0) as disk:
-        proc = run_app(["train", *TINY_SYNTHETIC, "--run-dir", str(disk / "run")], expect=2)
+@pytest.mark.parametrize("free", [0, 8 * 1024])  # nothing left, and less than the probe's 64 KiB
+def test_a_full_disk_at_the_start_of_training_is_one_line_and_leaves_nothing(tmp_path, free):
+    # An empty file can still be made on a full disk: the writability probe writes and syncs 64 KiB.
+    with tmpfs(tmp_path / "disk", "256k", free=free) as disk:
+        proc = run_app(["train", *TINY_SYNTHETIC, "--run-dir", str(disk / "run")], expect=1)
         assert proc.stderr == (
-            f"Error: --run-dir {disk / 'run'}: cannot write in {disk} (No space left on device); pass a writable "
-            "--run-dir\n"
+            f"Error: --run-dir {disk / 'run'}: no room in {disk} (No space left on device): free some space (or "
+            "raise the quota), or pass another --run-dir\n"
         )
         assert os.listdir(disk) == [".fill"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -213,7 +214,7 @@ def test_converter_refuses_to_overwrite(imagenet_dir, tmp_path):
     result = CliRunner().invoke(cli, [*args, "--labels", str(raw / "val_labels.txt")])
     assert result.exit_code == 2
     assert result.output.strip() == (
-        f"Error: DEST {imagenet_dir}: already holds train-00000-of-00004 and 5 more; pass --force to overwrite"
+        f"Error: DEST {imagenet_dir}: already holds train-00000-of-00004 and 6 more; pass --force to overwrite"
     )
     assert {p.name: p.stat().st_mtime_ns for p in imagenet_dir.iterdir()} == before  # nothing touched
     (raw / "val_labels.txt").rename(tmp_path / "elsewhere.txt")  # val/ without class folders, no label file
@@ -410,6 +411,34 @@ def test_a_full_disk_during_conversion_is_one_line_and_the_same_command_works_on
         }  # fmt: skip
 
 
+def test_a_full_disk_never_removes_a_file_the_conversion_did_not_write(tmp_path):
+    raw = make_tree(tmp_path / "raw", classes=2, per_class=3, val=2, png_as_jpeg=False)
+    with tmpfs(tmp_path / "disk", "1m", free=12 * 1024) as disk:
+        (disk / "out").mkdir()
+        (disk / "out" / "counts.json").write_text("my notes\n")  # not a conversion's
+        args = ["data", "imagenet-to-tfrecord", str(raw), str(disk / "out"), "--train-shards", "2",
+                "--validation-shards", "1", "--labels", str(raw / "val_labels.txt"), "--workers", "1"]  # fmt: skip
+        refused = run_app(args, expect=2)  # without --force, it is in the way like a shard
+        assert "already holds counts.json; pass --force to overwrite" in refused.stderr
+        run_app([*args, "--force"], expect=1)  # the disk fills up
+        assert sorted(os.listdir(disk / "out")) == ["counts.json"]  # only what it wrote went
+        assert (disk / "out" / "counts.json").read_text() == "my notes\n"
+
+
+@pytest.mark.parametrize("change", ["another layout", "a missing shard"])
+def test_training_refuses_a_folder_that_is_not_one_complete_layout(imagenet_dir, tmp_path, change):
+    data = tmp_path / "data"
+    shutil.copytree(imagenet_dir, data)
+    if change == "another layout":  # a conversion with another shard count, stopped over this one
+        shutil.copy(data / "train-00000-of-00004", data / "train-00000-of-00002")
+    else:
+        (data / "train-00003-of-00004").unlink()
+    cfg = config.build([], ["data.source=imagenet", f"data.data_dir={data}", "data.image_size=32"]).data
+    with pytest.raises(UsageError) as err:
+        sources.open_source(cfg, 0, 1)
+    assert str(err.value).startswith(f"data.data_dir {data}: the train-*-of-* files are not one complete layout (")
+
+
 def test_a_read_only_dest_is_one_line(tmp_path):
     (tmp_path / "ro").mkdir()
     proc = subprocess.run(["mount", "--bind", "-o", "ro", str(tmp_path / "ro"), str(tmp_path / "ro")],
@@ -498,7 +527,7 @@ def test_converter_force_removes_only_what_a_conversion_wrote(tmp_path):
     with pytest.raises(UsageError) as err:
         convert(raw, out, train_shards=1, validation_shards=1, workers=1, labels_file=labels, force=True)
     assert str(err.value) == (
-        f"DEST {out}: train-00009-of-00010 (and 0 more) was not written by a conversion, yet training would "
+        f"DEST {out}: train-00009-of-00010 was not written by a conversion, yet training would "
         "read it; move it out of DEST (or pick another DEST), then convert again"
     )
     assert sorted(p.name for p in out.iterdir()) == before

@@ -1385,7 +1385,7 @@ def test_a_submit_directory_with_a_comma_or_colon_is_refused_before_it_splits_th
     [
         ({"data_dir": "/opt/imagenet"}, "--data-dir", "/opt/imagenet"),
         ({"resume": "/var/runs/r1", "configs": []}, "--resume", "/var/runs/r1"),
-        ({"runs_dir": "/srv/runs"}, "--runs-dir", "/srv/runs"),
+        ({"data_dir": "/tmp/imagenet"}, "--data-dir", "/tmp/imagenet"),  # the submit host's /tmp, not the nodes'
         ({"configs": ["/srv/{}/exp.yaml"]}, "--config /srv/{}/exp.yaml", "/srv/{}/exp.yaml"),
     ],
 )  # fmt: skip
@@ -1401,16 +1401,25 @@ def test_a_path_the_container_cannot_see_is_refused_before_submission(kw, what, 
     with pytest.raises(UsageError) as err:
         render("roihu", 4, **kw)
     assert str(err.value) == (
-        f"{what}: {path} is not inside a folder the roihu container sees ($HOME, $PWD, /dataset, /projappl, "
-        "/scratch, /tmp, /users, /var/tmp); move it under one of them, or add its folder to container.binds in the "
-        "profile"
+        f"{what}: {path} is not inside what the roihu container binds ($HOME, $PWD, /dataset, /projappl, /scratch, "
+        "/users); move it under one of them, or add its folder to container.binds in the profile"
     )
     shutil.rmtree(outside)
 
 
-def test_paths_the_container_sees_and_native_runs_are_accepted(tmp_path):
-    link = tmp_path / "data"
-    link.symlink_to("/scratch/project_2001234/imagenet")  # under /tmp and, resolved, under a bind
-    for data_dir in ("/scratch/project_2001234/imagenet", "/dataset/imagenet", str(link), "data/fmnist"):
+def test_paths_the_container_sees_and_native_runs_are_accepted(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the submit directory ($PWD, bound)
+    shutil.copytree(ROOT / "configs", tmp_path / "configs")
+    (tmp_path / "data").symlink_to("/scratch/project_2001234/imagenet")  # under $PWD, and resolved under a bind
+    for data_dir in ("/scratch/project_2001234/imagenet", "/dataset/imagenet", "data", "fmnist"):
         render("roihu", 4, data_dir=data_dir)
     render("local", 1, data_dir="/opt/imagenet")  # runtime native: the job sees what the submit host sees
+
+
+def test_a_bound_link_to_an_unbound_folder_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(ROOT / "configs", tmp_path / "configs")
+    (tmp_path / "data").symlink_to("/opt/imagenet")  # the link is in $PWD; inside the container it dangles
+    with pytest.raises(UsageError) as err:
+        render("roihu", 4, data_dir="data")
+    assert str(err.value).startswith("--data-dir: data (it leads to /opt/imagenet) is not inside what the roihu")

@@ -158,8 +158,7 @@ def render(
         gres, staged_bind, stage = plan_stage(cluster, data_dir, stage_gb, gres)
     app = _app_line(cluster, image, account, python, staged_bind)
     _check_visible(cluster, {"--data-dir": None if stage_gb is not None else data_dir, "--resume": resume,
-                             "the run directory": into, "--runs-dir": None if resume or into else str(runs_dir),
-                             **{f"--config {c}": c for c in configs}})  # fmt: skip
+                             "the run directory": into, **{f"--config {c}": c for c in configs}})  # fmt: skip
     # Every GPU of each node: node-wide settings (CPU binding per GPU) apply.
     full_node = shape.tasks == cluster.gpus_per_node
     extra = cluster.full_node_srun_args if full_node else ()
@@ -322,25 +321,29 @@ def _job_name(
 
 
 def _check_visible(cluster: Cluster, paths: dict[str, str | None]) -> None:
-    """Each path the ranks read or write inside the container is under a folder the container sees: the
-    profile's binds, the submit directory ($PWD, bound by the job script) and what Apptainer and Singularity
-    bind in their default configuration ($HOME, /tmp, /var/tmp: Apptainer's "Bind Paths and Mounts" page).
-    Checked on the submit host's view (its own path and the path with symlinks resolved), before anything is
-    submitted; a native runtime sees everything."""
+    """Each path the ranks read or write inside the container is under what the container binds: the
+    profile's binds and the submit directory ($PWD, bound by the job script); $HOME too, which Apptainer and
+    Singularity bind in their default configuration (Apptainer's "Bind Paths and Mounts" page). Both the path
+    as written and its target with symlinks resolved must be: a bound link to an unbound folder dangles inside
+    the container. /tmp and /var/tmp are bound too, but they are each node's own: the submit host's are not
+    the compute nodes'. Checked before anything is submitted; a native runtime sees everything."""
     if cluster.container.get("runtime", "native") == "native":
         return
-    roots = [*cluster.container.get("binds", []), os.getcwd(), os.path.expanduser("~"), "/tmp", "/var/tmp"]
+    binds = cluster.container.get("binds", [])
+    roots = [*binds, os.getcwd(), os.path.expanduser("~")]
     roots = {os.path.abspath(r) for r in roots} | {os.path.realpath(r) for r in roots}
 
     def inside(path: str) -> bool:
         return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
     for what, path in paths.items():
-        if path and not (inside(os.path.abspath(path)) or inside(os.path.realpath(path))):
+        if path and not (inside(os.path.abspath(path)) and inside(os.path.realpath(path))):
+            resolved = os.path.realpath(path)
+            via = f" (it leads to {show(resolved, limit=None)})" if resolved != os.path.abspath(path) else ""
             raise UsageError(
-                f"{what}: {show(path, limit=None)} is not inside a folder the {cluster.name} container sees "
-                f"({', '.join(sorted({*cluster.container.get('binds', []), '$PWD', '$HOME', '/tmp', '/var/tmp'}))}); move it "
-                "under one of them, or add its folder to container.binds in the profile"
+                f"{what}: {show(path, limit=None)}{via} is not inside what the {cluster.name} container binds "
+                f"({', '.join(sorted({*binds, '$PWD', '$HOME'}))}); move it under one of them, or add its "
+                "folder to container.binds in the profile"
             )
 
 

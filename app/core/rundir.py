@@ -8,7 +8,7 @@ import typing
 from pathlib import Path
 
 from app.core.config import SECTIONS, Config, build, conflicts, flat, flatten
-from app.core.errors import UsageError, show
+from app.core.errors import WRITE_ERRNOS, AppError, UsageError, show
 from app.core.yamlfile import parse_yaml, read_text
 
 FRESH = "start a new --run-dir"  # how `app train` starts over; `app submit --resume` says its own
@@ -89,17 +89,24 @@ def check_writable(run_dir: Path, label: str, fix: str | None = None) -> None:
         probe = probe.parent
     if not probe.is_dir():
         raise UsageError(f"{label} {run_dir}: {probe} is not a directory; {fix or 'pass another --run-dir'}")
-    name = None
     try:
-        # Some bytes, synced: an empty file can still be made on a full disk (or past a quota).
+        # Some bytes, synced: an empty file can still be made on a full disk (or past a quota). A short write
+        # (a disk with less room than the probe) is followed by one that fails.
         fd, name = tempfile.mkstemp(prefix=".write-test-", dir=probe)
         try:
-            os.write(fd, b"\0" * PROBE_BYTES)
+            left = memoryview(bytes(PROBE_BYTES))
+            while left:
+                left = left[os.write(fd, left) :]
             os.fsync(fd)
         finally:
             os.close(fd)
             os.unlink(name)
     except OSError as exc:
+        if exc.errno in WRITE_ERRNOS[:2]:  # a full disk or quota: a runtime failure, not a bad --run-dir
+            raise AppError(
+                f"{label} {run_dir}: no room in {probe} ({exc.strerror or exc}): free some space (or raise the "
+                "quota), or pass another --run-dir"
+            ) from None
         raise UsageError(
             f"{label} {run_dir}: cannot write in {probe} ({exc.strerror or exc}); {fix or 'pass a writable --run-dir'}"
         ) from None

@@ -28,6 +28,7 @@ import re
 import shutil
 import tempfile
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -231,33 +232,51 @@ def convert(
     ]
     _refuse_foreign(dest, previous | {name for name, _ in jobs})
     existed = dest.is_dir()
+    had_manifest = (dest / MANIFEST).exists()
     dest.mkdir(parents=True, exist_ok=True)
     _write_json(dest / MANIFEST, {"format": 1, "files": sorted({*previous, *(name for name, _ in jobs)})})
     counts: dict[str, int] = {}
     repaired: list[str] = []
     logs = tempfile.mkdtemp(prefix="scaleout-convert-")  # the workers' stderr: libjpeg's warnings, TF's noise
     try:
-        _run_pool(dest, jobs, index, workers, (counts, repaired), progress, bool(previous), existed, logs)
+        _run_pool(
+            dest,
+            jobs,
+            index,
+            workers,
+            (counts, repaired),
+            progress,
+            (bool(previous), existed, had_manifest),
+            logs,
+        )
+    except BrokenProcessPool:  # a worker died (killed, out of memory): its own last words are in its log
+        raise AppError(f"a converter worker died ({_last_words(logs)}); nothing of it was kept: run the same "
+                       "command again (with --force if DEST now holds shards)") from None  # fmt: skip
     finally:
         shutil.rmtree(logs, ignore_errors=True)
     if repaired and note:
         note(f"{len(repaired)} JPEG(s) decoded only with libjpeg's warning (e.g. {repaired[0]}) were stored "
              "re-encoded (quality 95), as training would have decoded them")  # fmt: skip
     # --force: the old layout's shards that this conversion did not overwrite would mix into the new one.
-    for old in sorted(previous - set(counts)):
-        (dest / old).unlink(missing_ok=True)
-    _write_json(dest / COUNTS, dict(sorted(counts.items())))
-    _write_json(dest / MANIFEST, {"format": 1, "files": sorted(counts)})
+    try:
+        for old in sorted(previous - set(counts)):
+            (dest / old).unlink(missing_ok=True)
+        _write_json(dest / COUNTS, dict(sorted(counts.items())))
+        _write_json(dest / MANIFEST, {"format": 1, "files": sorted(counts)})
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        raise AppError(f"{exc.filename}: cannot write ({os.strerror(exc.errno)}) after every shard was written: "
+                       "free some space, then run the same command with --force") from None  # fmt: skip
     return counts
 
 
-def _run_pool(
-    dest: Path, jobs, index, workers: int, out, progress, earlier: bool, existed: bool, logs: str
-) -> None:
+def _run_pool(dest: Path, jobs, index, workers: int, out, progress, before: tuple, logs: str) -> None:
     """The shards, written by spawned (not forked) workers (each imports TensorFlow itself, which is not
     fork-safe once loaded), whose stderr goes to files in ``logs`` (:func:`_quiet_worker`); ``out``: the
     counts per shard and the repaired JPEGs, filled as shards finish."""
     counts, repaired = out
+    earlier, existed, had_manifest = before
     with ProcessPoolExecutor(max_workers=workers or os.cpu_count(), mp_context=get_context("spawn"),
                              initializer=_quiet_worker_in, initargs=(logs,)) as pool:  # fmt: skip
         futures = [pool.submit(_write_shard, str(dest), name, items, index) for name, items in jobs]
@@ -278,23 +297,22 @@ def _run_pool(
                     f"{exc}; remove or replace it, then convert again with --force "
                     f"({len(written)} of {len(jobs)} shards were written to {dest})"
                 ) from None
-            raise _write_failed(exc, dest, written, len(jobs), created=not existed, earlier=earlier) from None
+            raise _write_failed(exc, dest, written, len(jobs), (not existed, earlier, had_manifest)) from None
 
 
-def _write_failed(
-    exc: OSError, dest: Path, written: list[str], total: int, created: bool, earlier: bool
-) -> Exception:
+def _write_failed(exc: OSError, dest: Path, written: list[str], total: int, before: tuple) -> Exception:
     """A full disk, a quota or a read-only DEST in the middle of a conversion, as one line. With no earlier
     conversion in DEST, what this one wrote is removed (and DEST, if it made it), so the same command works
     once there is room; over an earlier one (--force), the manifest lists both for the next --force."""
     if exc.errno not in WRITE_ERRNOS:
         return exc
+    created, earlier, had_manifest = before
     if earlier:
         kept = (
             f"{len(written)} of {total} new shards were written; the same command with --force replaces them"
         )
     else:
-        for name in [*written, COUNTS, MANIFEST]:
+        for name in [*written, *([] if had_manifest else [MANIFEST])]:  # only what this conversion wrote
             with contextlib.suppress(OSError):
                 (dest / name).unlink()
         if created:
@@ -304,6 +322,15 @@ def _write_failed(
     fix = "make DEST writable" if exc.errno == errno.EROFS else "free some space (about as much as SRC holds)"
     return AppError(f"DEST {dest}: {os.strerror(exc.errno)} while writing shards; {kept}; {fix}, then run the "
                     "same command again")  # fmt: skip
+
+
+def _last_words(logs: str) -> str:
+    """The last line any worker wrote to its stderr log (see :func:`_quiet_worker`)."""
+    lines = []
+    for log in sorted(Path(logs).glob("worker-*.log")):
+        with contextlib.suppress(OSError):
+            lines += [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    return lines[-1][:200] if lines else "it wrote nothing"
 
 
 def _read_by_training(dest: Path) -> set[str]:
@@ -317,11 +344,9 @@ def _previous_output(dest: Path, force: bool) -> set[str]:
     --force may replace. Files it did not write are never counted, so never removed."""
     if not dest.is_dir():
         return set()
-    there = sorted(_read_by_training(dest))
+    there = [*sorted(_read_by_training(dest)), *([COUNTS] if (dest / COUNTS).exists() else [])]
     if there and not force:
-        raise UsageError(
-            f"DEST {dest}: already holds {there[0]} and {len(there) - 1} more; pass --force to overwrite"
-        )
+        raise UsageError(f"DEST {dest}: already holds {_some(there)}; pass --force to overwrite")
     listed: set[str] = set()
     for name, key in ((MANIFEST, "files"), (COUNTS, None)):
         try:
@@ -339,13 +364,23 @@ def _refuse_foreign(dest: Path, ours: set[str]) -> None:
     foreign = sorted(_read_by_training(dest) - ours) if dest.is_dir() else []
     if foreign:
         raise UsageError(
-            f"DEST {dest}: {foreign[0]} (and {len(foreign) - 1} more) was not written by a conversion, yet "
+            f"DEST {dest}: {_some(foreign)} {'was' if len(foreign) == 1 else 'were'} not written by a conversion, yet "
             "training would read it; move it out of DEST (or pick another DEST), then convert again"
         )
 
 
+def _some(names: list[str]) -> str:
+    return names[0] + (f" and {len(names) - 1} more" if len(names) > 1 else "")
+
+
 def _write_json(path: Path, data) -> None:
-    """Write ``data`` aside, then rename: a reader sees the old file or the new one, never half of one."""
+    """Write ``data`` aside, then rename: a reader sees the old file or the new one, never half of one. A
+    failed write leaves no temporary and names ``path``, not the temporary."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        exc.filename = str(path)
+        raise

@@ -198,6 +198,22 @@ def _download(builder, name: str, data_dir: str, rank: int) -> None:
     raise AppError(f"TFDS dataset {name} is not prepared in the {ways} and could not be downloaded ({error})")
 
 
+def _check_complete(root: Path, split: str, files: list[str]) -> None:
+    """One layout per split: shards 0..N-1 of one N. Two (a conversion with another shard count stopped over
+    an earlier one) would both be read, some images twice, without a word."""
+    import re
+
+    found = [re.fullmatch(rf"{split}-([0-9]+)-of-([0-9]+)", os.path.basename(f)) for f in files]
+    totals = sorted({int(m.group(2)) for m in found if m})
+    indices = {int(m.group(1)) for m in found if m}
+    if len(totals) != 1 or None in found or indices != set(range(totals[0])) or len(files) != totals[0]:
+        shown = ", ".join(f"-of-{t:05d}" for t in totals[:3]) or "names not of the form"
+        raise UsageError(
+            f"data.data_dir {root}: the {split}-*-of-* files are not one complete layout ({len(files)} files, "
+            f"{shown}): convert again into an empty folder, or with --force into this one"
+        )
+
+
 class ImagenetSource(Source):
     """ImageNet TFRecords in the standard layout: train-XXXXX-of-01024, validation-XXXXX-of-00128."""
 
@@ -214,6 +230,8 @@ class ImagenetSource(Source):
             raise UsageError(
                 f"data.data_dir {root}: no files matching {missing}; convert ImageNet with `app data imagenet-to-tfrecord`"
             )
+        for split, files in (("train", train), ("validation", val)):
+            _check_complete(root, split, files)
         counts = _file_counts(root, train + val)
         self.size = cfg.image_size or 224
         self.seed = seed
