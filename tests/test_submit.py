@@ -1295,7 +1295,7 @@ def _saved_run(folder: Path) -> Path:
 
 @pytest.mark.parametrize("name", ["synthetic-4242", "it's a $(touch PWNED) run"])
 def test_resume_continues_a_run_directory_in_a_new_job(tmp_path, name, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # the run lies in the submit directory, which the job binds
+    monkeypatch.setenv("HOME", str(tmp_path))  # the run lies in $HOME, which the container binds
     run = _saved_run(tmp_path / name)
     job = jobscript.render(profiles.load_cluster("roihu"), 4, [], ["train.epochs=120"], account="project_2001234",
                         resume=str(run))  # fmt: skip
