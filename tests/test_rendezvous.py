@@ -4,7 +4,6 @@ server (`app rendezvous`) for real; a rank that joins, a missing server and a mi
 from __future__ import annotations
 
 import http.client
-import ipaddress
 import os
 import signal
 import socket
@@ -217,22 +216,17 @@ def test_app_rendezvous_prints_its_port_and_address_and_stops_on_sigterm():
         proc.kill()
 
 
-def test_a_multi_node_job_on_a_name_that_resolves_to_loopback_listens_everywhere_and_says_so():
-    # This machine's name resolves to 127.0.0.1 (as 127.0.1.1 does on Debian): other nodes would know it by
-    # another address, so it listens on every interface and gives the ranks the name.
-    assert ipaddress.ip_address(socket.gethostbyname(socket.gethostname())).is_loopback
-    proc = _app_rendezvous("--hosts", f"localhost,{socket.gethostname()}", "--tasks-per-node", "2(x2)")
-    try:
-        port, address = proc.stdout.readline().split()
-        assert address == socket.gethostname()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
-        assert proc.stderr.read() == (
-            f"scaleout rendezvous: {socket.gethostname()} has no address here the other nodes could use: listening "
-            "on every interface (the job's nodes are still the only ones admitted)\n"
-        )
-    finally:
-        proc.kill()
+def test_a_multi_node_job_on_a_name_that_resolves_to_loopback_listens_everywhere_and_says_so(monkeypatch, capfd):
+    # "127.0.1.1 <name>" (Debian): the other nodes know this node by another address, so a multi-node job's
+    # server listens on every interface and gives the ranks the name; a one-node job's listens on 127.0.1.1.
+    monkeypatch.setattr(socket, "gethostname", lambda: "n0")
+    monkeypatch.setattr(rendezvous, "_addresses", lambda name, family=None: ["127.0.1.1"] if name == "n0" else [])
+    assert rendezvous.bind_address(1) == ("127.0.1.1", "127.0.1.1") and capfd.readouterr().err == ""
+    assert rendezvous.bind_address(2) == ("", "n0")
+    assert capfd.readouterr().err == (
+        "scaleout rendezvous: n0 has no address here the other nodes could use: listening on every interface "
+        "(the job's nodes are still the only ones admitted)\n"
+    )
 
 
 def _delete(port: int, path: str, source: str = "127.0.0.1") -> int:
@@ -262,21 +256,20 @@ def test_the_server_closes_once_every_rank_is_through_all_of_gloos_scopes():
         proc.kill()
 
 
-def test_a_connection_from_outside_the_job_is_turned_away_and_named_once():
-    proc = _app_rendezvous("--hosts", "localhost", "--tasks-per-node", "2")
+def test_a_connection_from_outside_the_job_is_turned_away_and_named_once(capfd):
+    # Listening on every interface (the multi-node fallback), the job's nodes being 127.0.0.1 alone: 127.0.0.9
+    # is this machine, but no address of the job's nodes.
+    server = rendezvous.Server(["n0"], [2], SECRET, "", {"127.0.0.1"})
     try:
-        port = int(proc.stdout.readline().split()[0])
-        for _ in range(2):  # 127.0.0.9 is this machine, but no address of the job's nodes
+        for _ in range(2):
             with pytest.raises((ConnectionError, http.client.HTTPException)):
-                _delete(port, "/global/0", source="127.0.0.9")
-        assert _delete(port, "/global/0") == 200  # the job's own node is still admitted
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
-        assert proc.stderr.read() == (
-            "scaleout rendezvous: turned away a connection from 127.0.0.9: not one of the job's nodes\n"
-        )
+                _delete(server.port, "/global/0", source="127.0.0.9")
+        assert _delete(server.port, "/global/0") == 200  # the job's own node is still admitted
     finally:
-        proc.kill()
+        server.stop()
+    assert capfd.readouterr().err == (
+        "scaleout rendezvous: turned away a connection from 127.0.0.9: not one of the job's nodes\n"
+    )
 
 
 def test_a_rank_without_the_jobs_secret_is_refused_in_one_line():
@@ -325,3 +318,45 @@ def test_app_rendezvous_bad_arguments_are_one_line(args, line):
         cwd=ROOT,
     )
     assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", line + "\n")
+
+
+def test_a_server_on_a_loopback_name_admits_its_own_ranks():
+    # Debian's "127.0.1.1 <name>": the server listens there, and its node's ranks connect from 127.0.0.1.
+    server = rendezvous.Server(["n0"], [2], SECRET, "127.0.1.1", {"127.0.1.1"})
+    try:
+        conn = http.client.HTTPConnection("127.0.1.1", server.port, timeout=5)
+        conn.request("DELETE", "/global/0")
+        assert conn.getresponse().status == 200
+    finally:
+        server.stop()
+
+
+def test_the_owner_of_a_connecting_socket_is_read_from_proc_net_tcp():
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        with socket.create_connection(listener.getsockname(), timeout=5) as client:
+            assert rendezvous.socket_owner(client.getsockname(), listener.getsockname()) == os.getuid()
+        assert rendezvous.socket_owner(("10.9.9.9", 4242), listener.getsockname()) is None  # not this node's
+
+
+def test_another_users_process_on_the_servers_node_is_turned_away():
+    if os.geteuid() != 0:
+        from conftest import IN_CI
+
+        if IN_CI:
+            pytest.fail("CI runs as root: this test connects as another uid")
+        pytest.skip("needs root to connect as another user")
+    server = rendezvous.Server(["n0"], [2], SECRET, "127.0.0.1", {"127.0.0.1"})
+    client = (
+        "import http.client, sys\n"
+        "c = http.client.HTTPConnection('127.0.0.1', int(sys.argv[1]), timeout=5)\n"
+        "try:\n    c.request('PUT', '/global/0', body=b'x'); print(c.getresponse().status)\n"
+        "except (ConnectionError, http.client.HTTPException):\n    print('refused')\n"
+    )
+    try:
+        as_other = subprocess.run(["/usr/bin/python3", "-c", client, str(server.port)], capture_output=True,
+                                  text=True, timeout=30, user=12345, group=12345)  # fmt: skip
+        as_us = subprocess.run(["/usr/bin/python3", "-c", client, str(server.port)], capture_output=True, text=True,
+                               timeout=30)  # fmt: skip
+    finally:
+        server.stop()
+    assert (as_other.stdout, as_us.stdout) == ("refused\n", "200\n"), as_other.stderr

@@ -152,13 +152,20 @@ def submit(
 def rendezvous(hosts, spec):
     """Serve Horovod's Gloo rendezvous for ranks that plain srun starts (a profile's mpi: none).
 
-    Prints the port it listens on, then serves until stopped (SIGTERM). The job script of `app submit` runs it
-    in the background on the job's first node; each rank joins it in `hvd.init()` (see app/engines/rendezvous.py).
+    Prints its port and the address the ranks should use ("PORT ADDRESS"), then serves until every rank is
+    through Gloo's rendezvous (seconds) or until stopped (SIGTERM). It admits only the job's nodes, and from
+    its own node only processes of its user. The job script of `app submit` runs it in the background on the
+    job's first node, with a fresh secret in SCALEOUT_RENDEZVOUS_TOKEN (32-128 lowercase hex digits, in the
+    environment of the server and of every rank); each rank joins in `hvd.init()` with
+    HOROVOD_GLOO_RENDEZVOUS_ADDR and HOROVOD_GLOO_RENDEZVOUS_PORT set to what it printed, and
+    HOROVOD_CONTROLLER=gloo (see app/engines/rendezvous.py).
 
     \b
-    Example:
+    Example (inside a Slurm job):
+      export SCALEOUT_RENDEZVOUS_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
       app rendezvous --hosts "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -)" \\
-                     --tasks-per-node "$SLURM_TASKS_PER_NODE" > port.txt &
+                     --tasks-per-node "$SLURM_TASKS_PER_NODE" > rendezvous.txt &
+      read -r port addr < rendezvous.txt   # once the file is not empty
     """
     from app.engines import rendezvous as rendezvous_stage
 

@@ -23,17 +23,19 @@ itself between two ranks. This server is Horovod's store with three limits aroun
 
 - it listens only on the address this node's name resolves to (an IPv4 address, which the ranks are then given
   in place of the name), not on every interface;
-- it admits connections only from the job's nodes (the addresses ``--hosts`` resolve to here) and names each
-  other address it turned away, once, on stderr;
+- it admits connections only from the job's nodes (the addresses ``--hosts`` resolve to here; any loopback
+  address when it listens on one), and from this node only sockets of its own user (their owner in
+  /proc/net/tcp); it names each connection it turned away, once, on stderr;
 - it closes as soon as every rank has finished all three of Gloo's rendezvous (global, per node, across nodes:
   each rank deletes its key in a scope when it is done there), seconds after the ranks start, not at the job's end.
 
 A per-job secret (``SCALEOUT_RENDEZVOUS_TOKEN``, made fresh by the job script at each start, passed in the
 environment, never in argv) guards scaleout's own keys (the joins above): a rank without it is refused. Gloo's
 own keys cannot be guarded that way: Horovod's C++ store (``horovod/common/gloo/http_store.h``) sends plain
-requests to ``http://ADDR:PORT/SCOPE/KEY`` with no header or credential of any kind. So on nodes that other
-users share, another user's process on one of the job's nodes could still reach Gloo's keys in the seconds the
-server is open; whole-node (``--exclusive``) jobs, which multi-node GPU jobs on Roihu and LUMI are, leave no one.
+requests to ``http://ADDR:PORT/SCOPE/KEY`` with no header or credential of any kind. On the server's own node
+the socket's owner tells another user's process apart; from the job's other nodes only the address is
+checked, so another user's process on one of those nodes could still reach Gloo's keys in the seconds the
+server is open, unless the job has its nodes to itself.
 """
 
 from __future__ import annotations
@@ -139,7 +141,11 @@ class Server:
             sizes[f"local_{slot.hostname}"] = slot.local_size
             sizes[f"cross_{slot.local_rank}"] = slot.cross_size
         finished: dict[str, set[str]] = {scope: set() for scope in sizes}
-        refused: set[str] = set()
+        refused: set[tuple[str, str]] = set()
+        loopback = (
+            bool(host) and ipaddress.ip_address(host).is_loopback
+        )  # 127.0.1.1: clients come from 127.0.0.1
+        local = local_addresses() | {host}
         lock, self.done = threading.Lock(), threading.Event()
 
         class Handler(RendezvousHandler):
@@ -174,12 +180,19 @@ class Server:
 
             def verify_request(self, request, client_address):
                 peer = client_address[0]
-                if peer in peers:
+                why = None
+                if not (peer in peers or (loopback and ipaddress.ip_address(peer).is_loopback)):
+                    why = "not one of the job's nodes"
+                elif peer in local:  # from this node: the connecting socket must be this user's
+                    owner = socket_owner(client_address, self.server_address)
+                    if owner is not None and owner != os.getuid():
+                        why = f"a process of another user (uid {owner}) on this node"
+                if why is None:
                     return True
                 with lock:
-                    if peer not in refused:
-                        refused.add(peer)
-                        _note(f"turned away a connection from {peer}: not one of the job's nodes")
+                    if (peer, why) not in refused:
+                        refused.add((peer, why))
+                        _note(f"turned away a connection from {peer}: {why}")
                 return False
 
         self.httpd = HTTPServer((host, 0), Handler, 0)
@@ -193,6 +206,44 @@ class Server:
         self.httpd.shutdown()
         self.httpd.server_close()
         self._thread.join()
+
+
+def local_addresses() -> set[str]:
+    """This node's own IPv4 addresses: every interface's (psutil, which Horovod's runner depends on), else what
+    the node's name resolves to; loopback always."""
+    found = {"127.0.0.1", *_addresses(socket.gethostname())}
+    try:
+        import psutil
+
+        found |= {
+            a.address for addrs in psutil.net_if_addrs().values() for a in addrs if a.family == socket.AF_INET
+        }
+    except (ImportError, OSError):
+        pass
+    return found
+
+
+def _proc_address(address) -> str:
+    """An IPv4 (address, port) as /proc/net/tcp writes it: the address's 4 bytes read as a native integer."""
+    return f"{int.from_bytes(socket.inet_aton(address[0]), sys.byteorder):08X}:{address[1]:04X}"
+
+
+def socket_owner(client, server, table: str = "/proc/net/tcp") -> int | None:
+    """The uid owning the connecting socket ``client`` -> ``server`` when it is a socket of this node (its
+    line in /proc/net/tcp, from the client's side), else None: another node's connection, or no table to read.
+    Horovod's C++ store sends no credential (see the module's docstring), so on a node shared with other users
+    this is what tells their processes from the job's."""
+    want = (_proc_address(client), _proc_address(server))
+    try:
+        with open(table) as f:
+            lines = f.read().splitlines()[1:]
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 7 and (fields[1], fields[2]) == want:
+            return int(fields[7])
+    return None
 
 
 def peers_of(hosts: list[str], host: str) -> set[str]:
