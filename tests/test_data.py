@@ -436,7 +436,9 @@ def test_training_refuses_a_folder_that_is_not_one_complete_layout(imagenet_dir,
     cfg = config.build([], ["data.source=imagenet", f"data.data_dir={data}", "data.image_size=32"]).data
     with pytest.raises(UsageError) as err:
         sources.open_source(cfg, 0, 1)
-    assert str(err.value).startswith(f"data.data_dir {data}: the train-*-of-* files are not one complete layout (")
+    assert str(err.value).startswith(
+        f"data.data_dir {data}: the train-*-of-* files are not one complete layout ("
+    )
 
 
 def test_a_read_only_dest_is_one_line(tmp_path):

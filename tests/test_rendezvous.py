@@ -216,11 +216,15 @@ def test_app_rendezvous_prints_its_port_and_address_and_stops_on_sigterm():
         proc.kill()
 
 
-def test_a_multi_node_job_on_a_name_that_resolves_to_loopback_listens_everywhere_and_says_so(monkeypatch, capfd):
+def test_a_multi_node_job_on_a_name_that_resolves_to_loopback_listens_everywhere_and_says_so(
+    monkeypatch, capfd
+):
     # "127.0.1.1 <name>" (Debian): the other nodes know this node by another address, so a multi-node job's
     # server listens on every interface and gives the ranks the name; a one-node job's listens on 127.0.1.1.
     monkeypatch.setattr(socket, "gethostname", lambda: "n0")
-    monkeypatch.setattr(rendezvous, "_addresses", lambda name, family=None: ["127.0.1.1"] if name == "n0" else [])
+    monkeypatch.setattr(
+        rendezvous, "_addresses", lambda name, family=None: ["127.0.1.1"] if name == "n0" else []
+    )
     assert rendezvous.bind_address(1) == ("127.0.1.1", "127.0.1.1") and capfd.readouterr().err == ""
     assert rendezvous.bind_address(2) == ("", "n0")
     assert capfd.readouterr().err == (

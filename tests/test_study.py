@@ -147,8 +147,9 @@ def test_a_study_name_too_long_for_its_job_names_is_named_as_the_study_name(
     assert (code, stdout) == (2, "") and not (tmp_path / "o").exists()
     line, example = room
     assert stderr == (
-        f"Error: --name '{name[:37]}...{name[-38:]}': 126 characters, too long for this study's Slurm job names "
-        f"({line} must fit in 128): use at most {example} characters\n"
+        f"Error: the study name '{name[:37]}...{name[-38:]}' (--name, else the config's name): 126 characters, too "
+        f"long for this study's Slurm job names ({line} must fit in 128): give --name with at most {example} "
+        "characters\n"
     )
 
 

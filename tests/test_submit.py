@@ -1411,7 +1411,9 @@ def test_a_path_the_container_cannot_see_is_refused_before_submission(kw, what, 
 def test_paths_the_container_sees_and_native_runs_are_accepted(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the submit directory ($PWD, bound)
     shutil.copytree(ROOT / "configs", tmp_path / "configs")
-    (tmp_path / "data").symlink_to("/scratch/project_2001234/imagenet")  # under $PWD, and resolved under a bind
+    (tmp_path / "data").symlink_to(
+        "/scratch/project_2001234/imagenet"
+    )  # under $PWD, and resolved under a bind
     for data_dir in ("/scratch/project_2001234/imagenet", "/dataset/imagenet", "data", "fmnist"):
         render("roihu", 4, data_dir=data_dir)
     render("local", 1, data_dir="/opt/imagenet")  # runtime native: the job sees what the submit host sees
@@ -1423,4 +1425,6 @@ def test_a_bound_link_to_an_unbound_folder_is_refused(tmp_path, monkeypatch):
     (tmp_path / "data").symlink_to("/opt/imagenet")  # the link is in $PWD; inside the container it dangles
     with pytest.raises(UsageError) as err:
         render("roihu", 4, data_dir="data")
-    assert str(err.value).startswith("--data-dir: data (it leads to /opt/imagenet) is not inside what the roihu")
+    assert str(err.value).startswith(
+        "--data-dir: data (it leads to /opt/imagenet) is not inside what the roihu"
+    )

@@ -46,6 +46,10 @@ class StopRequest:
         return signal.Signals(int(number)).name
 
 
+# A rank counts as alive while its newest heartbeat is younger than this many beats: a rank whose node's
+# reporter stopped takes over its own heartbeat within 2.5 beats of the reporter's last copy (it checks every
+# beat, and acts on a reporter older than 1.5 beats), and that copy may be a beat old already.
+STALE_BEATS = 4
 HEARTBEAT = re.compile(r"(rank|node)-([0-9]{1,9})")  # what readers take from the shared folder (not *.tmp)
 
 
@@ -221,7 +225,7 @@ class Watchdog:
         reader.start()
         reader.join(2 * self.beat)
         beats, now = (read[0] if read else {}), time.time()
-        alive = sorted(r for r, (_, when) in beats.items() if now - when < 3 * self.beat)
+        alive = sorted(r for r, (_, when) in beats.items() if now - when < STALE_BEATS * self.beat)
         silent = [r for r in range(self.size) if r not in alive]
         if not alive:  # no heartbeat could be read (or written): every rank speaks for itself
             why = f"rank {self.rank} saw no heartbeats in {self.folder} (a hung or full file system?)"
@@ -243,11 +247,11 @@ class Watchdog:
             if not alive or self.rank == alive[0]:
                 message = (
                     f"no training step for {self.timeout:.0f} s: {why}; ending the job "
-                    f"(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS sets this time); the checkpoints in {self.run_dir} are "
-                    f"intact: continue with `{resume_command(self.run_dir)}`"
+                    f"(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS sets this time); {kept(self.run_dir)}"
                 )
                 if not report_to_launcher(self.rank, STALLED_EXIT_CODE, message):  # `app --np` prints it once
                     print(f"Error: {message}", file=sys.stderr, flush=True)
+            self.stop()  # this rank's heartbeat files go first: os._exit runs no cleanup
             os._exit(
                 STALLED_EXIT_CODE
             )  # the main thread is blocked inside a collective: nothing else can end it
@@ -255,7 +259,7 @@ class Watchdog:
     def stalled(self, exc: BaseException) -> Stalled | None:
         """After a collective failed on this rank (Horovod shut down, as Gloo does when a peer stops answering
         within ``HOROVOD_GLOO_TIMEOUT_SECONDS``): a :class:`Stalled` naming the ranks that stopped beating,
-        waiting up to four beats for a stopped rank's last heartbeat to age; None when every rank still beats
+        waiting up to five beats for a stopped rank's last heartbeat to age; None when every rank still beats
         (then the failure is not a stall and its own error stands). The traceback goes to
         ``<run_dir>/tracebacks/rank-<rank>.txt``."""
         import time
@@ -263,7 +267,7 @@ class Watchdog:
 
         if not self._writer.is_alive():
             return None
-        deadline = time.monotonic() + 4 * self.beat
+        deadline = time.monotonic() + (STALE_BEATS + 1) * self.beat
         while True:
             why, alive, silent = self._verdict()
             if [r for r in silent if r != self.rank] and alive:
@@ -277,9 +281,19 @@ class Watchdog:
             _write(os.path.join(where, f"rank-{self.rank}.txt"), "".join(traceback.format_exception(exc)))
         return Stalled(
             f"{why}: a collective failed on the others ({type(exc).__name__}; tracebacks in {where}); "
-            f"ending the job; the checkpoints in {self.run_dir} are intact: continue with "
-            f"`{resume_command(self.run_dir)}`"
+            f"ending the job; {kept(self.run_dir)}"
         )
+
+
+def kept(run_dir: str) -> str:
+    """What a stall leaves: the checkpoints to continue from, or none yet."""
+    try:
+        found = any(name.startswith("epoch-") for name in os.listdir(os.path.join(run_dir, "checkpoints")))
+    except OSError:
+        found = False
+    if found:
+        return f"the checkpoints in {run_dir} are intact: continue with `{resume_command(run_dir)}`"
+    return f"no checkpoint was written yet: start again with `{resume_command(run_dir)}`"
 
 
 def _ranks(ranks: list[int]) -> str:

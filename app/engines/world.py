@@ -48,6 +48,12 @@ def stall_settings() -> dict[str, int]:
             )
         os.environ[var] = value
         out[var] = seconds
+    check_var, shutdown_var = STALL_DEFAULTS
+    if 0 < out[shutdown_var] < out[check_var] and os.environ[check_var] == STALL_DEFAULTS[check_var]:
+        # Horovod warns that it "will not shutdown" when its check time (default 60 s) is above a shorter
+        # shutdown time: check at the shutdown time then (scaleout's watchdog does the ending either way).
+        os.environ[check_var] = str(out[shutdown_var])
+        out[check_var] = out[shutdown_var]
     return out
 
 

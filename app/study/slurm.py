@@ -57,8 +57,9 @@ def _check_job_names(study: str, parts: list[str]) -> None:
     longest = max([*parts, "report"], key=len)
     if len(study) + 1 + len(longest) > NAME_MAX:
         raise UsageError(
-            f"--name {show(study)}: {len(study)} characters, too long for this study's Slurm job names "
-            f"(<name>-{longest} must fit in {NAME_MAX}): use at most {NAME_MAX - 1 - len(longest)} characters"
+            f"the study name {show(study)} (--name, else the config's name): {len(study)} characters, too long "
+            f"for this study's Slurm job names (<name>-{longest} must fit in {NAME_MAX}): give --name with at "
+            f"most {NAME_MAX - 1 - len(longest)} characters"
         )
 
 

@@ -59,11 +59,12 @@ class CheckpointWriter:
     def __call__(self, epoch: int, row: dict, step: int = 0):
         if not self.chief:
             return None
-        if self.pending_config is not None:
+        state = {**self.extra_state, "metrics": row}
+        saved = checkpoint.save(self.run_dir, tracked(self.model), epoch, state, self.keep, step)
+        if self.pending_config is not None:  # the resume took effect: its config is the run's now
             write_text_atomic(self.run_dir / "config.yaml", self.pending_config)
             self.pending_config = None
-        state = {**self.extra_state, "metrics": row}
-        return checkpoint.save(self.run_dir, tracked(self.model), epoch, state, self.keep, step)
+        return saved
 
     def path(self, epoch: int, step: int) -> Path:
         return checkpoint.checkpoint_dir(self.run_dir) / checkpoint.name_for(epoch, step)
