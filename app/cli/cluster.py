@@ -161,7 +161,8 @@ def rendezvous(hosts, spec):
     HOROVOD_CONTROLLER=gloo (see app/engines/rendezvous.py).
 
     \b
-    Example (inside a Slurm job):
+    Example:
+      # inside a Slurm job
       export SCALEOUT_RENDEZVOUS_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
       app rendezvous --hosts "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -)" \\
                      --tasks-per-node "$SLURM_TASKS_PER_NODE" > rendezvous.txt &
