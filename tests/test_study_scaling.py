@@ -238,6 +238,7 @@ def test_a_submission_while_another_app_study_holds_the_folder_is_refused(tmp_pa
 
 
 def test_a_gpu_count_the_cluster_cannot_hold_fails_before_anything(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HOME", str(tmp_path))  # the study folder lies where Roihu's container sees it
     out = tmp_path / "studies"
     code, _, stderr = app_main(["study", "scaling", "-c", SYNTHETIC, "--cluster", "roihu", "--gpus", "4,6",
                                 "--account", "project_2001234", "--out", str(out)], monkeypatch, capsys)  # fmt: skip

@@ -130,6 +130,9 @@ def submit(
         profiles.load_cluster(cluster), gpus, list(configs), list(sets), time_limit, account, partition,
         image, data_dir, stage_gb, name, resume=resume, smoke=smoke, max_requeues=max_requeues,
     )  # fmt: skip
+    note = profiles.access_note(profiles.load_cluster(cluster), job.partition)
+    if note:
+        click.echo(f"Note: {note}", err=True)
     if dry_run:  # exactly the script sbatch would get (click.echo would strip escape sequences off a pipe)
         sys.stdout.write(job.script)
         return

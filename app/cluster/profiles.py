@@ -48,6 +48,7 @@ class Partition:
     max_gpus: int | None = None
     min_gpus: int | None = None
     test: bool = False  # a partition for short tests: `app submit --smoke` prefers it
+    access: str | None = None  # what a project needs before the site lets it use the partition (printed)
 
 
 @dataclass(frozen=True)
@@ -243,7 +244,9 @@ class _Profile:
                 raise self.fail(
                     f"partitions[{i}] must be a mapping such as {{name: gpu, max_nodes: 4, max_time: '1-00:00:00'}}"
                 )
-            self.unknown(part, ("name", "max_nodes", "max_time", "max_gpus", "min_gpus", "test"), at)
+            self.unknown(
+                part, ("name", "max_nodes", "max_time", "max_gpus", "min_gpus", "test", "access"), at
+            )
             if "max_time" not in part:
                 raise self.fail(f"{at}max_time is missing")
             parts.append(
@@ -254,6 +257,14 @@ class _Profile:
                     max_gpus=self.get(part, "max_gpus", "int", None, prefix=at),
                     min_gpus=self.get(part, "min_gpus", "int", None, prefix=at),
                     test=self.get(part, "test", "bool", False, prefix=at),
+                    access=self.match(
+                        at + "access",
+                        self.get(part, "access", "str", prefix=at),
+                        ACCESS_NOTE,
+                        "one line of at most 300 printable characters",
+                    )
+                    if "access" in part
+                    else None,  # fmt: skip
                 )
             )
             last = parts[-1]
@@ -300,6 +311,15 @@ class _Profile:
                 )
             self.get(scratch, "max_gb", "int", None, "scratch.")
         return scratch
+
+
+ACCESS_NOTE = re.compile(r"[^\x00-\x1f\x7f]{1,300}")
+
+
+def access_note(cluster: Cluster, partition: str) -> str | None:
+    """The line a job on ``partition`` prints when the site opens that partition only on request."""
+    part = next((p for p in cluster.partitions if p.name == partition), None)
+    return f"partition {partition} on {cluster.name}: {part.access}" if part and part.access else None
 
 
 def load_cluster(name: str) -> Cluster:

@@ -102,6 +102,8 @@ def _submit_study(folder: Path, plan, cfg, options: dict, dry_run: bool, echo) -
         except UsageError as exc:
             raise UsageError(str(exc) if str(exc).startswith("--gpus") else f"{item.name}: {exc}") from None
         jobs.append((item.name, job))
+    for note in dict.fromkeys(n for _, job in jobs if (n := profiles.access_note(cluster, job.partition))):
+        echo(f"Note: {note}")
     if not jobs:
         echo("nothing to submit: every part is done or its job is queued or running "
              f"(see `app study status {show(folder, limit=None)}`)")  # fmt: skip
