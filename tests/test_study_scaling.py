@@ -657,7 +657,10 @@ def test_a_full_disk_leaves_no_half_made_study_folder(tmp_path, monkeypatch, cap
         folder = disk / "studies" / "synthetic-scaling"
         code, _, stderr = app_main(args[:-1], monkeypatch, capsys)
         assert code == 1 and stderr.count("\n") == 1, stderr
-        assert stderr.startswith(f"Error: study folder {folder}: cannot be written (No space left on device)")
+        assert stderr == (
+            f"Error: study folder {folder}: no room in {disk} (No space left on device): free some space (or raise "
+            "the quota), or pass another --out\n"
+        )
         assert not folder.exists()
         (disk / "fill").unlink()  # space freed: the same command's plan goes through (a dry run here)
         assert app_main(args, monkeypatch, capsys)[0] == 0

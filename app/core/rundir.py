@@ -79,7 +79,7 @@ def for_run(
 PROBE_BYTES = 65536  # what the probe writes: more than a config.yaml, so a disk that has less fails here
 
 
-def check_writable(run_dir: Path, label: str, fix: str | None = None) -> None:
+def check_writable(run_dir: Path, label: str, fix: str | None = None, option: str = "--run-dir") -> None:
     """Fail in one line, before TensorFlow starts, when ``run_dir`` cannot be created or written: a file in
     its way, a read-only mount, /proc. Probed with a temporary file in the deepest folder that exists."""
     import tempfile
@@ -105,7 +105,7 @@ def check_writable(run_dir: Path, label: str, fix: str | None = None) -> None:
         if exc.errno in WRITE_ERRNOS[:2]:  # a full disk or quota: a runtime failure, not a bad --run-dir
             raise AppError(
                 f"{label} {run_dir}: no room in {probe} ({exc.strerror or exc}): free some space (or raise the "
-                "quota), or pass another --run-dir"
+                f"quota), or pass another {option}"
             ) from None
         raise UsageError(
             f"{label} {run_dir}: cannot write in {probe} ({exc.strerror or exc}); {fix or 'pass a writable --run-dir'}"

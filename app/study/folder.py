@@ -130,7 +130,7 @@ def prepare(folder: Path, plan: StudyPlan | ScalingPlan, cfg, command: list[str]
         raise UsageError(f"{label}: not empty and not a study (no study.json); pass another --name or --out")
     if not write:
         return True
-    rundir.check_writable(folder, "study folder", "pass a writable --out")
+    rundir.check_writable(folder, "study folder", "pass a writable --out", option="--out")
     made = not folder.exists()
     try:
         (folder / ("results" if plan.kind == "scaling" else "runs")).mkdir(parents=True, exist_ok=True)
