@@ -5,8 +5,9 @@ SHELL := /bin/bash
 
 PYTHON_SYS ?= python3
 VENV       ?= .venv
-# cpu | gpu: which TensorFlow 2.18.1 build the venv gets
-TF         ?= cpu
+# cpu | gpu: which TensorFlow 2.18.1 build the venv gets; unset, the one it already has (else cpu), so that
+# `make train` after `make install TF=gpu` keeps the GPU build.
+TF         ?= $(if $(wildcard $(VENV)/.installed-gpu),gpu,cpu)
 PY         := $(VENV)/bin/python
 APP        := $(VENV)/bin/app
 PYTEST_ARGS ?=
@@ -34,18 +35,19 @@ OTHER_TF_cpu := tensorflow
 OTHER_TF_gpu := tensorflow-cpu
 # TF=gpu: Horovod's NCCL operations when a CUDA toolkit with NCCL is here (nvcc, nccl.h), unless
 # HOROVOD_GPU_OPERATIONS says otherwise; without one, Horovod's allreduce goes through host memory.
-NCCL_HERE = command -v nvcc >/dev/null && for d in "$${HOROVOD_NCCL_HOME:-/nonexistent}/include" "$$(dirname "$$(dirname "$$(command -v nvcc)")")/include" /usr/include; do [ -f "$$d/nccl.h" ] && exit 0; done; exit 1
+# The same places scripts/install-stack.sh (and Horovod's CMake) look for nccl.h.
+NCCL_HERE = command -v nvcc >/dev/null && for d in "$${HOROVOD_NCCL_HOME:-/nonexistent}/include" "$${HOROVOD_CUDA_HOME:-/nonexistent}/include" "$$(dirname "$$(dirname "$$(readlink -f "$$(command -v nvcc)")")")/include" /usr/include /usr/include/*-linux-gnu /usr/local/include; do [ -f "$$d/nccl.h" ] && exit 0; done; exit 1
 $(VENV)/.installed-$(TF): pyproject.toml scripts/install-stack.sh
 	@command -v mpicxx >/dev/null || $(MAKE) --no-print-directory system-deps
 	test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	rm -f $(VENV)/.installed $(VENV)/.installed-*  # a switch that fails half-way leaves no marker saying otherwise
 	@if $(PY) -m pip show -q $(OTHER_TF_$(TF)) 2>/dev/null; then echo "install: switching .venv to TF=$(TF): removing $(OTHER_TF_$(TF))"; $(PY) -m pip uninstall -q -y $(OTHER_TF_$(TF)) horovod; fi
 	$(PY) -m pip install -q -e ".[$(TF),dev]"
 	@if [ "$(TF)" = gpu ] && [ -z "$${HOROVOD_GPU_OPERATIONS:-}" ]; then \
 	    if ( $(NCCL_HERE) ); then echo "install: CUDA toolkit with NCCL found: Horovod gets NCCL operations"; export HOROVOD_GPU_OPERATIONS=NCCL; \
 	    else echo "install: no CUDA toolkit with NCCL here (nvcc, nccl.h): Horovod's allreduce will go through host memory with Gloo (each step copies the gradients to the CPU and back; fine for one GPU, slower on several; see docs/workstation.md)"; fi; \
 	fi; set -x; scripts/install-stack.sh $(PY)
-	rm -f $(VENV)/.installed $(VENV)/.installed-*
 	touch $@
 
 install: $(VENV)/.installed-$(TF) ## create .venv with pinned TensorFlow/tf_keras and Horovod (TF=cpu|gpu; built once, cached)
@@ -181,7 +183,7 @@ sif: ## build scaleout-FLAVOR.sif for Apptainer: from `make image`, or on LUMI f
 	    if [ "$$(id -u)" != 0 ] && ! command -v proot >/dev/null; then \
 	        echo "sif: an unprivileged build needs proot: on LUMI run 'module load LUMI systools' (or PRoot) first" >&2; exit 1; fi; \
 	    set -x; $$APPT build $(build_args) '$(SIF)' $(DEF_lumi); \
-	elif command -v docker >/dev/null; then \
+	elif [ "$(notdir $(firstword $(ENGINE)))" = docker ]; then \
 	    sed -e 's|^From: .*|From: $(IMAGE)|' singularity.def > .sif.def && $$APPT build '$(SIF)' .sif.def && rm -f .sif.def; \
 	else podman save '$(IMAGE)' -o .sif.tar && \
 	     sed -e 's/^Bootstrap: docker-daemon/Bootstrap: docker-archive/' -e 's|^From: .*|From: .sif.tar|' singularity.def > .sif.def && \
@@ -196,18 +198,30 @@ DATA      ?= $(DATA_DIR)
 DOCKER_NP ?=
 RUN_AS    ?= $$(id -u):$$(id -g)
 RUN_ARGS  ?=
+# RUNS, DATA and the repository's path go into -v SRC:DST and shell quotes: no ', : or , in them.
 check_docker_train = $(if $(filter configs/%,$(CONFIG)),,$(error CONFIG=$(CONFIG) is not in configs/: docker-train mounts that folder; copy your config there))$(if \
-    $(findstring ',$(RUNS)$(DATA)$(CONFIG)$(TRAIN_ARGS)),$(error RUNS, DATA, CONFIG and TRAIN_ARGS cannot contain a single quote))
+    $(filter lumi,$(FLAVOR)),$(error FLAVOR=lumi runs on LUMI with Singularity (docs/clusters/lumi.md), not with docker-train))$(if \
+    $(findstring ',$(RUNS)$(DATA)$(CONFIG)$(CURDIR))$(findstring :,$(RUNS)$(DATA)$(CURDIR))$(findstring $(comma),$(RUNS)$(DATA)$(CURDIR)),$(error \
+    RUNS, DATA and this folder's path cannot contain ' : or , (they go into the engine's -v SRC:DST)))
+comma := ,
 docker-train: ## train in the container image on all GPUs (FLAVOR=gpu) as you; runs in RUNS=runs (docs/workstation.md)
 	$(check_flavor)$(check_docker_train)
 	@test -n "$(ENGINE)" || { echo "docker-train: neither a docker daemon nor podman is here (ENGINE=podman or docker to choose)" >&2; exit 1; }
 	@test -z '$(DATA)' || test -d '$(DATA)' || { echo "docker-train: DATA='$(DATA)' is not a folder" >&2; exit 2; }
 	mkdir -p '$(RUNS)'
-	@np='$(DOCKER_NP)'; if [ -z "$$np" ]; then np=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); [ "$${np:-0}" -gt 0 ] || np=$(NP); fi; \
-	gpus=; if [ "$(FLAVOR)" = gpu ] || [ "$(FLAVOR)" = ngc ]; then \
-	    case "$(ENGINE)" in *podman*) gpus="--device nvidia.com/gpu=all" ;; *) gpus="--gpus all" ;; esac; fi; \
+	@np='$(DOCKER_NP)'; gpus=; user="$(RUN_AS)"; userns=; \
+	if [ "$(FLAVOR)" = gpu ] || [ "$(FLAVOR)" = ngc ]; then \
+	    case "$(ENGINE)" in *podman*) gpus="--device nvidia.com/gpu=all" ;; *) gpus="--gpus all" ;; esac; \
+	    if [ -n "$${CUDA_VISIBLE_DEVICES+set}" ]; then gpus="$$gpus -e CUDA_VISIBLE_DEVICES"; fi; \
+	    if [ -z "$$np" ] && [ -n "$${CUDA_VISIBLE_DEVICES:-}" ]; then np=$$(echo "$$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .); fi; \
+	    if [ -z "$$np" ]; then np=$$(timeout 20 nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); fi; \
+	fi; [ "$${np:-0}" -gt 0 ] 2>/dev/null || np=$(NP); \
+	case "$(ENGINE)" in \
+	    *podman*) [ "$$($(ENGINE) info --format '{{.Host.Security.Rootless}}' 2>/dev/null)" != true ] || userns=--userns=keep-id ;; \
+	    *) ! $(ENGINE) info --format '{{.SecurityOptions}}' 2>/dev/null | grep -q rootless || user=0:0 ;; \
+	esac; \
 	name=$$(basename '$(CONFIG)' .yaml)-$$(date +%Y%m%d-%H%M%S); set -x; \
-	$(ENGINE) run --rm $$gpus --ipc=host --user "$(RUN_AS)" --read-only --tmpfs /tmp \
+	$(ENGINE) run --rm --pull=never $$gpus --ipc=host $$userns --user "$$user" --read-only --tmpfs /tmp \
 	    -v "$$(realpath '$(RUNS)'):/runs" -v "$(CURDIR)/configs:/configs:ro" \
 	    $(if $(DATA),-v "$$(realpath '$(DATA)'):/data:ro" -e TFDS_DATA_DIR=/data) $(RUN_ARGS) '$(IMAGE)' \
 	    train -c '/configs/$(patsubst configs/%,%,$(CONFIG))' --run-dir "/runs/$$name" --np "$$np" \
@@ -235,14 +249,14 @@ login: $(LOGIN_VENV)/.installed ## the login-node CLI (submit, studies on Slurm,
 submit: login ## submit a training job: make submit GPUS=32 CLUSTER=roihu CONFIG=... ACCOUNT=project_...
 	$(LOGIN_VENV)/bin/app submit --gpus $(GPUS) --cluster $(CLUSTER) -c $(CONFIG) $(if $(ACCOUNT),--account $(ACCOUNT)) $(SUBMIT_ARGS)
 
-clean: ## remove the venv, caches and build outputs; keeps runs/, studies/ and logs/ (see clean-runs)
+clean: ## remove the venvs, caches and build outputs (bench/out too); keeps runs/, studies/, logs/ (see clean-runs)
 	rm -rf $(VENV) $(LOGIN_VENV) .venv-tf* .pytest_cache .ruff_cache build *.egg-info bench/out .sif.def .sif.tar
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 clean-runs: ## delete runs/, studies/ and logs/ (trained models, metrics): lists them and asks, or FORCE=1
 	@set -- $$(for d in runs studies logs; do [ -d "$$d" ] && echo "$$d"; done); \
 	if [ $$# -eq 0 ]; then echo "clean-runs: no runs/, studies/ or logs/ here"; exit 0; fi; \
-	du -sh -- "$$@"; \
+	du -shL -- "$$@"; \
 	if [ "$(FORCE)" != 1 ]; then \
 	    if [ ! -t 0 ]; then echo "clean-runs: not deleting without a terminal to ask on: run make clean-runs FORCE=1" >&2; exit 1; fi; \
 	    read -r -p "delete these (the trained models and metrics in them)? [y/N] " answer; \

@@ -15,6 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED_TFDS = ROOT.parent / "shared" / "datasets" / "tfds"
 BIN = Path(sys.executable).parent
 IN_CI = os.environ.get("CI") == "true"
+# The tests train on the CPU by design, also on a developer's machine with GPUs and the CPU TensorFlow: the
+# guard that refuses that (app.engines.world.check_gpus_seen) is tested on its own, without this.
+os.environ.setdefault("SCALEOUT_ALLOW_CPU", "1")
 
 # OpenMPI refuses to run as root unless told twice; CI and these machines run as root.
 MPI_ENV = {

@@ -64,7 +64,8 @@ def test_n_tasks_that_joined_as_one_are_refused():
         ({"SLURM_GPUS_ON_NODE": "0"}, NODES, None),
         ({"ROCR_VISIBLE_DEVICES": "0"}, ["/dev/kfd"], "ROCR_VISIBLE_DEVICES=0"),
         ({"SLURM_JOB_ID": "7"}, NODES, None),  # a Slurm job given no GPUs on a GPU node
-        ({}, NODES, "2 GPU device(s) here, none hidden by CUDA_VISIBLE_DEVICES"),  # a workstation (issue 23)
+        ({}, NODES, "2 NVIDIA GPU(s) here, none hidden by CUDA_VISIBLE_DEVICES"),  # a workstation (issue 23)
+        ({}, ["/dev/kfd"], None),  # an AMD APU or Radeon desktop: not a training GPU by itself
         ({"CUDA_VISIBLE_DEVICES": "-1"}, NODES, None),  # the workstation's GPUs hidden on purpose
     ],
 )
@@ -172,6 +173,7 @@ def test_a_workstation_with_gpus_and_a_cpu_tensorflow_is_refused_unless_asked(tm
             pytest.fail("CI runs as root with unshare (util-linux): this test must run there")
         pytest.skip("needs root and unshare for a private mount namespace")
     env = {k: v for k, v in os.environ.items() if k not in GPU_ALLOCATION_VARS and not k.startswith("SLURM")}
+    env.pop("SCALEOUT_ALLOW_CPU", None)  # conftest sets it for every other test
     env |= {"SCALEOUT_ALLOW_CPU": "1"} if allow else {}
     cmd = [unshare, "--mount", "--propagation", "private", "bash", "-c", GPU_DEV_NAMESPACE, "gpu",
            sys.executable, "-m", "app", "train", *TINY_SYNTHETIC, "--epochs", "1", "--run-dir", str(tmp_path / "run")]  # fmt: skip
@@ -181,7 +183,7 @@ def test_a_workstation_with_gpus_and_a_cpu_tensorflow_is_refused_unless_asked(tm
         return
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith(
-        "Error: GPUs are there for this process (1 GPU device(s) here, none hidden by CUDA_VISIBLE_DEVICES, "
+        "Error: GPUs are there for this process (1 NVIDIA GPU(s) here, none hidden by CUDA_VISIBLE_DEVICES, "
         "/dev/nvidia0) but TensorFlow sees none: this TensorFlow is a CPU-only build"
     ), proc.stderr
     assert "SCALEOUT_ALLOW_CPU=1" in proc.stderr and not (tmp_path / "run" / "checkpoints").exists()

@@ -41,6 +41,16 @@ def test_the_venv_marker_names_its_flavour_and_another_flavour_switches_it(repo)
     assert "no CUDA toolkit with NCCL here" in gpu and "touch .venv/.installed-gpu" in gpu
     back = make(repo, "-n", "install", "TF=cpu", "-W", "pyproject.toml").stdout  # as if pyproject changed
     assert "pip uninstall -q -y tensorflow horovod" in back and '-e ".[cpu,dev]"' in back
+    # The markers go before anything is uninstalled: a switch that fails half-way leaves none.
+    assert back.index("rm -f .venv/.installed .venv/.installed-*") < back.index("pip uninstall")
+
+
+def test_without_tf_the_venv_keeps_the_flavour_it_has(repo):
+    marker = repo / ".venv" / ".installed-gpu"
+    marker.touch()
+    later = os.stat(repo / "Makefile").st_mtime + 10
+    os.utime(marker, (later, later))
+    assert make(repo, "-n", "install").stdout.strip() == "make: Nothing to be done for 'install'."
 
 
 def test_a_flavour_that_does_not_exist_is_one_line(repo):

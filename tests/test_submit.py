@@ -1442,8 +1442,14 @@ def test_a_partition_that_needs_an_access_grant_is_named_before_submitting(gpus,
 
 
 def test_an_access_note_must_be_one_printable_line(tmp_path, monkeypatch):
-    text = (profiles.CLUSTERS / "roihu.yaml").read_text().replace("without access sbatch", "without\\naccess sbatch")
+    text = (
+        (profiles.CLUSTERS / "roihu.yaml")
+        .read_text()
+        .replace("without access sbatch", "without\\naccess sbatch")
+    )
     (tmp_path / "roihu.yaml").write_text(text.replace('access: "', 'access: "\\u0007'))
     monkeypatch.setattr(profiles, "CLUSTERS", tmp_path)
-    with pytest.raises(UsageError, match=r"partitions\[1\]\.access .*: one line of at most 300 printable characters"):
+    with pytest.raises(
+        UsageError, match=r"partitions\[1\]\.access .*: one line of at most 300 printable characters"
+    ):
         profiles.load_cluster("roihu")

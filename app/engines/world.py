@@ -122,10 +122,13 @@ def allocated_gpus(env, device_nodes) -> str | None:
         value = env.get(var, "").strip()
         if value and not (var == "SLURM_GPUS_ON_NODE" and value == "0"):  # a count; the others list indices
             return f"{var}={value}"
-    if not any(v in env for v in ("SLURM_JOB_ID", *GPU_ALLOCATION_VARS[3:])):  # a workstation: its GPUs are
-        return (
-            f"{len(device_nodes)} GPU device(s) here, none hidden by CUDA_VISIBLE_DEVICES"  # this process's
-        )
+    nvidia = [
+        n for n in device_nodes if "nvidia" in n
+    ]  # /dev/kfd is also every AMD APU's and Radeon desktop's
+    if nvidia and not any(
+        v in env for v in ("SLURM_JOB_ID", *GPU_ALLOCATION_VARS[3:])
+    ):  # a workstation: its GPUs are
+        return f"{len(nvidia)} NVIDIA GPU(s) here, none hidden by CUDA_VISIBLE_DEVICES"  # this process's
     return None  # a Slurm job that was given no GPUs (its device cgroup hides the node's GPUs)
 
 
@@ -136,10 +139,15 @@ def check_gpus_seen(gpus_seen: int, env, device_nodes, build: dict) -> None:
     if gpus_seen or allocated is None or env.get(ALLOW_CPU_VAR) == "1":
         return
     if not (build.get("is_cuda_build") or build.get("is_rocm_build")):
-        why = (
-            "this TensorFlow is a CPU-only build (on a cluster use its image, see docs/clusters/other-slurm.md; on a "
-            "workstation `make install TF=gpu`, see docs/workstation.md)"
+        import platform
+
+        where = (
+            "PyPI's aarch64 TensorFlow is CPU-only: use the ngc image, see docs/clusters/roihu.md"
+            if platform.machine() == "aarch64"
+            else "on a cluster use its image, see docs/clusters/other-slurm.md; on an NVIDIA workstation `make "
+            "install TF=gpu`, see docs/workstation.md"
         )
+        why = f"this TensorFlow is a CPU-only build ({where})"
     else:
         why = (
             "the GPUs are not reachable inside the container or the driver is too old (Apptainer needs "
@@ -153,9 +161,21 @@ def check_gpus_seen(gpus_seen: int, env, device_nodes, build: dict) -> None:
 
 
 def gpu_device_nodes() -> list[str]:
+    """The GPU device files here; where there are none but nvidia-smi lists GPUs (WSL2, whose GPUs are behind
+    /dev/dxg), those, as "nvidia-smi: N GPU(s)"."""
     import glob
+    import shutil
+    import subprocess
 
-    return sorted(p for pattern in GPU_DEVICE_NODES for p in glob.glob(pattern))
+    found = sorted(p for pattern in GPU_DEVICE_NODES for p in glob.glob(pattern))
+    if found or not shutil.which("nvidia-smi"):
+        return found
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    n = sum(1 for line in listed.splitlines() if line.startswith("GPU "))
+    return [f"/dev/nvidia: nvidia-smi lists {n} GPU(s)"] if n else []
 
 
 @dataclass(frozen=True)
