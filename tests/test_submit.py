@@ -1453,3 +1453,36 @@ def test_an_access_note_must_be_one_printable_line(tmp_path, monkeypatch):
         UsageError, match=r"partitions\[1\]\.access .*: one line of at most 300 printable characters"
     ):
         profiles.load_cluster("roihu")
+
+
+def test_what_a_job_would_miss_on_the_nodes_is_refused_before_sbatch(tmp_path):
+    # Issue 19, item 5: the image and the dataset, checked on the login node (same shared file systems).
+    image = tmp_path / "scaleout.sif"
+    base = ["submit", "--cluster", "roihu", "--gpus", "4", "--account", "project_2001234", "-c",
+            "configs/resnet50_imagenet.yaml"]  # fmt: skip
+    env = {**os.environ, "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}  # no sbatch: nothing could be queued
+    run = lambda *a: subprocess.run([sys.executable, "-m", "app", *base, *a], cwd=ROOT, env=env,  # noqa: E731
+                                    capture_output=True, text=True, timeout=60)  # fmt: skip
+    proc = run("--image", str(image), "--data-dir", str(tmp_path))
+    assert proc.returncode == 2 and proc.stderr.startswith(
+        f"Error: --image {image}: no such file; build the image"
+    )
+    image.write_bytes(b"sif")
+    proc = run("--image", str(image), "--data-dir", str(tmp_path / "imagenet"))
+    assert (proc.returncode, proc.stderr) == (2, f"Error: --data-dir {tmp_path / 'imagenet'}: no such folder here "
+                                              "(the login node sees the shared file systems the jobs read)\n")  # fmt: skip
+    (tmp_path / "imagenet").mkdir()
+    proc = run("--image", str(image), "--data-dir", str(tmp_path / "imagenet"))
+    assert proc.returncode == 2 and "no train-*-of-* TFRecords; convert ImageNet there first" in proc.stderr
+    (tmp_path / "imagenet" / "train-00000-of-00001").write_bytes(b"")
+    proc = run("--image", str(image), "--data-dir", str(tmp_path / "imagenet"))
+    assert "sbatch" in proc.stderr and "--image" not in proc.stderr, (
+        proc.stderr
+    )  # checked, then sbatch is missing
+
+
+def test_a_tfds_data_dir_must_hold_a_prepared_dataset(tmp_path, tfds_dir):
+    checks.check_inputs(None, str(tfds_dir), "tfds")
+    with pytest.raises(UsageError, match="not a TFDS folder"):
+        checks.check_inputs(None, str(tmp_path), "tfds")
+    checks.check_inputs(None, str(tmp_path / "anything"), "synthetic")  # synthetic data reads no folder

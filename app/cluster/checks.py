@@ -99,3 +99,38 @@ def check_plain(what: str, value: str, empty: str) -> str:
     if not PLAIN_PATH.fullmatch(value):
         raise UsageError(f"{what} {show(value)}: {PLAIN_HINT}")
     return value
+
+
+def check_inputs(image: str | None, data_dir: str | None, source: str | None) -> None:
+    """What a queued job would find missing only on the compute nodes, after its wait in the queue: checked
+    on the login node, which sees the same shared file systems (the image, the dataset)."""
+    import os
+    from pathlib import Path
+
+    if image and "://" not in image:
+        if not os.path.isfile(image):
+            raise UsageError(
+                f"--image {show(image, limit=None)}: no such file; build the image first (docs/clusters/) or "
+                "pass --image with its path"
+            )
+        if not os.access(image, os.R_OK):
+            raise UsageError(f"--image {show(image, limit=None)}: not readable by you; check its permissions")
+    if not data_dir or source not in ("imagenet", "tfds"):
+        return
+    folder = Path(data_dir)
+    if not folder.is_dir():
+        raise UsageError(
+            f"--data-dir {show(data_dir, limit=None)}: no such folder here (the login node sees the shared file "
+            "systems the jobs read)"
+        )
+    if source == "imagenet" and not next(folder.glob("train-*-of-*"), None):
+        raise UsageError(
+            f"--data-dir {show(data_dir, limit=None)}: no train-*-of-* TFRecords; convert ImageNet there first "
+            "with `app data imagenet-to-tfrecord`"
+        )
+    infos = ("dataset_info.json", "*/dataset_info.json", "*/*/dataset_info.json")  # TFDS: <name>/<version>/
+    if source == "tfds" and not any(next(folder.glob(pattern), None) for pattern in infos):
+        raise UsageError(
+            f"--data-dir {show(data_dir, limit=None)}: not a TFDS folder (no <dataset>/<version>/dataset_info.json "
+            "below it); prepare the dataset there first"
+        )

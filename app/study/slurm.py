@@ -108,6 +108,16 @@ def _submit_study(folder: Path, plan, cfg, options: dict, dry_run: bool, echo) -
         echo("nothing to submit: every part is done or its job is queued or running "
              f"(see `app study status {show(folder, limit=None)}`)")  # fmt: skip
         return {}
+    if not dry_run:  # what the jobs would miss only on the nodes: the image, the dataset
+        from app.cluster.checks import check_inputs
+
+        runtime = cluster.container.get("runtime", "native")
+        image = options.get("image") or (
+            cluster.container["image"].format(account=options.get("account") or "")
+            if runtime != "native"
+            else None
+        )
+        check_inputs(image, options.get("data_dir") or cfg.data.data_dir, cfg.data.source)
     report_args = ["study", "report", str(folder)]
     placeholders = [f"$JOB_{re.sub(r'[^A-Z0-9]', '_', name.upper())}" for name, _ in jobs]
     first = jobs[0][1]
