@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from app.cli.base import SLURM_KEYS, Int, cli, refuse_slurm_options, slurm_optio
 from app.core.errors import AppError, UsageError, brief, one_line
 from app.core.iterables import zip_equal
 from app.engines.world import joined_launcher
+from app.reports.paired import MARGIN_PP
 
 
 class StudyGroup(click.Group):
@@ -30,6 +32,22 @@ class StudyGroup(click.Group):
                 f"(and `app study status|report STUDY_DIR`){hint}"
             )
         return super().resolve_command(ctx, args)
+
+
+def _again(configs, sets, ks, seeds, margin, name, np_, out, data_dir, threads, slurm) -> list[str]:
+    """The `app study large-batch` command that continues this study."""
+    return ["app", "study", "large-batch", *(a for c in configs for a in ("-c", c)),
+            *(a for s in sets for a in ("--set", s)), "--k", ",".join(map(str, ks)), "--seeds", str(seeds),
+            *(["--margin", f"{margin:g}"] if margin != MARGIN_PP else []),
+            "--name", name, "--np", str(np_), "--out", str(out),
+            *(["--data-dir", data_dir] if data_dir else []), *(["--threads", str(threads)] if threads else []),
+            *slurm_words(slurm)]  # fmt: skip
+
+
+def _margin(ctx, param, value: float) -> float:
+    if not (math.isfinite(value) and 0 < value <= 100):
+        raise click.BadParameter(f"{value!r}: a positive number of percentage points, at most 100 (e.g. 0.5)")
+    return value
 
 
 @cli.group(cls=StudyGroup)
@@ -84,8 +102,12 @@ def submit_study(folder: Path, plan, cfg, slurm: dict) -> None:
               help="Override one key of the baseline's config (repeatable).")  # fmt: skip
 @click.option("--k", "ks", required=True, callback=_ks, metavar="K,K,...",
               help="Multiples of the baseline's global batch to compare with it, e.g. 1,8,32 (1 is the baseline).")  # fmt: skip
-@click.option("--seeds", type=Int(min=1), default=1, show_default=True,
-              help="Seeds per variant (run.seed 1..N): the table shows mean ± std over them.")  # fmt: skip
+@click.option("--seeds", type=Int(min=1), default=3, show_default=True,
+              help="Seeds per variant (run.seed 1..N): verdicts compare each seed with the baseline's, with a "
+                   "95% interval (one seed gives none).")  # fmt: skip
+@click.option("--margin", type=float, default=MARGIN_PP, show_default=True, callback=_margin, metavar="PP",
+              help="A variant 'holds' when it is not worse than the baseline by more than this many percentage "
+                   "points of top-1 error (the whole 95% interval below it).")  # fmt: skip
 @click.option("--name", help="The study's folder name under --out (default: the config's name).")
 @click.option("--np", "np_", type=Int(min=1), default=1, show_default=True, metavar="N",
               help="At most N local workers per run (horovodrun --gloo); accumulation makes up the rest of k.")  # fmt: skip
@@ -99,7 +121,7 @@ def submit_study(folder: Path, plan, cfg, slurm: dict) -> None:
 @click.option(
     "--dry-run", is_flag=True, help="Print the plan and each run's `app train` command (or job); run nothing."
 )
-def study_large_batch(configs, sets, ks, seeds, name, np_, out, data_dir, threads, dry_run, **slurm):
+def study_large_batch(configs, sets, ks, seeds, margin, name, np_, out, data_dir, threads, dry_run, **slurm):
     """RQ3: does accuracy hold at large batches? Goyal et al.'s Table 1 and Figure 2, locally or on Slurm.
 
     The config is the baseline (k = 1) on one worker. For each k > 1: k x its global batch at equal epochs,
@@ -111,8 +133,8 @@ def study_large_batch(configs, sets, ks, seeds, name, np_, out, data_dir, thread
 
     \b
     Example:
-      app study large-batch -c configs/study_fashion_mnist.yaml --k 1,8 --seeds 1
-      app study large-batch -c configs/study_fashion_mnist.yaml --k 1,8,32 --seeds 3 --name fm-3seeds
+      app study large-batch -c configs/study_fashion_mnist.yaml --k 1,8
+      app study large-batch -c configs/study_fashion_mnist.yaml --k 1,8,32 --seeds 5 --name fm-5seeds
       app study large-batch -c configs/study_fashion_mnist.yaml --k 1,8 --np 2 --dry-run
     """
     import shlex
@@ -137,13 +159,13 @@ def study_large_batch(configs, sets, ks, seeds, name, np_, out, data_dir, thread
     examples, where = dataset.train_examples(cfg)
     plan = large_batch.plan_large_batch(cfg, ks, seeds, np_, name, examples, where)
     folder = out / name
-    command = ["app", "study", "large-batch", *(a for c in configs for a in ("-c", c)),
-               *(a for s in sets for a in ("--set", s)), "--k", ",".join(map(str, plan.ks)), "--seeds", str(seeds),
-               "--name", name, "--np", str(np_), "--out", str(out),
-               *(["--data-dir", data_dir] if data_dir else []), *(["--threads", str(threads)] if threads else []),
-               *slurm_words(slurm)]  # fmt: skip
+    command = _again(configs, sets, plan.ks, seeds, margin, name, np_, out, data_dir, threads, slurm)
     again = shlex.join(command)
-    slurm = {**slurm, "data_dir": data_dir} if cluster else None
+    slurm = (
+        {**slurm, "data_dir": data_dir, "margin": margin if margin != MARGIN_PP else None}
+        if cluster
+        else None
+    )
     new = prepare_study(folder, plan, cfg, command, slurm, dry_run)
     if examples is None:
         click.echo(
@@ -171,7 +193,7 @@ def study_large_batch(configs, sets, ks, seeds, name, np_, out, data_dir, thread
     failed = local.run_local(folder, plan, data_dir, threads, click.echo, again)
     from app.reports import large_batch as study_report
 
-    study_report.write_report(folder, plan, Console(width=None if sys.stdout.isatty() else 120))
+    study_report.write_report(folder, plan, Console(width=None if sys.stdout.isatty() else 120), margin)
     if failed:
         raise AppError(
             f"{len(failed)} run(s) failed: {', '.join(failed)} (their output is above); fix the cause and run "
@@ -390,7 +412,9 @@ def study_scaling(configs, sets, np_list, gpu_list, batch_sizes, steps, windows,
 
 @study.command("report")
 @click.argument("study_dir", type=click.Path(path_type=Path))
-def study_report_command(study_dir):
+@click.option("--margin", type=float, default=MARGIN_PP, show_default=True, callback=_margin, metavar="PP",
+              help="Large-batch studies: the margin of the verdicts, in percentage points of top-1 error.")  # fmt: skip
+def study_report_command(study_dir, margin):
     """Write a study's report from what its runs have written so far (studies/<name>/report/).
 
     A study's own command writes it at the end; this writes it for a study on Slurm (its report job runs
@@ -413,4 +437,4 @@ def study_report_command(study_dir):
     else:
         from app.reports import large_batch as study_report
 
-        study_report.write_report(study_dir, plan, console)
+        study_report.write_report(study_dir, plan, console, margin)

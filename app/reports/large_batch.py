@@ -19,6 +19,7 @@ from pathlib import Path
 from app.core.errors import UsageError
 from app.core.iterables import zip_equal
 from app.core.results import read_metrics, read_text
+from app.reports.paired import MARGIN_PP, Paired, compare, verdict_text
 from app.reports.tables import (
     _pyplot,
     _save_figure,
@@ -32,10 +33,7 @@ from app.reports.tables import (
 from app.study.large_batch import LABELS, VARIANTS, RunPlan, StudyPlan, run_dir
 from app.study.state import states
 
-# Verdicts: a variant whose mean error is within this many percentage points of the baseline's (or within
-# the sum of the two standard deviations over seeds, if larger) "matches" it. Run-to-run noise of one seed
-# is a few tenths of a point on small datasets; Goyal et al.'s ImageNet standard deviations are 0.1-0.2.
-TOLERANCE_PP = 0.5
+# Verdicts: paired over seeds, on a margin (app.reports.paired).
 # The few-updates warning. Linear scaling says k small steps ~ one step k times larger; it cannot say
 # anything when the large-batch run has too few steps to converge at all: then every variant fails and the
 # table measures the budget, not the batch. ~200 updates is where that starts for a ResNet from scratch
@@ -178,34 +176,46 @@ def error_text(cell: Cell) -> str:
     return f"{cell.mean:.2f}" + (f" ± {cell.std:.2f}" if cell.std is not None else "")
 
 
-COLUMNS = ("k", "global batch", "variant", "LR", "warmup", "top-1 error (%)", "vs baseline (pp)", "updates",
-           "seeds done")  # fmt: skip
+COLUMNS = ("k", "global batch", "variant", "LR", "warmup", "top-1 error (%)",
+           "vs baseline, paired (pp, 95% CI)", "verdict", "updates", "seeds done")  # fmt: skip
 CSV_COLUMNS = ("k", "global_batch", "variant", "workers", "accumulation_steps", "lr", "warmup", "warmup_start_lr",
-               "warmup_epochs", "top1_error_mean", "top1_error_std", "vs_baseline_pp", "updates", "seeds_done",
-               "seeds_planned")  # fmt: skip
+               "warmup_epochs", "top1_error_mean", "top1_error_std", "vs_baseline_pp", "ci95_low_pp",
+               "ci95_high_pp", "paired_seeds", "verdict", "updates", "seeds_done", "seeds_planned")  # fmt: skip
 
 
-def _delta(cell: Cell, base: Cell | None) -> float | None:
-    if cell.variant == "baseline" or base is None or base.mean is None or cell.mean is None:
+def by_seed(cell: Cell) -> dict[int, float]:
+    return {r.run.seed: e for r in cell.results if (e := r.final_error) is not None}
+
+
+def paired(cell: Cell, base: Cell | None, margin: float) -> Paired | None:
+    """``cell`` against the baseline, seed by seed (None for the baseline itself, or with no common seed)."""
+    if cell.variant == "baseline" or base is None:
         return None
-    return cell.mean - base.mean
+    return compare(by_seed(cell), by_seed(base), margin)
 
 
-def table_rows(table: list[Cell]) -> tuple[list[list[str]], list[list[str]]]:
-    """(Markdown rows, CSV rows) of the table."""
+def _num(value: float | None) -> float | str:
+    return "" if value is None else round(value, 4)
+
+
+def table_rows(table: list[Cell], margin: float = MARGIN_PP) -> tuple[list[list[str]], list[list]]:
+    """(Markdown rows, CSV rows) of the table; the CSV holds numbers, the Markdown their display."""
     base = next((c for c in table if c.variant == "baseline"), None)
     md, rows = [], []
     for c in table:
-        r, delta = c.run, _delta(c, base)
+        r, pair = c.run, paired(c, base, margin)
         md.append([
             str(c.k), f"{r.global_batch:,}", LABELS[c.variant], f"{r.lr:g}", warmup_text(r), error_text(c),
-            "-" if delta is None else f"{delta:+.2f}", c.updates, f"{len(c.errors)}/{len(c.results)}",
+            "-" if pair is None else pair.text(), "-" if pair is None else pair.verdict, c.updates,
+            f"{len(c.errors)}/{len(c.results)}",
         ])  # fmt: skip
         rows.append([
             c.k, r.global_batch, c.variant, r.workers, r.accumulation_steps, r.lr, r.warmup,
             "" if r.warmup == "none" else r.start_lr, r.warmup_epochs if r.warmup != "none" else 0,
-            "" if c.mean is None else round(c.mean, 4), "" if c.std is None else round(c.std, 4),
-            "" if delta is None else round(delta, 4), c.updates.replace(",", ""), len(c.errors), len(c.results),
+            _num(c.mean), _num(c.std), _num(pair and pair.mean), _num(pair and pair.low), _num(pair and pair.high),
+            "" if pair is None else pair.seeds, "" if pair is None else pair.verdict,
+            int(c.updates.replace(",", "")) if c.updates.replace(",", "").isdigit() else c.updates.replace(",", ""),
+            len(c.errors), len(c.results),
         ])  # fmt: skip
     return md, rows
 
@@ -241,14 +251,7 @@ PHRASES = {
 }
 
 
-def compare(cell: Cell, base: Cell) -> tuple[float, bool]:
-    """(error difference in pp, whether it is within the tolerance: ``TOLERANCE_PP`` or the two standard
-    deviations together, the larger)."""
-    delta = cell.mean - base.mean
-    return delta, abs(delta) <= max(TOLERANCE_PP, (cell.std or 0.0) + (base.std or 0.0))
-
-
-def verdicts(table: list[Cell]) -> list[str]:
+def verdicts(table: list[Cell], margin: float = MARGIN_PP) -> list[str]:
     """One line per k > 1 in words, then which k the recipe (scaled LR + gradual warmup) holds up to."""
     base = next((c for c in table if c.variant == "baseline"), None)
     if base is None or base.mean is None:
@@ -256,7 +259,7 @@ def verdicts(table: list[Cell]) -> list[str]:
     lines = [
         f"baseline (k=1, batch {base.run.global_batch:,}, LR {base.run.lr:g}): top-1 error {error_text(base)}%"
     ]
-    held = []
+    held: dict[int, str] = {}  # k -> the gradual warmup's verdict
     for k in sorted({c.k for c in table if c.k > 1}):
         at_k = {c.variant: c for c in table if c.k == k}
         parts = []
@@ -264,16 +267,14 @@ def verdicts(table: list[Cell]) -> list[str]:
             cell = at_k.get(variant)
             if cell is None:
                 continue
-            if cell.mean is None:
-                parts.append(f"{PHRASES[variant]} not finished")
+            pair = paired(cell, base, margin)
+            if pair is None:
+                why = "not finished" if cell.mean is None else "no seed finished that the baseline has too"
+                parts.append(f"{PHRASES[variant]} {why}")
                 continue
-            delta, within = compare(cell, base)
-            if within:
-                parts.append(f"{PHRASES[variant]} within {abs(delta):.1f} pp of the baseline")
-            else:
-                parts.append(f"{PHRASES[variant]} {abs(delta):.1f} pp {'worse' if delta > 0 else 'better'}")
-            if variant == "gradual-warmup" and (within or delta < 0):  # better than the baseline holds too
-                held.append(k)
+            parts.append(verdict_text(PHRASES[variant], pair, margin))
+            if variant == "gradual-warmup":
+                held[k] = pair.verdict
         few = fewest_updates(at_k.values())
         tail = (
             f" (only {few:,} updates per run: see the warning)"
@@ -284,8 +285,7 @@ def verdicts(table: list[Cell]) -> list[str]:
         lines.append(f"k={k} (batch {batch:,}): " + "; ".join(parts) + tail)
     lines += summary_line(table, held)
     if base.std is None:
-        lines.append(f"one seed per variant: differences under ~{TOLERANCE_PP} pp may be run-to-run noise "
-                     "(--seeds 3 gives a standard deviation)")  # fmt: skip
+        lines.append("one seed per variant: no interval, so no verdict (--seeds 3 or more gives one)")
     return lines
 
 
@@ -294,32 +294,41 @@ def fewest_updates(table) -> int | None:
     return min((u for c in table for r in c.results if (u := r.planned_updates) is not None), default=None)
 
 
-def summary_line(table: list[Cell], held: list[int]) -> list[str]:
-    """Up to which k the recipe (scaled LR + gradual warmup) keeps the baseline's accuracy. Only k whose runs
-    made enough updates count: with too few, every variant fails and nothing is said about the rule."""
+def summary_line(table: list[Cell], verdict: dict[int, str]) -> list[str]:
+    """Up to which k the recipe (scaled LR + gradual warmup) keeps the baseline's accuracy, from its verdicts
+    per k. Only k whose runs made enough updates count: with too few, every variant fails and nothing is said
+    about the rule."""
     base = next(c for c in table if c.variant == "baseline")
-    gradual = {c.k: c for c in table if c.variant == "gradual-warmup" and c.mean is not None}
-    if not gradual:
-        return []
     judged = [
         k
-        for k in sorted(gradual)
+        for k in sorted(verdict)
         if (fewest_updates([c for c in table if c.k == k]) or MIN_UPDATES) >= MIN_UPDATES
     ]
+    if not verdict:
+        return []
     if not judged:
-        return [
-            "too few updates at every k to judge the linear scaling rule here (see the warnings): train more epochs"
-        ]
-    held = [k for k in judged if k in held]
+        return ["too few updates at every k to judge the linear scaling rule here (see the warnings): train more "
+                "epochs"]  # fmt: skip
+    held = [k for k in judged if verdict[k] == "holds"]
+    unknown = [k for k in judged if verdict[k] == "cannot tell"]
     if held and held == judged[: len(held)]:
-        top = held[-1]
-        rest = "" if top == judged[-1] else f", not at k={judged[len(held)]}"
+        top, rest = held[-1], judged[len(held) :]
+        after = (
+            ""
+            if not rest
+            else f"; at k={rest[0]} it {'cannot be told' if rest[0] in unknown else 'does not'}"
+        )
         return [f"the linear scaling rule with gradual warmup keeps the baseline's accuracy up to k={top} "
-                f"(batch {top * base.run.global_batch:,}) here{rest}"]  # fmt: skip
+                f"(batch {top * base.run.global_batch:,}) here{after}"]  # fmt: skip
+    if unknown and not held:
+        worse = [k for k in judged if verdict[k] == "worse"]
+        also = f"; worse at k={', '.join(map(str, worse))}" if worse else ""
+        return [f"whether the linear scaling rule with gradual warmup keeps the baseline's accuracy cannot be told "
+                f"at k={', '.join(map(str, unknown))} with these seeds{also}: more seeds narrow the intervals"]  # fmt: skip
     if not held:
         return ["the linear scaling rule with gradual warmup does not keep the baseline's accuracy at any k "
                 "judged here"]  # fmt: skip
-    return [f"scaled LR + gradual warmup is within the tolerance at k={', '.join(map(str, held))} only"]
+    return [f"scaled LR + gradual warmup holds at k={', '.join(map(str, held))} only"]
 
 
 def warnings(results: list[RunResult]) -> list[str]:
@@ -347,7 +356,7 @@ def warnings(results: list[RunResult]) -> list[str]:
     return lines
 
 
-def notes(plan: StudyPlan) -> list[str]:
+def notes(plan: StudyPlan, margin: float = MARGIN_PP) -> list[str]:
     base = plan.runs[0]
     accumulated = any(r.accumulation_steps > 1 for r in plan.runs)
     out = [
@@ -358,8 +367,10 @@ def notes(plan: StudyPlan) -> list[str]:
         f"global batch = k x {base.global_batch} = workers x accumulation steps x {base.batch_size} images",
         "the LR of the scaled variants is k x the baseline's (Goyal et al.'s linear scaling rule); a constant "
         "warmup trains at the baseline's LR and then jumps to k x; a gradual warmup ramps linearly, per update",
-        f"a verdict says 'within' when the difference is at most {TOLERANCE_PP} pp, or the two standard "
-        "deviations together where those are larger",
+        f"verdicts are paired by seed (every variant of seed s shares the baseline's data order and initial "
+        f"weights): the mean of the per-seed differences with its 95% t-interval; 'holds' when the whole "
+        f"interval lies below +{margin:g} pp (not worse by more than the margin), 'worse' when it lies above, "
+        "'cannot tell' otherwise (with the seeds that would tell); one seed gives no interval",
         f"updates: optimizer steps per run; fewer than {MIN_UPDATES} gets a warning (the linear scaling rule "
         "assumes many steps; with too few every variant fails, whatever its LR)",
         "the figure shows the training error: 100 - the training top-1 accuracy averaged over each epoch's "
@@ -435,7 +446,7 @@ def plot(results: list[RunResult], path: Path) -> Path:
 # ------------------------------------------------------------------------------------------ output
 
 
-def markdown(plan: StudyPlan, md_rows, runs, lines, warns) -> str:
+def markdown(plan: StudyPlan, md_rows, runs, lines, warns, margin: float = MARGIN_PP) -> str:
     ks = ", ".join(str(k) for k in plan.ks)
     out = [
         f"# Large-batch study {plan.name}: does accuracy hold at large batches?",
@@ -455,21 +466,21 @@ def markdown(plan: StudyPlan, md_rows, runs, lines, warns) -> str:
         "",
         "## How to read it",
         "",
-        *(f"- {ln}" for ln in notes(plan)),
+        *(f"- {ln}" for ln in notes(plan, margin)),
     ]
     return "\n".join(out) + "\n"
 
 
-def write_report(folder: Path, plan: StudyPlan, console) -> list[Path]:
+def write_report(folder: Path, plan: StudyPlan, console, margin: float = MARGIN_PP) -> list[Path]:
     """Everything the report writes into ``folder``/report; prints the table and the verdicts."""
     out = report_folder(folder)
     results = collect(folder, plan, lambda message: console.print(f"note: {message}"))
     table = cells(results)
-    md_rows, csv_rows = table_rows(table)
+    md_rows, csv_rows = table_rows(table, margin)
     runs = run_rows(results)
-    lines, warns = verdicts(table), warnings(results)
+    lines, warns = verdicts(table, margin), warnings(results)
     with staged(out) as stage:
-        write_text(stage / "large_batch.md", markdown(plan, md_rows, runs, lines, warns))
+        write_text(stage / "large_batch.md", markdown(plan, md_rows, runs, lines, warns, margin))
         write_csv(stage / "large_batch.csv", CSV_COLUMNS, csv_rows)
         write_csv(stage / "large_batch_runs.csv", RUN_COLUMNS, runs)
         plot(results, stage / "large_batch.png")

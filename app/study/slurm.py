@@ -119,6 +119,8 @@ def _submit_study(folder: Path, plan, cfg, options: dict, dry_run: bool, echo) -
         )
         check_inputs(image, options.get("data_dir") or cfg.data.data_dir, cfg.data.source)
     report_args = ["study", "report", str(folder)]
+    if options.get("margin") is not None:  # a margin other than the report's default
+        report_args += ["--margin", f"{options['margin']:g}"]
     placeholders = [f"$JOB_{re.sub(r'[^A-Z0-9]', '_', name.upper())}" for name, _ in jobs]
     first = jobs[0][1]
     after = jobscript.render_after(first, cluster, f"{plan.name}-report", report_args, placeholders,
