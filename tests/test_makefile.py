@@ -24,9 +24,15 @@ def repo(tmp_path) -> Path:
     return tmp_path
 
 
+# Under `make test` the suite runs inside make, whose variables would make these a sub-make ("make[1]: ...").
+CLEAN_ENV = {
+    k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")
+}
+
+
 def make(repo: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["make", "--no-print-directory", *args], cwd=repo, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=60)  # fmt: skip
+                          stdin=subprocess.DEVNULL, timeout=60, env=CLEAN_ENV)  # fmt: skip
 
 
 def test_the_venv_marker_names_its_flavour_and_another_flavour_switches_it(repo):
@@ -75,7 +81,7 @@ def test_clean_keeps_the_runs_and_clean_runs_asks_first(repo):
     assert (repo / "runs" / "a" / "summary.json").is_file()
     for answer, kept in (("n", True), ("y", False)):  # asked on a terminal (util-linux's script gives one)
         proc = subprocess.run(["script", "-qec", "make --no-print-directory clean-runs", "/dev/null"], cwd=repo,
-                              input=f"{answer}\n", capture_output=True, text=True, timeout=60)  # fmt: skip
+                              input=f"{answer}\n", capture_output=True, text=True, timeout=60, env=CLEAN_ENV)  # fmt: skip
         assert "delete these (the trained models and metrics in them)? [y/N]" in proc.stdout, proc.stdout
         assert (repo / "runs" / "a" / "summary.json").is_file() is kept, proc.stdout
     (repo / "runs").mkdir()
