@@ -241,21 +241,21 @@ def test_a_hung_file_system_cannot_keep_the_watchdog_from_ending_a_stall(tmp_pat
 def test_one_heartbeat_file_per_node_in_the_run_dir_and_a_stopped_reporter_hands_over(tmp_path):
     from app.engines.faults import Watchdog
 
-    dogs = [
-        Watchdog(tmp_path, r, 3, timeout=3, local_rank=r) for r in range(3)
-    ]  # one node; beats every 0.5 s
+    # One node; a beat every 2 s, so that a loaded CI machine's scheduling delays (under a second) never make
+    # the reporter look stale (1.5 beats) while it runs.
+    dogs = [Watchdog(tmp_path, r, 3, timeout=12, local_rank=r) for r in range(3)]
     reporter, others = dogs[0], dogs[1:]
     assert {d.local for d in dogs} == {reporter.local} and reporter.local.startswith("/dev/shm/")
     for d in dogs:
         d.start()
     try:
-        time.sleep(2)
+        time.sleep(2.5)
         assert os.listdir(tmp_path / ".heartbeat") == ["node-0"]  # ranks 1 and 2 are in it: one writer
         assert sorted(reporter._read()) == [0, 1, 2]
         reporter.stop()  # the reporter stops beating: ranks 1 and 2 write their own lines to the run dir
         verdicts = set()
-        for _ in range(12):  # never a healthy rank among the silent ones, while they take over
-            time.sleep(0.25)
+        for _ in range(22):  # never a healthy rank among the silent ones, while they take over (5.5 beats)
+            time.sleep(0.5)
             verdicts.add(tuple(others[0]._verdict()[2]))
         assert verdicts <= {(), (0,)} and (0,) in verdicts, verdicts
         assert sorted(os.listdir(tmp_path / ".heartbeat")) == ["node-0", "rank-1", "rank-2"]

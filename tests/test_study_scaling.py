@@ -592,8 +592,8 @@ def test_large_batch_on_a_cluster_is_a_job_per_run_into_its_run_directory(tmp_pa
     out = tmp_path / "studies"
     fashion = str(ROOT / "configs" / "study_fashion_mnist.yaml")
     code, stdout, stderr = app_main(
-        ["study", "large-batch", "-c", fashion, "--k", "1,4", "--np", "2", "--cluster", "local", "--out", str(out),
-         "--name", "lb", "--time", "30", "--dry-run"], monkeypatch, capsys,
+        ["study", "large-batch", "-c", fashion, "--k", "1,4", "--np", "2", "--seeds", "1", "--cluster", "local",
+         "--out", str(out), "--name", "lb", "--time", "30", "--dry-run"], monkeypatch, capsys,
     )  # fmt: skip
     assert code == 0, stderr
     assert not out.exists()
