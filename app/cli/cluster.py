@@ -126,17 +126,18 @@ def submit(
     from app.cluster import jobscript, profiles
     from app.cluster import submit as submit_stage
 
+    profile = profiles.load_cluster(cluster)
     job = jobscript.render(
-        profiles.load_cluster(cluster), gpus, list(configs), list(sets), time_limit, account, partition,
+        profile, gpus, list(configs), list(sets), time_limit, account, partition,
         image, data_dir, stage_gb, name, resume=resume, smoke=smoke, max_requeues=max_requeues,
     )  # fmt: skip
-    note = profiles.access_note(profiles.load_cluster(cluster), job.partition)
+    note = profiles.access_note(profile, job.partition)
     if note:
         click.echo(f"Note: {note}", err=True)
     if dry_run:  # exactly the script sbatch would get (click.echo would strip escape sequences off a pipe)
         sys.stdout.write(job.script)
         return
-    _check_inputs(profiles.load_cluster(cluster), job, image, account, data_dir, configs, sets, resume, smoke)
+    _check_inputs(job, data_dir, configs, sets, resume, smoke)
     answer = submit_stage.sbatch(job, test_only)
     if test_only:
         click.echo(answer)
@@ -147,20 +148,16 @@ def submit(
         click.echo(f"  run dir: {job.run_dir or f'{job.runs_dir}/{job.job_name}-{answer}'}")
 
 
-def _check_inputs(cluster, job, image, account, data_dir, configs, sets, resume, smoke) -> None:
+def _check_inputs(job, data_dir, configs, sets, resume, smoke) -> None:
     """Before sbatch: the image file and the dataset the job will read are there (app.cluster.checks)."""
     from app.cluster.checks import check_inputs
     from app.core import config
 
-    if cluster.container.get("runtime", "native") != "native":
-        image = image or cluster.container["image"].format(account=account or "")
-    else:
-        image = None
     source = None
     if not smoke and resume is None:
         cfg = config.build(list(configs), list(sets), {"data.data_dir": data_dir} if data_dir else {})
         source, data_dir = cfg.data.source, cfg.data.data_dir
-    check_inputs(image, data_dir, source)
+    check_inputs(job.image, data_dir, source)
 
 
 @cli.command()

@@ -53,6 +53,7 @@ class Job:
     run_dir: Path | None = None  # set when the job continues an existing run
     command: str = "train"  # or "doctor" (--smoke), or a task's command
     app: str = ""  # how the job script runs `app` (the container's exec line, or the venv's python)
+    image: str | None = None  # the container image the job runs (None: runtime native)
 
 
 def _env_value(value: str) -> str:
@@ -194,7 +195,7 @@ def render(
     script = string.Template(TEMPLATE.read_text(encoding="utf-8")).substitute(values)
     run_dir = Path(resume) if resume is not None else Path(into) if into is not None else None
     return Job(script, name, shape.nodes, shape.partition.name, Path(log_dir), Path(runs_dir), run_dir,
-               task[0] if task else command.split()[0], app)  # fmt: skip
+               task[0] if task else command.split()[0], app, container_image(cluster, image, account))  # fmt: skip
 
 
 def _check_arguments(
@@ -347,6 +348,14 @@ def _check_visible(cluster: Cluster, paths: dict[str, str | None]) -> None:
             )
 
 
+def container_image(cluster: Cluster, image: str | None, account: str | None) -> str | None:
+    """The image a job of ``cluster`` runs: --image, else the profile's template with the account; None
+    without a container (runtime native)."""
+    if cluster.container.get("runtime", "native") == "native":
+        return None
+    return image if image is not None else cluster.container["image"].format(account=account or "")
+
+
 def _app_line(
     cluster: Cluster, image: str | None, account: str | None, python: str | None, staged_bind: list[str]
 ) -> str:
@@ -365,7 +374,7 @@ def _app_line(
             )
         return f"{shlex.quote(python or sys.executable)} -m app"
     if image is None:
-        image = cluster.container["image"].format(account=account or "")
+        image = container_image(cluster, image, account)
         check_plain("--image", image, "")  # the profile's template filled with a checked account
     binds = cluster.container.get("binds", [])
     gpu_flag = cluster.container.get("gpu_flag", "")

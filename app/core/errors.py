@@ -115,11 +115,8 @@ def read_regular(path: str | os.PathLike, label: str, limit: int, kind: str = "f
     return data
 
 
-WRITE_ERRNOS = (
-    errno.ENOSPC,
-    errno.EDQUOT,
-    errno.EROFS,
-)  # the writes a user fixes by freeing or unlocking a disk
+NO_ROOM_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # a full disk, an exhausted quota
+WRITE_ERRNOS = (*NO_ROOM_ERRNOS, errno.EROFS)  # the writes a user fixes by freeing or unlocking a disk
 
 
 def write_failure(exc: OSError) -> AppError | None:

@@ -8,7 +8,7 @@ import typing
 from pathlib import Path
 
 from app.core.config import SECTIONS, Config, build, conflicts, flat, flatten
-from app.core.errors import WRITE_ERRNOS, AppError, UsageError, show
+from app.core.errors import NO_ROOM_ERRNOS, AppError, UsageError, show
 from app.core.yamlfile import parse_yaml, read_text
 
 FRESH = "start a new --run-dir"  # how `app train` starts over; `app submit --resume` says its own
@@ -102,7 +102,7 @@ def check_writable(run_dir: Path, label: str, fix: str | None = None, option: st
             os.close(fd)
             os.unlink(name)
     except OSError as exc:
-        if exc.errno in WRITE_ERRNOS[:2]:  # a full disk or quota: a runtime failure, not a bad --run-dir
+        if exc.errno in NO_ROOM_ERRNOS:  # a runtime failure, not a bad --run-dir
             raise AppError(
                 f"{label} {run_dir}: no room in {probe} ({exc.strerror or exc}): free some space (or raise the "
                 f"quota), or pass another {option}"

@@ -191,17 +191,18 @@ def gather_ranks(tf, world, gpus: list[str]) -> list[dict]:
     """Every rank's host, GPUs seen and allocated, and its device and world-size problems (or None)."""
     from app.engines import horovod as dist
 
+    nodes = gpu_device_nodes()  # once: where there are no device files it asks nvidia-smi
     mine = {
         "rank": world.rank,
         "host": socket.gethostname(),
         "local_rank": world.local_rank,
         "gpus_seen": len(gpus),
-        "allocated": allocated_gpus(os.environ, gpu_device_nodes()),
+        "allocated": allocated_gpus(os.environ, nodes),
         "launched": launched_size(os.environ),
     }
     device_problem = world_problem = None
     try:
-        check_gpus_seen(len(gpus), os.environ, gpu_device_nodes(), dict(tf.sysconfig.get_build_info()))
+        check_gpus_seen(len(gpus), os.environ, nodes, dict(tf.sysconfig.get_build_info()))
     except AppError as exc:
         device_problem = str(exc)
     try:

@@ -111,13 +111,7 @@ def _submit_study(folder: Path, plan, cfg, options: dict, dry_run: bool, echo) -
     if not dry_run:  # what the jobs would miss only on the nodes: the image, the dataset
         from app.cluster.checks import check_inputs
 
-        runtime = cluster.container.get("runtime", "native")
-        image = options.get("image") or (
-            cluster.container["image"].format(account=options.get("account") or "")
-            if runtime != "native"
-            else None
-        )
-        check_inputs(image, options.get("data_dir") or cfg.data.data_dir, cfg.data.source)
+        check_inputs(jobs[0][1].image, options.get("data_dir") or cfg.data.data_dir, cfg.data.source)
     report_args = ["study", "report", str(folder)]
     if options.get("margin") is not None:  # a margin other than the report's default
         report_args += ["--margin", f"{options['margin']:g}"]
