@@ -52,11 +52,11 @@ $(VENV)/.installed-$(TF): pyproject.toml scripts/install-stack.sh
 
 install: $(VENV)/.installed-$(TF) ## create .venv with pinned TensorFlow/tf_keras and Horovod (TF=cpu|gpu; built once, cached)
 
-system-deps: ## apt packages: OpenMPI (Horovod's MPI controller) and the build tools (needs root)
-	@if [ "$$(id -u)" != 0 ]; then echo "system-deps: run as root or install openmpi-bin libopenmpi-dev g++ by hand" >&2; exit 1; fi
+system-deps: ## apt packages: OpenMPI (Horovod's MPI controller), MPICH (the LUMI stand-in) and the build tools (needs root)
+	@if [ "$$(id -u)" != 0 ]; then echo "system-deps: run as root or install openmpi-bin libopenmpi-dev mpich libmpich-dev g++ by hand" >&2; exit 1; fi
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	    openmpi-bin libopenmpi-dev g++ make python3-venv >/dev/null
+	    openmpi-bin libopenmpi-dev mpich libmpich-dev g++ make python3-venv >/dev/null
 
 data: ## make sure the quickstart's Fashion-MNIST is here (apt-get install dataset-fashion-mnist as root)
 	@if [ -n "$(DATA_DIR)" ] && [ -d "$(DATA_DIR)/fashion_mnist" ]; then echo "data: TFDS folder $(DATA_DIR)"; \
@@ -73,8 +73,20 @@ study: install data ## the reference study's questions here: RQ3 (Goyal's Table 
 	$(APP) study scaling -c configs/study_fashion_mnist.yaml $(SCALING_ARGS) --name fashion-mnist-scaling $(if $(DATA_DIR),--data-dir $(DATA_DIR))
 	@echo "study: reports in studies/fashion-mnist-large-batch/report/ and studies/fashion-mnist-scaling/report/"
 
-test: install test-data ## run the test suite (includes 2-process Horovod runs under horovodrun and mpirun)
+test: install test-data $(MPICH_VENV)/.installed ## run the test suite (includes 2-process Horovod runs under horovodrun and mpirun)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# The stand-in for LUMI's TensorFlow container, whose Horovod is built on Cray MPICH without Gloo: a venv with
+# the same TensorFlow as .venv and a Horovod built against Debian's MPICH with HOROVOD_WITHOUT_GLOO=1 (cached
+# like the others). tests/test_lumi_standin.py trains in it under the real Slurm with srun --mpi=pmi2.
+MPICH_VENV ?= .venv-mpich
+$(MPICH_VENV)/.installed: pyproject.toml scripts/install-stack.sh
+	@command -v mpicxx.mpich >/dev/null || $(MAKE) --no-print-directory system-deps
+	test -x $(MPICH_VENV)/bin/python || $(PYTHON_SYS) -m venv $(MPICH_VENV)
+	$(MPICH_VENV)/bin/python -m pip install -q --upgrade pip
+	$(MPICH_VENV)/bin/python -m pip install -q -e ".[cpu]"
+	HOROVOD_CONTROLLER=mpi HOROVOD_WITHOUT_GLOO=1 SCALEOUT_MPICXX=mpicxx.mpich scripts/install-stack.sh $(MPICH_VENV)/bin/python
+	touch $@
 
 # The oldest supported TensorFlow in a venv of its own, with its tf_keras and a Horovod built for it (cached in
 # ~/.cache/scaleout/wheels like the main venv's), running the core tests: Keras 2 under Horovod, the models,
@@ -250,7 +262,7 @@ submit: login ## submit a training job: make submit GPUS=32 CLUSTER=roihu CONFIG
 	$(LOGIN_VENV)/bin/app submit --gpus $(GPUS) --cluster $(CLUSTER) -c $(CONFIG) $(if $(ACCOUNT),--account $(ACCOUNT)) $(SUBMIT_ARGS)
 
 clean: ## remove the venvs, caches and build outputs (bench/out too); keeps runs/, studies/, logs/ (see clean-runs)
-	rm -rf $(VENV) $(LOGIN_VENV) .venv-tf* .pytest_cache .ruff_cache build *.egg-info bench/out .sif.def .sif.tar
+	rm -rf $(VENV) $(LOGIN_VENV) $(MPICH_VENV) .venv-tf* .pytest_cache .ruff_cache build *.egg-info bench/out .sif.def .sif.tar
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 clean-runs: ## delete runs/, studies/ and logs/ (trained models, metrics): lists them and asks, or FORCE=1

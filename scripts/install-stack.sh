@@ -25,6 +25,12 @@
 #        HOROVOD_CUDA_HOME, HOROVOD_ROCM_HOME (default /opt/rocm), HOROVOD_NCCL_HOME: where the toolkits are
 #        HOROVOD_BUILD_CUDA_CC_LIST  compute capabilities to compile for, e.g. 80,90
 #        HOROVOD_NCCL_LINK       STATIC (Horovod's default for CUDA) or SHARED
+#        The controller the launch needs (the profile's `mpi`), judged on a Horovod already there and built:
+#        HOROVOD_CONTROLLER      gloo (default: `app train --np`, profiles with mpi: none) or mpi (mpirun, and
+#                                profiles with mpi: pmix or pmi2, such as LUMI's on Cray MPICH)
+#        HOROVOD_WITHOUT_GLOO    1: build without Gloo, as LUMI's container has it (needs HOROVOD_CONTROLLER=mpi)
+#        SCALEOUT_MPICXX         the MPI C++ compiler wrapper to build with, e.g. mpicxx.mpich (default: mpicxx
+#                                on PATH, Debian's OpenMPI); part of the cache key
 # Every decision prints one line starting with "install-stack:". Exit status: 0 done, 1 the environment cannot
 # get a working stack (the line says why), 2 a bad argument or variable (the line names it).
 set -euo pipefail
@@ -74,6 +80,27 @@ case ${HOROVOD_NCCL_LINK:-} in
     "" | STATIC | SHARED) ;;
     *) usage "HOROVOD_NCCL_LINK=$(q "$HOROVOD_NCCL_LINK") is not STATIC or SHARED" ;;
 esac
+HOROVOD_CONTROLLER=${HOROVOD_CONTROLLER:-gloo}
+case $HOROVOD_CONTROLLER in
+    gloo) controller=Gloo ;;
+    mpi) controller=MPI ;;
+    *) usage "HOROVOD_CONTROLLER=$(q "$HOROVOD_CONTROLLER") is not gloo or mpi (the controller the launch needs: gloo for mpi: none, mpi for mpirun, pmix or pmi2)" ;;
+esac
+case ${HOROVOD_WITHOUT_GLOO:-} in
+    "" | 0) unset HOROVOD_WITHOUT_GLOO ;;
+    1) [[ $HOROVOD_CONTROLLER == mpi ]] ||
+        usage "HOROVOD_WITHOUT_GLOO=1 builds a Horovod that only MPI can start: also set HOROVOD_CONTROLLER=mpi" ;;
+    *) usage "HOROVOD_WITHOUT_GLOO=$(q "$HOROVOD_WITHOUT_GLOO") is not 1 (or unset)" ;;
+esac
+mpicxx=""
+if [[ -n ${SCALEOUT_MPICXX:-} ]]; then
+    mpicxx=$(command -v -- "$SCALEOUT_MPICXX") && [[ $(basename -- "$mpicxx") =~ ^[A-Za-z0-9._+-]+$ ]] ||
+        usage "SCALEOUT_MPICXX=$(q "$SCALEOUT_MPICXX") is not an MPI C++ compiler wrapper on PATH (e.g. mpicxx.mpich; apt-get install libmpich-dev)"
+elif command -v mpicxx >/dev/null; then
+    mpicxx=$(command -v mpicxx)
+fi
+[[ $HOROVOD_CONTROLLER != mpi || -n $mpicxx ]] ||
+    usage "HOROVOD_CONTROLLER=mpi needs an MPI to build with, but there is no mpicxx on PATH: install libopenmpi-dev or libmpich-dev (or set SCALEOUT_MPICXX)"
 if [[ -n ${HOROVOD_GPU:-} && -z ${HOROVOD_GPU_OPERATIONS:-} ]]; then
     usage "HOROVOD_GPU=$HOROVOD_GPU without HOROVOD_GPU_OPERATIONS builds no GPU operations: also set HOROVOD_GPU_OPERATIONS=NCCL"
 fi
@@ -196,7 +223,7 @@ shown() {  # "[X] A, [X] B" for the words given
     for item in "$@"; do out+="${out:+, }[X] $item"; done
     echo "$out"
 }
-needed=(TensorFlow)
+needed=(TensorFlow "$controller")
 [[ ${HOROVOD_GPU_OPERATIONS:-} != NCCL ]] || needed+=(NCCL)
 
 # --- A Horovod that this script did not install: keep it when it suits ---------------------------------------
@@ -210,8 +237,11 @@ if [[ -n $horovod && -z $own_key ]]; then
     [[ -n $why ]] || why=$(check_build_lacks "${needed[@]}")
     [[ -n $why ]] || why=$(load_error)
     if [[ -z $why ]]; then
-        gloo=$(check_build_lacks Gloo)
-        say "horovod $horovod is already installed (not by this script): horovodrun --check-build shows $(shown "${needed[@]}") and horovod.tensorflow loads with TensorFlow $tf; keeping it, no build${gloo:+ (note: $gloo, so only mpirun or srun --mpi can start it, not app --np)}"
+        other=$([[ $controller == Gloo ]] && check_build_lacks MPI || check_build_lacks Gloo)
+        note=""
+        [[ -z $other || $controller != MPI ]] || note=" (note: $other, so only mpirun or srun --mpi can start it, not app --np)"
+        [[ -z $other || $controller != Gloo ]] || note=" (note: $other, so profiles with mpi: pmix or pmi2 cannot start it)"
+        say "horovod $horovod is already installed (not by this script): horovodrun --check-build shows $(shown "${needed[@]}") and horovod.tensorflow loads with TensorFlow $tf; keeping it, no build$note"
         exit 0
     fi
     say "horovod $horovod is installed but $why; installing horovod $HOROVOD_VERSION over it"
@@ -305,9 +335,16 @@ if [[ -n $gpu_ops ]]; then
 else
     say "GPU: none (HOROVOD_GPU_OPERATIONS unset): a CPU-only Horovod"
 fi
-if command -v mpicxx >/dev/null; then with_mpi=1; else with_mpi=0; fi
+with_mpi=0
+mpi_key=0
+if [[ -n $mpicxx ]]; then
+    with_mpi=1 mpi_key=1
+    [[ -z ${SCALEOUT_MPICXX:-} ]] || mpi_key="1-$(basename -- "$mpicxx")"
+fi
+gloo_key=""
+[[ -z ${HOROVOD_WITHOUT_GLOO:-} ]] || gloo_key="_nogloo"
 arch=$(uname -m)
-key="horovod-${HOROVOD_VERSION}_tf-${tf}_py-${py}_mpi-${with_mpi}_gpu-${gpu_key}_${arch}"
+key="horovod-${HOROVOD_VERSION}_tf-${tf}_py-${py}_mpi-${mpi_key}${gloo_key}_gpu-${gpu_key}_${arch}"
 
 if [[ -n $horovod && $own_key == "$key" && $horovod == "$HOROVOD_VERSION" ]]; then
     say "horovod $horovod is already installed by this script for this environment ($key); nothing to do"
@@ -319,11 +356,25 @@ fi
 cache="$CACHE_ROOT/$key"
 wheel=$(find "$cache" -maxdepth 1 -name 'horovod-*.whl' 2>/dev/null | head -n 1 || true)
 if [[ -z $wheel ]]; then
-    say "building horovod $HOROVOD_VERSION for TensorFlow $tf (MPI=$with_mpi, GPU=$gpu_key) into $(q "$cache"); about 5 minutes on 2 cores"
+    say "building horovod $HOROVOD_VERSION for TensorFlow $tf (MPI=$mpi_key${gloo_key:+, without Gloo}, GPU=$gpu_key) into $(q "$cache"); about 5 minutes on 2 cores"
     build=$(mktemp -d)
     trap 'rm -rf "$build"' EXIT
-    export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
+    export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
+    if [[ -n ${HOROVOD_WITHOUT_GLOO:-} ]]; then export HOROVOD_WITHOUT_GLOO=1; else export HOROVOD_WITH_GLOO=1; fi
     if [[ $with_mpi == 1 ]]; then export HOROVOD_WITH_MPI=1; else export HOROVOD_WITHOUT_MPI=1; fi
+    if [[ -n ${SCALEOUT_MPICXX:-} ]]; then
+        # Horovod's CMake (FindMPI) looks for mpiexec first and then for the compiler wrappers beside it, before
+        # PATH: a folder holding this wrapper and its own mpiexec (mpicxx.mpich -> mpiexec.mpich), first on PATH,
+        # makes it take this MPI and not the system's default.
+        mkdir "$build/mpi-bin"
+        ln -s "$mpicxx" "$build/mpi-bin/mpicxx"
+        suffix=${mpicxx##*/mpicxx}
+        for tool in mpiexec mpirun mpicc; do
+            found=$(command -v "$tool$suffix" || true)
+            [[ -z $suffix || -z $found ]] || ln -s "$found" "$build/mpi-bin/$tool"
+        done
+        export PATH="$build/mpi-bin:$PATH"
+    fi
     MAKEFLAGS="-j$(nproc)"
     export MAKEFLAGS
     # cmake, wheel and setuptools come from PyPI into the same environment (Python 3.12 venvs have no
@@ -355,8 +406,11 @@ fi
 
 # Verify: fail loudly when TensorFlow, Gloo, MPI (when mpicxx was there) or NCCL (when asked for) is missing,
 # or when the ops do not load.
-needed+=(Gloo)
+[[ -n ${HOROVOD_WITHOUT_GLOO:-} ]] || needed+=(Gloo)
 [[ $with_mpi == 0 ]] || needed+=(MPI)
+unique=()
+for item in "${needed[@]}"; do [[ " ${unique[*]} " == *" $item "* ]] || unique+=("$item"); done
+needed=("${unique[@]}")
 why=$(check_build_lacks "${needed[@]}")
 [[ -n $why ]] || why=$(load_error)
 if [[ -n $why ]]; then

@@ -21,7 +21,7 @@ SCRIPT = ROOT / "scripts" / "install-stack.sh"
 BASH = shutil.which("bash") or "/bin/bash"
 ARCH = platform.machine()
 TOOLS = ["bash", "env", "cat", "grep", "sed", "head", "tail", "dirname", "basename", "readlink", "mktemp", "mkdir",
-         "cp", "mv", "rm", "find", "uname", "nproc", "sort", "touch", "chmod"]  # fmt: skip
+         "cp", "mv", "rm", "find", "uname", "nproc", "sort", "touch", "chmod", "ln"]  # fmt: skip
 
 # python: answers the two probes from FAKE_* variables and the state folder; `-m pip` is recorded in
 # $FAKE_STATE/log, installs change the state, and `pip wheel` saves the HOROVOD_* environment it was given.
@@ -304,7 +304,7 @@ def test_the_gpu_line_names_the_toolkit_and_nccl_and_what_is_passed(stack, tmp_p
     assert f"NCCL operations for CUDA 12.5 ({cuda}/bin/nvcc) with NCCL 2.21.5 ({cuda}/include/nccl.h)" in line
     assert line.endswith("passed to Horovod's build: HOROVOD_GPU_OPERATIONS=NCCL")
     assert "gpu-NCCL-cuda12.5-nccl2.21.5_" in stack.stamp()
-    assert "[X] TensorFlow, [X] NCCL, [X] Gloo" in proc.stdout
+    assert "[X] TensorFlow, [X] Gloo, [X] NCCL" in proc.stdout
 
 
 def test_another_nccl_means_another_wheel(stack, tmp_path):
@@ -393,22 +393,67 @@ def test_nccl_operations_without_nccl_h(stack, tmp_path):
 # --- A Horovod that is already there (NGC, LUMI) --------------------------------------------------------------
 
 
-def test_a_suitable_preinstalled_horovod_is_kept(stack, tmp_path):
+@pytest.mark.parametrize(
+    ("check", "controller", "shows", "note"),
+    [
+        # LUMI's container: MPI, no Gloo, launched through srun --mpi=pmi2
+        ("TensorFlow MPI NCCL", "mpi", "[X] TensorFlow, [X] MPI, [X] NCCL",
+         "note: horovodrun --check-build shows [ ] Gloo, so only mpirun or srun --mpi can start it"),
+        # a Gloo-only Horovod for a profile with mpi: none (Roihu's)
+        ("TensorFlow Gloo NCCL", "gloo", "[X] TensorFlow, [X] Gloo, [X] NCCL",
+         "note: horovodrun --check-build shows [ ] MPI, so profiles with mpi: pmix or pmi2 cannot start it"),
+    ],
+)  # fmt: skip
+def test_a_suitable_preinstalled_horovod_is_kept(stack, tmp_path, check, controller, shows, note):
     cuda = cuda_toolkit(tmp_path / "cuda", "12.8")
     stack.extra_path.append(cuda / "bin")
+    if controller == "mpi":
+        write_exe(tmp_path / "mpi" / "mpicxx", "#!/bin/bash\n")
+        stack.extra_path.append(tmp_path / "mpi")
     stack.preinstall("0.28.1", tf_keras="2.17.0")
-    proc = stack.run(FAKE_TF="2.17.0", FAKE_TF_GPU="cuda", FAKE_TF_GPU_VERSION="12.8", FAKE_CHECK="TensorFlow MPI NCCL",
-                     HOROVOD_GPU_OPERATIONS="NCCL")  # fmt: skip
+    proc = stack.run(FAKE_TF="2.17.0", FAKE_TF_GPU="cuda", FAKE_TF_GPU_VERSION="12.8", FAKE_CHECK=check,
+                     HOROVOD_GPU_OPERATIONS="NCCL", HOROVOD_CONTROLLER=controller)  # fmt: skip
     assert (
-        "horovod 0.28.1 is already installed (not by this script): horovodrun --check-build shows [X] TensorFlow, "
-        "[X] NCCL and horovod.tensorflow loads with TensorFlow 2.17.0; keeping it, no build"
+        f"horovod 0.28.1 is already installed (not by this script): horovodrun --check-build shows {shows} "
+        "and horovod.tensorflow loads with TensorFlow 2.17.0; keeping it, no build"
     ) in proc.stdout
-    assert (
-        "note: horovodrun --check-build shows [ ] Gloo, so only mpirun or srun --mpi can start it"
-        in proc.stdout
-    )
+    assert note in proc.stdout
     assert stack.pip_calls() == []
     assert not (stack.prefix / ".horovod-build-key").exists()
+
+
+def test_a_preinstalled_horovod_without_the_profiles_controller_is_replaced(stack, tmp_path):
+    """LUMI's container (MPI, no Gloo) under a launch that needs Gloo: built, not kept; and the other way."""
+    stack.preinstall("0.28.1")
+    proc = stack.run(FAKE_CHECK="TensorFlow MPI")
+    assert "horovod 0.28.1 is installed but horovodrun --check-build shows [ ] Gloo; installing" in proc.stdout
+    assert stack.builds() == 1
+    other = Stack(tmp_path / "other")
+    write_exe(tmp_path / "mpi" / "mpicxx", "#!/bin/bash\n")
+    other.extra_path.append(tmp_path / "mpi")
+    other.preinstall("0.28.1")
+    proc = other.run(FAKE_CHECK="TensorFlow Gloo", HOROVOD_CONTROLLER="mpi")
+    assert "horovod 0.28.1 is installed but horovodrun --check-build shows [ ] MPI; installing" in proc.stdout
+    assert other.builds() == 1
+
+
+def test_a_gloo_less_build_against_another_mpi_is_keyed_and_verified_on_mpi(stack, tmp_path):
+    """The LUMI stand-in's Horovod: HOROVOD_WITHOUT_GLOO=1 with MPICH's wrapper; the build sees that wrapper as
+    the first mpicxx on PATH, and the verification asks for MPI, not Gloo."""
+    write_exe(tmp_path / "mpi" / "mpicxx", "#!/bin/bash\necho openmpi\n")
+    write_exe(tmp_path / "mpich" / "mpicxx.mpich", "#!/bin/bash\necho mpich\n")
+    stack.extra_path += [tmp_path / "mpi", tmp_path / "mpich"]
+    proc = stack.run(HOROVOD_CONTROLLER="mpi", HOROVOD_WITHOUT_GLOO="1", SCALEOUT_MPICXX="mpicxx.mpich",
+                     FAKE_CHECK_BUILT="TensorFlow MPI")  # fmt: skip
+    build = stack.build_env()
+    assert build["HOROVOD_WITHOUT_GLOO"] == "1" and "HOROVOD_WITH_GLOO" not in build
+    assert build["HOROVOD_WITH_MPI"] == "1"
+    assert stack.stamp() == f"horovod-0.28.1_tf-2.18.1_py-3.11_mpi-1-mpicxx.mpich_nogloo_gpu-none_{ARCH}"
+    assert "(MPI=1-mpicxx.mpich, without Gloo, GPU=none)" in proc.stdout
+    assert "shows [X] TensorFlow, [X] MPI; horovod.tensorflow loads" in proc.stdout
+    # the default build (Gloo, OpenMPI's mpicxx) is another wheel
+    Stack(tmp_path / "default").run()
+    assert len(list(stack.cache.rglob("*.whl"))) == 1 and len(list((tmp_path / "default").rglob("*.whl"))) == 1
 
 
 @pytest.mark.parametrize(
@@ -517,6 +562,11 @@ HOSTILE = [
     ("TF_KERAS_VERSION", "$(touch {mark})"),
     ("HOROVOD_VERSION", "latest"),
     ("HOROVOD_GPU_ALLREDUCE", "NCCL"),
+    ("HOROVOD_CONTROLLER", "horovodrun"),
+    ("HOROVOD_WITHOUT_GLOO", "yes"),
+    ("HOROVOD_WITHOUT_GLOO", "1"),  # without HOROVOD_CONTROLLER=mpi
+    ("SCALEOUT_MPICXX", "no-such-mpicxx"),
+    ("SCALEOUT_MPICXX", "$(touch {mark})"),
 ]
 
 
