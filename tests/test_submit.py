@@ -22,7 +22,7 @@ from conftest import ROOT
 
 GOLDEN = Path(__file__).parent / "golden"
 CLUSTERS = ["lumi", "roihu", "local", "local-gloo"]
-CHOOSE = "choose from local, local-2node, local-2node-gloo, local-gloo, lumi, roihu"
+CHOOSE = "choose from local, local-2node, local-2node-gloo, local-gloo, local-mpich, lumi, roihu"
 
 
 def render(cluster: str, gpus: int, **kw):
@@ -198,8 +198,14 @@ def test_partition_choice_and_staging():
         "#SBATCH --exclusive\n" in lumi
         and " --cpu-bind=mask_cpu:0xfe000000000000,0xfe00000000000000," in lumi
     )
+    # Whole nodes go to standard-g with all of each node's memory; part of a node to small-g with 60G per GCD.
+    assert "#SBATCH --partition=standard-g\n#SBATCH --exclusive\n#SBATCH --mem=0\n" in lumi.replace(
+        "#SBATCH --account=project_2001234\n", ""
+    )
     partial = render("lumi", 4).script
-    assert "--exclusive" not in partial and "--cpu-bind" not in partial and partial.count("--mpi=none") == 1
+    assert "--exclusive" not in partial and "--cpu-bind" not in partial and partial.count("--mpi=pmi2") == 1
+    assert "#SBATCH --partition=small-g\n" in partial and "#SBATCH --mem-per-gpu=60G\n" in partial
+    assert "--mem=" not in partial and "rendezvous" not in partial
 
 
 # --stage's per-node part (staging.STAGE_ON_NODE), run by bash directly as srun would run it on one node.
@@ -1133,6 +1139,14 @@ PLACEHOLDERS = "{job_id}, {user}, {node_id}, {local_id}, {proc_id}"
         (GOOD_PROFILE.replace('max_time: "36:00:00"}', 'max_time: "1-25"}', 1),
          f"partitions[0].max_time 1-25: hours after the day must be 0-23; accepted: {checks.TIME_FORMATS}"),
         (GOOD_PROFILE.replace('default_time: "04:00:00"', 'default_time: "1"'), "default_time 1 is shorter than 2 minutes"),
+        (GOOD_PROFILE + "memory: {full_node: 0}\n",
+         'memory.full_node must be a quoted Slurm memory size such as "0" (all of a node\'s) or "60G", got 0'),
+        (GOOD_PROFILE + 'memory: {per_gpu: "60G; rm -rf ~"}\n',
+         'memory.per_gpu must be a quoted Slurm memory size such as "0" (all of a node\'s) or "60G", got \'60G; rm -rf ~\''),
+        (GOOD_PROFILE + 'memory: {per_gpu: "0"}\n', 'memory.per_gpu "0" would ask for no memory per GPU; give a size such as "60G"'),
+        (GOOD_PROFILE + 'memory: {per_node: "60G"}\n', "unknown key memory.per_node; known: full_node, per_gpu"),
+        (GOOD_PROFILE + "memory: 60G\n", "memory must be a mapping, got 60G"),
+        (GOOD_PROFILE.replace("test: true}", "test: true, whole_nodes: 1}"), "partitions[2].whole_nodes must be true or false, got 1"),
         (GOOD_PROFILE.replace('default_time: "04:00:00"', 'default_time: "UNLIMITED"'),
          f"default_time UNLIMITED: give a finite time limit: {checks.TIME_FORMATS}"),
         (GOOD_PROFILE.replace("name: gpumedium, ", "name: 'gpu;medium', ", 1), f"partitions[0].name 'gpu;medium': {SAFE_HINT}"),
@@ -1154,10 +1168,10 @@ PLACEHOLDERS = "{job_id}, {user}, {node_id}, {local_id}, {proc_id}"
         (GOOD_PROFILE.replace("mpi: none", 'launcher: "srun --mpi=pmix"'),
          "launcher was replaced by mpi (pmix, pmi2 or none) and srun_args (a list of srun options)"),
         (GOOD_PROFILE.replace("mpi: none", "mpi: mpich"),
-         "mpi mpich: one of pmix, pmi2 (what `srun --mpi=list` offers) or none (no MPI: Horovod's Gloo rendezvous)"),
+         "mpi mpich: one of pmix, pmi2, cray_shasta (what `srun --mpi=list` offers) or none (no MPI: Horovod's Gloo rendezvous)"),
         (GOOD_PROFILE.replace("mpi: none", "mpi: [none]"), "mpi must be a non-empty string, got ['none']"),
         (GOOD_PROFILE + "srun_args: --hint=nomultithread\n", "srun_args must be a list, got --hint=nomultithread"),
-        (GOOD_PROFILE + "srun_args: ['--mpi=pmix']\n", "srun_args[0] --mpi=pmix: set mpi: (pmix, pmi2 or none) instead"),
+        (GOOD_PROFILE + "srun_args: ['--mpi=pmix']\n", "srun_args[0] --mpi=pmix: set mpi: (pmix, pmi2, cray_shasta or none) instead"),
         (GOOD_PROFILE + "srun_args: ['-N 2']\n", f"srun_args[0] '-N 2': {profile_rules.SRUN_ARG_HINT}"),
         (GOOD_PROFILE + "srun_args: [--hint=nomultithread, 7]\n", f"srun_args[1] 7: {profile_rules.SRUN_ARG_HINT}"),
         (GOOD_PROFILE + "srun_args: ['--ntasks=3']\n",
@@ -1166,7 +1180,7 @@ PLACEHOLDERS = "{job_id}, {user}, {node_id}, {local_id}, {proc_id}"
         # srun takes abbreviations: --kill-on=0 would undo --kill-on-bad-exit=1, --expor=NONE drop the rendezvous
         (GOOD_PROFILE + "srun_args: ['--kill-on=0']\n",
          "srun_args[0] --kill-on=0: app submit sets it (the job's shape and environment)"),
-        (GOOD_PROFILE + "srun_args: ['--mp=pmix']\n", "srun_args[0] --mp=pmix: set mpi: (pmix, pmi2 or none) instead"),
+        (GOOD_PROFILE + "srun_args: ['--mp=pmix']\n", "srun_args[0] --mp=pmix: set mpi: (pmix, pmi2, cray_shasta or none) instead"),
         (GOOD_PROFILE + "srun_args: ['--expor=NONE']\n",
          "srun_args[0] --expor=NONE: app submit sets it (the job's shape and environment)"),
         (GOOD_PROFILE + "srun_args: ['--multi-prog']\n",

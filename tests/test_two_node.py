@@ -1,5 +1,5 @@
 """`app submit` on a real two-node Slurm cluster (tests/two_node_cluster.py): one rank per node, joined
-through srun --mpi=pmix, or (mpi: none, as on roihu and lumi) through Horovod's Gloo rendezvous, across the
+through srun --mpi=pmix, or (mpi: none, as on roihu) through Horovod's Gloo rendezvous, across the
 nodes' own network; staging to node-local scratch, a killed rank on the
 second node, the preemption path (USR1 -> checkpoint -> exit 3 -> requeue -> resume), benchmark and report
 with nodes: 2, and the bad inputs that only exist across nodes. `pytest -k two_node` runs them all."""
@@ -109,7 +109,7 @@ run: {log_every: 1, tensorboard: false}
 
 
 def test_two_node_gloo_job_joins_ranks_on_both_nodes_through_the_rendezvous(cluster, tmp_path):
-    # Profile local-2node-gloo (mpi: none, as on roihu and lumi): plain srun starts one rank per node, the job
+    # Profile local-2node-gloo (mpi: none, as on roihu): plain srun starts one rank per node, the job
     # script serves Horovod's Gloo rendezvous on node1, and the rank on node2 reaches it (and Gloo's peer) over
     # the nodes' own network, by the host names Slurm and the nodes use.
     (tmp_path / "gloo.yaml").write_text(GLOO)

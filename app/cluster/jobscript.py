@@ -175,6 +175,7 @@ def render(
             purpose,
             exclusive=bool(extra),
             requeue=not task and not smoke,
+            full_node=full_node,
         ),
         **_launch(cluster, app, extra),
         "run_dir": shlex.quote(resume)
@@ -410,7 +411,7 @@ def _command(smoke: bool, task: list[str] | None) -> tuple[str, str, str]:
 
 def _header(
     cluster: Cluster, shape: _Shape, name: str, gres: str, account: str | None, log_dir: Path, purpose: str,
-    exclusive: bool, requeue: bool,
+    exclusive: bool, requeue: bool, full_node: bool,
 ) -> dict[str, object]:  # fmt: skip
     """The template's values for the #SBATCH lines: the job's shape, its log, and its stop signal and requeue."""
     lead = signal_lead(shape.time_s)
@@ -426,6 +427,12 @@ def _header(
         "partition": shape.partition.name,
         "account_line": f"#SBATCH --account={account}\n" if account else "",
         "exclusive_line": "#SBATCH --exclusive\n" if exclusive else "",  # a binding needs the whole node
+        # With --exclusive (or a whole-node partition) Slurm gives a job only the memory it asks for.
+        "memory_line": f"#SBATCH --mem={cluster.mem_full_node}\n"
+        if full_node and cluster.mem_full_node is not None
+        else f"#SBATCH --mem-per-gpu={cluster.mem_per_gpu}\n"
+        if not full_node and cluster.mem_per_gpu is not None
+        else "",
         "log_dir": str(log_dir),  # checked plain: #SBATCH lines are not shell, quotes would be kept
         "signal_seconds": lead,
         # A task (app benchmark) has no stop handler: SIGUSR1 would only end it early, and a requeue would
@@ -459,7 +466,7 @@ AFTER_TEMPLATE = """#!/bin/bash
 #SBATCH {gpu_request}
 #SBATCH --time=00:15:00
 #SBATCH --partition={partition}
-{account_line}#SBATCH --output={log_dir}/%x-%j.out
+{account_line}{memory_line}#SBATCH --output={log_dir}/%x-%j.out
 #SBATCH --dependency=afterany:{after}
 
 if command -v module >/dev/null 2>&1; then module purge >/dev/null 2>&1 || true; fi
@@ -487,6 +494,7 @@ def render_after(first: Job, cluster: Cluster, name: str, args: list[str], after
         gpu_request=cluster.gpu_request.format(gpus=1),
         partition=choose_partition(cluster, 1, 1, AFTER_TIME_S, None, prefer_test=True).name,
         account_line=f"#SBATCH --account={account}\n" if account else "", log_dir=first.log_dir,
+        memory_line=f"#SBATCH --mem-per-gpu={cluster.mem_per_gpu}\n" if cluster.mem_per_gpu else "",
         after=":".join(after), app=first.app, command=shlex.join(args),
     )  # fmt: skip
     partition = re.search(r"^#SBATCH --partition=(\S+)$", script, re.M).group(1)

@@ -12,14 +12,18 @@ RUNTIME = re.compile(r"[a-z][a-z0-9_-]*")
 GPU_FLAG = re.compile(r"(-{1,2}[a-z][a-z0-9-]*)?")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 BIND = re.compile(r"/[A-Za-z0-9_./-]*(:/[A-Za-z0-9_./-]*)?")
-MPI = ("pmix", "pmi2", "none")  # srun --mpi=...; none: Horovod's Gloo rendezvous (app/engines/rendezvous.py)
+# srun --mpi=...: pmix, pmi2 or cray_shasta (HPE Cray's PMI, for Cray MPICH); none: Horovod's Gloo rendezvous
+# (app/engines/rendezvous.py).
+MPI = ("pmix", "pmi2", "cray_shasta", "none")
+# A memory request (#SBATCH --mem / --mem-per-gpu): 0 (all of a node's) or a size such as 60G.
+MEMORY = re.compile(r"0|[1-9][0-9]{0,6}[KMGT]?")
 # One long srun option, its value (if any) after "=": e.g. --cpu-bind=mask_cpu:0xfe,0xfe00 or --hint=nomultithread.
 SRUN_ARG = re.compile(r"--[a-z][a-z0-9-]*(=[A-Za-z0-9_.,:/+=@%-]+)?")
 SRUN_ARG_HINT = (
     "one long srun option such as --cpu-bind=mask_cpu:0xfe,0xfe00 (letters, digits and . , : / + = @ % _ -)"
 )
 SRUN_OWN = {  # options app submit sets itself, with what to do instead
-    "--mpi": "set mpi: (pmix, pmi2 or none) instead",
+    "--mpi": "set mpi: (pmix, pmi2, cray_shasta or none) instead",
     **dict.fromkeys(("--help", "--usage", "--version", "--test-only"), "srun would start no task with it"),
     **dict.fromkeys(("--kill-on-bad-exit", "--ntasks", "--ntasks-per-node", "--nodes", "--export", "--chdir",
                      "--cpus-per-task"),
@@ -94,4 +98,4 @@ SRUN_ALLOWED = {
 }
 KEYS = ("name", "gpus_per_node", "gpu_request", "cpus_per_gpu", "partitions", "mpi", "srun_args",
         "full_node_srun_args", "env", "account_required", "default_time", "gpu_type", "arch", "container",
-        "scratch")  # fmt: skip
+        "scratch", "memory")  # fmt: skip

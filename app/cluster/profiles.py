@@ -24,6 +24,7 @@ from app.cluster.profile_rules import (
     GRES,
     GRES_VALUE,
     KEYS,
+    MEMORY,
     MPI,
     PLACEHOLDER,
     RUNTIME,
@@ -49,6 +50,9 @@ class Partition:
     min_gpus: int | None = None
     test: bool = False  # a partition for short tests: `app submit --smoke` prefers it
     access: str | None = None  # what a project needs before the site lets it use the partition (printed)
+    whole_nodes: bool = (
+        False  # the site allocates whole nodes only (LUMI's standard-g): jobs filling their nodes
+    )
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,11 @@ class Cluster:
     arch: str = "x86_64"
     container: dict = field(default_factory=dict)
     scratch: dict | None = None
+    # #SBATCH --mem for jobs that take every GPU of their nodes (0: all of each node's memory), and
+    # --mem-per-gpu for jobs on part of a node; None: the site's default (with --exclusive, Slurm may give a job
+    # only what it asks for).
+    mem_full_node: str | None = None
+    mem_per_gpu: str | None = None
 
 
 def available() -> list[str]:
@@ -223,8 +232,8 @@ class _Profile:
     def mpi(self, raw: dict) -> str:
         mpi = self.get(raw, "mpi", "str", "pmix")
         if mpi not in MPI:
-            raise self.fail(f"mpi {show(mpi)}: one of pmix, pmi2 (what `srun --mpi=list` offers) or none (no "
-                            "MPI: Horovod's Gloo rendezvous)")  # fmt: skip
+            raise self.fail(f"mpi {show(mpi)}: one of pmix, pmi2, cray_shasta (what `srun --mpi=list` offers) or "
+                            "none (no MPI: Horovod's Gloo rendezvous)")  # fmt: skip
         return mpi
 
     def default_time(self, raw: dict) -> str:
@@ -245,7 +254,9 @@ class _Profile:
                     f"partitions[{i}] must be a mapping such as {{name: gpu, max_nodes: 4, max_time: '1-00:00:00'}}"
                 )
             self.unknown(
-                part, ("name", "max_nodes", "max_time", "max_gpus", "min_gpus", "test", "access"), at
+                part,
+                ("name", "max_nodes", "max_time", "max_gpus", "min_gpus", "test", "access", "whole_nodes"),
+                at,
             )
             if "max_time" not in part:
                 raise self.fail(f"{at}max_time is missing")
@@ -257,6 +268,7 @@ class _Profile:
                     max_gpus=self.get(part, "max_gpus", "int", None, prefix=at),
                     min_gpus=self.get(part, "min_gpus", "int", None, prefix=at),
                     test=self.get(part, "test", "bool", False, prefix=at),
+                    whole_nodes=self.get(part, "whole_nodes", "bool", False, prefix=at),
                     access=self.match(
                         at + "access",
                         self.get(part, "access", "str", prefix=at),
@@ -292,6 +304,23 @@ class _Profile:
                     f"container binds must be plain absolute paths (letters, digits and . _ / -), got {show(b)}"
                 )
         return container
+
+    def memory(self, raw: dict) -> tuple[str | None, str | None]:
+        """(--mem for whole-node jobs, --mem-per-gpu for the others) from ``memory: {full_node, per_gpu}``."""
+        memory = self.get(raw, "memory", "dict", None)
+        if memory is None:
+            return None, None
+        self.unknown(memory, ("full_node", "per_gpu"), "memory.")
+        out = []
+        for key in ("full_node", "per_gpu"):
+            value = memory.get(key)
+            if value is not None and (not isinstance(value, str) or not MEMORY.fullmatch(value)):
+                raise self.fail(f'memory.{key} must be a quoted Slurm memory size such as "0" (all of a node\'s) or '
+                                f'"60G", got {show(value)}')  # fmt: skip
+            out.append(value)
+        if out[1] == "0":
+            raise self.fail('memory.per_gpu "0" would ask for no memory per GPU; give a size such as "60G"')
+        return out[0], out[1]
 
     def scratch(self, raw: dict) -> dict | None:
         scratch = self.get(raw, "scratch", "dict", None)
@@ -350,6 +379,7 @@ def load_cluster(name: str) -> Cluster:
     parts = p.partitions(raw)
     container = p.container(raw)
     scratch = p.scratch(raw)
+    mem_full_node, mem_per_gpu = p.memory(raw)
     return Cluster(
         name=cname,
         gpus_per_node=gpn,
@@ -366,6 +396,8 @@ def load_cluster(name: str) -> Cluster:
         arch=str(p.get(raw, "arch", "str", "x86_64")),
         container=container,
         scratch=scratch,
+        mem_full_node=mem_full_node,
+        mem_per_gpu=mem_per_gpu,
     )
 
 
@@ -385,6 +417,9 @@ def choose_partition(
             return (
                 f"--gpus {gpus} is below partition {p.name}'s minimum of {p.min_gpus} GPUs on {cluster.name}"
             )
+        if p.whole_nodes and gpus % cluster.gpus_per_node:
+            return (f"--gpus {gpus} takes part of a node; partition {p.name} on {cluster.name} allocates whole "
+                    f"nodes only ({cluster.gpus_per_node} GPUs each)")  # fmt: skip
         if time_s > parse_time(p.max_time):
             return f"--time is above partition {p.name}'s limit of {p.max_time} on {cluster.name}"
         return None
