@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from app.engines.doctor import bandwidths, nccl_network
+from app.engines.doctor import bandwidths, nccl_network, nccl_path, slingshot_used
 from conftest import run_app
 
 
@@ -65,6 +65,36 @@ def test_the_network_nccl_chose_is_read_from_its_log(tmp_path):
     (tmp_path / "nccl.node1.123.log").write_bytes(b"\xff\xfe binary \x00 garbage\n")
     assert nccl_network(str(tmp_path)) is None
     assert nccl_network(None) is None
+
+
+def test_the_plugin_provider_and_interfaces_are_read_from_the_log_and_say_whether_slingshot_carries_it(
+    tmp_path,
+):
+    log = tmp_path / "nccl.nid005000.77.log"
+    log.write_text(  # RCCL with LUMI's aws-ofi-rccl plugin on Slingshot-11
+        "nid005000:77:80 [0] NCCL INFO NET/Plugin: Loaded net plugin AWS Libfabric (v6)\n"
+        "nid005000:77:80 [0] NCCL INFO NET/OFI Selected Provider is cxi (found 4 nics)\n"
+        "nid005000:77:80 [0] NCCL INFO Using network AWS Libfabric\n"
+    )
+    path = nccl_path(str(tmp_path))
+    assert path == {"plugin": "Loaded net plugin AWS Libfabric (v6)", "provider": "cxi"}
+    assert slingshot_used(path) is True
+    log.write_text(  # no plugin: RCCL's socket transport over the management network
+        "nid005000:77:80 [0] NCCL INFO NET/Plugin : Plugin load returned 2 : librccl-net.so: cannot open shared object file\n"
+        "nid005000:77:80 [0] NCCL INFO NET/Socket : Using [0]nmn0:10.252.1.5<0>\n"
+        "nid005000:77:80 [0] NCCL INFO Using network Socket\n"
+    )
+    path = nccl_path(str(tmp_path))
+    assert path == {"devices": ["nmn0"]} and slingshot_used(path) is False
+    log.write_text(
+        "nid005000:77:80 [0] NCCL INFO NET/Socket : Using [0]hsn0:10.1.0.5<0> [1]hsn1:10.1.0.6<0>\n"
+    )
+    assert nccl_path(str(tmp_path)) == {"devices": ["hsn0", "hsn1"]} and slingshot_used(
+        nccl_path(str(tmp_path))
+    )
+    log.write_bytes(b"\xff\xfe binary \x00 garbage\n")
+    assert nccl_path(str(tmp_path)) == {} and slingshot_used({}) is None
+    assert nccl_path(None) == {}
 
 
 def test_bus_bandwidth_is_algorithm_bandwidth_times_2_n_minus_1_over_n():

@@ -12,8 +12,10 @@ on a workstation). Every rank checks itself, rank 0 prints one table and a verdi
    ranks, checked element by element, timed over ``--iterations`` after two warm-up rounds, reported as
    algorithm and bus bandwidth the way nccl-tests do (bus = algorithm x 2(n-1)/n, comparable across n);
 5. transport: which network NCCL/RCCL chose ("Using network IB", "Socket", "AWS Libfabric" for LUMI's OFI
-   plugin), read from NCCL's own log, which this command turns on (NCCL_DEBUG=INFO into a temporary file)
-   unless NCCL_DEBUG is already set; without NCCL the allreduce goes through Horovod's CPU operations.
+   plugin), the plugin it loaded, the libfabric provider and the interfaces, read from NCCL's own log, which
+   this command turns on (NCCL_DEBUG=INFO into a temporary file) unless NCCL_DEBUG is already set; when the job
+   asks for Slingshot (NCCL_SOCKET_IFNAME=hsn..., LUMI's profile) and the log shows another path, a problem;
+   without NCCL the allreduce goes through Horovod's CPU operations. The controller (MPI or Gloo) is in 3.
 
 A failed check exits with status 1 after the table, naming the first problem and what to check.
 """
@@ -65,17 +67,51 @@ def _nccl_log_dir() -> str | None:
 
 
 _NETWORK = re.compile(r"Using network (.+)$")
+# NCCL's and RCCL's own INFO lines (NCCL_DEBUG_SUBSYS=INIT,NET), as nccl-tests and the OFI plugins print them:
+#   NET/Plugin: Loaded net plugin AWS Libfabric (v6)       which network plugin loaded (LUMI: aws-ofi-rccl)
+#   NET/OFI Selected Provider is cxi (found 4 nics)         the libfabric provider (cxi: Slingshot-11)
+#   NET/Socket : Using [0]hsn0:10.1.2.3<0> [1]hsn1:...      the interfaces of the socket transport
+#   NET/IB : Using [0]mlx5_0:1/IB ...                       InfiniBand devices
+_PLUGIN = re.compile(r"NET/Plugin\s*:?\s*(Loaded .+)$")
+_PROVIDER = re.compile(r"NET/OFI .*Selected Provider is (\S+)")
+_USING = re.compile(r"NET/(?:Socket|IB)\s*:\s*Using (.+)$")
+_DEVICE = re.compile(r"\[\d+\]([A-Za-z0-9_.-]+)[:<]")
+
+
+def _nccl_lines(folder: str | None):
+    if folder is None:
+        return
+    for path in sorted(glob.glob(os.path.join(folder, "nccl.*.log"))):
+        with contextlib.suppress(OSError), open(path, errors="replace") as f:
+            yield from (line.strip() for line in f)
 
 
 def nccl_network(folder: str | None) -> str | None:
     """The network NCCL/RCCL said it uses ("IB", "Socket", "AWS Libfabric", ...), or None if it never ran."""
-    if folder is None:
-        return None
-    for path in sorted(glob.glob(os.path.join(folder, "nccl.*.log"))):
-        with contextlib.suppress(OSError), open(path, errors="replace") as f:
-            for line in f:
-                if m := _NETWORK.search(line.strip()):
-                    return m.group(1).strip()
+    return next((m.group(1).strip() for line in _nccl_lines(folder) if (m := _NETWORK.search(line))), None)
+
+
+def nccl_path(folder: str | None) -> dict:
+    """What NCCL/RCCL's log says of the path under the network: the plugin it loaded, the libfabric provider
+    (cxi is Slingshot-11's), the interfaces or devices its transport uses; empty where the log is silent."""
+    out: dict = {}
+    for line in _nccl_lines(folder):
+        if (m := _PLUGIN.search(line)) and "plugin" not in out:
+            out["plugin"] = m.group(1).strip()[:120]
+        elif (m := _PROVIDER.search(line)) and "provider" not in out:
+            out["provider"] = m.group(1)
+        elif (m := _USING.search(line)) and "devices" not in out:
+            out["devices"] = _DEVICE.findall(m.group(1))[:16]
+    return out
+
+
+def slingshot_used(path: dict) -> bool | None:
+    """Whether the log shows Slingshot carrying the gradients (libfabric's cxi provider, or hsn interfaces);
+    None when it shows no path at all."""
+    if "provider" in path:
+        return path["provider"] == "cxi"
+    if path.get("devices"):
+        return all(d.startswith("hsn") for d in path["devices"])
     return None
 
 
@@ -150,7 +186,7 @@ def _run(megabytes: float, iterations: int, threads: int, nccl_dir: str | None, 
     allreduce, check = check_allreduce(tf, world, gpus, megabytes, iterations)
     checks.append(check)
     network = nccl_network(nccl_dir)
-    checks.append(check_transport(network, hvd_build, gpus, world))
+    checks.append(check_transport(network, hvd_build, gpus, world, nccl_path(nccl_dir)))
     return {
         "rank": world.rank,
         "size": world.size,
@@ -278,14 +314,35 @@ def check_allreduce(tf, world, gpus: list[str], megabytes: float, iterations: in
     return {"bytes": count * 4, "seconds": slowest, "algorithm_gbps": algorithm, "bus_gbps": bus}, check
 
 
-def check_transport(network: str | None, hvd_build: dict, gpus: list[str], world) -> Check:
-    """5. The path gradients take: NCCL/RCCL and the network its log named, or Horovod's CPU operations; the
-    same network on every rank."""
+def check_transport(
+    network: str | None, hvd_build: dict, gpus: list[str], world, path: dict | None = None
+) -> Check:
+    """5. The path gradients take: NCCL/RCCL and the network its log named (its plugin, libfabric provider and
+    interfaces), or Horovod's CPU operations; the same network on every rank; and where the job asks for
+    Slingshot (NCCL_SOCKET_IFNAME names hsn interfaces, as the LUMI profile does), that Slingshot carries it."""
     from app.engines import horovod as dist
 
+    path = path or {}
     ops = hvd_build.get("tensor_operations", {}) if hvd_build["version"] else {}
+    problem = ""
     if gpus and ops.get("nccl"):
         transport = f"NCCL/RCCL, network: {network}" if network else "NCCL/RCCL (its log named no network)"
+        transport += "".join(
+            f", {label} {value}"
+            for label, value in (
+                ("plugin:", path.get("plugin")),
+                ("libfabric provider", path.get("provider")),
+                ("devices", ",".join(path.get("devices", ())) or None),
+            )  # fmt: skip
+            if value
+        )
+        wanted = os.environ.get("NCCL_SOCKET_IFNAME", "")
+        used = slingshot_used(path)
+        if "hsn" in wanted and used is not None:
+            transport += "; Slingshot: " + ("used" if used else "NOT used")
+            if not used:
+                problem = (" (NCCL_SOCKET_IFNAME asks for Slingshot's hsn interfaces: check the RCCL OFI plugin "
+                           "and the /opt/cray and libcxi binds)")  # fmt: skip
     else:
         cpu_ops = os.environ.get("HOROVOD_CPU_OPERATIONS") or world.controller
         transport = f"Horovod CPU operations ({cpu_ops}); no NCCL on this path"
@@ -293,8 +350,8 @@ def check_transport(network: str | None, hvd_build: dict, gpus: list[str], world
     mixed = len({n for n in networks if n}) > 1
     return Check(
         "transport",
-        not mixed,
-        transport + (f"; ranks differ: {sorted({n for n in networks if n})}" if mixed else ""),
+        not mixed and not problem,
+        transport + problem + (f"; ranks differ: {sorted({n for n in networks if n})}" if mixed else ""),
     )
 
 
