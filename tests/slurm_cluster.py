@@ -55,6 +55,9 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 NodeName=localhost NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=8000 Gres=gpu:2 State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+# A partition this project has no access to (as Roihu's gpularge before CSC's scalability test): sbatch refuses
+# jobs for it (Slurm takes no job for an INACTIVE partition).
+PartitionName=gated Nodes=localhost MaxTime=INFINITE State=INACTIVE
 """
 
 
@@ -85,7 +88,7 @@ class SlurmCluster:
         deadline = time.time() + 60
         while time.time() < deadline:
             out = subprocess.run(
-                ["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, env=self.env
+                ["sinfo", "-h", "-p", "debug", "-o", "%T"], capture_output=True, text=True, env=self.env
             ).stdout
             if out.strip() in ("idle", "mixed", "allocated"):
                 return

@@ -41,11 +41,13 @@ def cluster(tmp_path_factory):
         c.stop()
 
 
-def submit_job(cluster, cwd, *args: str, env: dict | None = None, said: str = "") -> str:
-    """`app submit ARGS` from ``cwd`` on the test cluster; its job id (the submit must succeed, and its line
-    go on with ``said``)."""
+def submit_job(
+    cluster, cwd, *args: str, env: dict | None = None, said: str = "", python: str = sys.executable
+) -> str:
+    """`app submit ARGS` from ``cwd`` on the test cluster, by ``python`` (which then runs the job: the profiles
+    here are native); its job id (the submit must succeed, and its line go on with ``said``)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "app", "submit", *args],
+        [python, "-m", "app", "submit", *args],
         cwd=cwd, env={**cluster.env, "PYTHONPATH": str(ROOT), **(env or {})}, capture_output=True, text=True,
         timeout=60,
     )  # fmt: skip
@@ -207,6 +209,47 @@ def test_scaling_study_submits_a_job_per_gpu_count_and_a_report_job_after_them(c
     status = subprocess.run([sys.executable, "-m", "app", "study", "status", str(folder)], cwd=tmp_path,
                             env=cluster.env, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert "2 done of 2 parts" in status.stdout, status.stdout + status.stderr
+
+
+def test_a_study_part_whose_partition_refuses_it_is_named_and_the_rest_runs_with_its_report(
+    cluster, tmp_path, monkeypatch
+):
+    """A profile whose 2-GPU jobs land on a partition that needs an access grant (as Roihu's gpularge does)
+    that this project lacks: sbatch --test-only refuses that job before anything is submitted; the 1-GPU
+    job and the report after it are submitted, the refusal is one line."""
+    from click.testing import CliRunner
+
+    from app.cli import cli
+    from app.cluster import profiles
+
+    clusters = tmp_path / "clusters"
+    clusters.mkdir()
+    local = (profiles.CLUSTERS / "local.yaml").read_text()
+    partitions = '  - {name: debug, max_nodes: 1, max_time: "01:00:00", test: true}\n'
+    assert partitions in local
+    gated = local.replace("name: local\n", "name: local-gated\n").replace(
+        partitions,
+        '  - {name: debug, max_nodes: 1, max_gpus: 1, max_time: "01:00:00"}\n'
+        '  - {name: gated, max_nodes: 1, min_gpus: 2, max_time: "01:00:00", access: "opened on request"}\n',
+    )
+    (clusters / "local-gated.yaml").write_text(gated)
+    monkeypatch.setattr(profiles, "CLUSTERS", clusters)
+    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    result = CliRunner().invoke(cli, ["study", "scaling", "-c", "tiny.yaml", "--cluster", "local-gated", "--gpus",
+                                      "1,2", "--batch-sizes", "8", "--steps", "6", "--windows", "2", "--name", "gt"])  # fmt: skip
+    out = result.output
+    assert result.exit_code == 0, out
+    assert "Note: partition gated on local-gated: opened on request\n" in out
+    assert "Note: workers-2 is not submitted: sbatch --test-only refuses it on partition gated (" in out, out
+    ids = [line.split()[2].rstrip(":") for line in out.splitlines() if line.startswith("submitted job")]
+    assert len(ids) == 2 and f"the report, after {ids[0]}\n" in out, out
+    folder = tmp_path / "studies" / "gt"
+    assert json.loads((folder / "jobs.json").read_text()) == {"workers-1": ids[0], "report": ids[1]}
+    cluster.wait(ids[1])
+    md = (folder / "report" / "scaling.md").read_text()
+    assert "| 8 | 1 | 1 |" in md and "| 8 | 2 |" not in md, md
 
 
 LARGE_BATCH_TINY = """\

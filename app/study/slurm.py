@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.core.config import NAME_MAX
-from app.core.errors import UsageError, show
+from app.core.errors import AppError, UsageError, show
 from app.core.iterables import zip_equal
 from app.study.files import _Lock, _write_atomic
 from app.study.large_batch import StudyPlan, run_dir
@@ -63,6 +63,38 @@ def _check_job_names(study: str, parts: list[str]) -> None:
         )
 
 
+def _without_refused(jobs: list, cluster, echo) -> list:
+    """``jobs`` less those on a partition the site opens only on request (a profile's ``access``, Roihu's
+    gpularge) that ``sbatch --test-only`` refuses now: each said in one line before anything is submitted, so
+    the study submits what can run and its report after those. Raises when none can run."""
+    from app.cluster import profiles
+    from app.cluster import submit as submit_stage
+
+    kept, refused = [], []
+    for name, job in jobs:
+        if profiles.access_note(cluster, job.partition) is None:
+            kept.append((name, job))
+            continue
+        try:
+            submit_stage.sbatch(job, test_only=True)
+        except AppError as exc:
+            reason = str(exc).removeprefix("sbatch rejected the job: ")
+            echo(f"Note: {name} is not submitted: sbatch --test-only refuses it on partition {job.partition} "
+                 f"({reason})")  # fmt: skip
+            refused.append(name)
+        else:
+            kept.append((name, job))
+    if refused and not kept:
+        raise AppError(
+            f"sbatch --test-only refuses every job of this study ({', '.join(refused)}); nothing was submitted: "
+            "ask for the partition's access (see the note above) or give GPU counts that fit another partition"
+        )
+    if refused:
+        echo(f"submitting the {len(kept)} job(s) that can run; the report follows them and shows "
+             f"{', '.join(refused)} as not run")  # fmt: skip
+    return kept
+
+
 def submit_study(
     folder: Path, plan: StudyPlan | ScalingPlan, cfg, options: dict, dry_run: bool, echo,
 ) -> dict[str, str]:  # fmt: skip
@@ -104,6 +136,8 @@ def _submit_study(folder: Path, plan, cfg, options: dict, dry_run: bool, echo) -
         jobs.append((item.name, job))
     for note in dict.fromkeys(n for _, job in jobs if (n := profiles.access_note(cluster, job.partition))):
         echo(f"Note: {note}")
+    if not dry_run:
+        jobs = _without_refused(jobs, cluster, echo)
     if not jobs:
         echo("nothing to submit: every part is done or its job is queued or running "
              f"(see `app study status {show(folder, limit=None)}`)")  # fmt: skip
