@@ -164,7 +164,13 @@ BUILD_ARGS_cpu  := BUILDER_IMAGE=debian:12 RUNTIME_IMAGE=debian:12 \
 DOCKERFILE_ngc  := containers/ngc.Dockerfile
 PLATFORM_ngc    := linux/arm64
 BUILD_ARGS_ngc  := BASE_IMAGE=nvcr.io/nvidia/tensorflow:25.02-tf2-py3 TF_VERSION=2.17 TF_KERAS_VERSION=2.17.0 \
-                   HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_BUILD_CUDA_CC_LIST=90
+                   HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_BUILD_CUDA_CC_LIST=90 HOROVOD_CONTROLLER=gloo
+# ngc on Roihu's GPU login node, which has Apptainer but neither docker nor podman: `make sif FLAVOR=ngc DEF=1`
+# builds the same image from containers/roihu.def (both run containers/install-scaleout.sh) with `apptainer
+# build --fakeroot`, as CSC advises: the build's /tmp on $TMPDIR (the node's local disk) and, unless set, the
+# layer cache APPTAINER_CACHEDIR in $TMPDIR/apptainer-cache rather than in home (15 GiB quota).
+DEF_ngc         := containers/roihu.def
+DEF             ?=
 # lumi: the base .sif defaults to the one containers/lumi.def names (LUMI's EasyBuild copy of the container).
 DEF_lumi        := containers/lumi.def
 LUMI_BASE_SIF   ?=
@@ -180,6 +186,15 @@ IMAGE_ARGS ?=
 check_flavor = $(if $(filter $(FLAVORS),$(FLAVOR)),,$(error FLAVOR=$(FLAVOR) is not a flavour; use one of: $(FLAVORS)))$(if \
     $(findstring ',$(IMAGE)$(SIF)$(LUMI_BASE_SIF)),$(error IMAGE, SIF and LUMI_BASE_SIF cannot contain a single quote))
 build_args = $(foreach a,$(BUILD_ARGS_$(FLAVOR)),--build-arg '$(a)')
+check_def = $(if $(filter-out 0 1,$(DEF)),$(error DEF=$(DEF) is not 1 (build from the flavour's Apptainer definition) or 0))$(if \
+    $(and $(filter 1,$(DEF)),$(if $(DEF_$(FLAVOR)),,no)),$(error DEF=1: FLAVOR=$(FLAVOR) has no Apptainer definition; FLAVOR=ngc has $(DEF_ngc)))$(if \
+    $(SIF_QUOTA_GIB),,$(error SIF_QUOTA_GIB is empty; give the quota in GiB, e.g. 15))$(if \
+    $(call digits_stripped,$(SIF_QUOTA_GIB)),$(error SIF_QUOTA_GIB=$(SIF_QUOTA_GIB) is not a number of GiB such as 15))
+# After every build: the .sif's size (du -h), with a warning above SIF_QUOTA_GIB (/projappl on Roihu holds 15 GiB).
+SIF_QUOTA_GIB ?= 15
+sif_size = size=$$(stat -c %s '$(SIF)'); echo "sif: $(SIF) is $$(du -h '$(SIF)' | cut -f 1) (du -h)"; \
+    if awk -v b="$$size" -v q=$(SIF_QUOTA_GIB) 'BEGIN { exit !(b > q * 1073741824) }'; then \
+        echo "sif: warning: $(SIF) is more than SIF_QUOTA_GIB=$(SIF_QUOTA_GIB) GiB, the quota of /projappl on Roihu: keep it on /scratch/<project>/ (250 GiB) or ask CSC for more quota" >&2; fi
 
 image: ## build the container image FLAVOR=gpu|cpu|ngc with docker or podman (lumi: see `make sif`)
 	$(check_flavor)$(if $(filter lumi,$(FLAVOR)),$(error FLAVOR=lumi extends LUMI's own container on LUMI: run `make sif FLAVOR=lumi` there))
@@ -188,18 +203,30 @@ image: ## build the container image FLAVOR=gpu|cpu|ngc with docker or podman (lu
 	    $(if $(findstring podman,$(ENGINE)),--format docker) $(build_args) \
 	    --build-arg GIT_REVISION=$$(git rev-parse --short HEAD 2>/dev/null || echo unknown) $(IMAGE_ARGS) .
 
-sif: ## build scaleout-FLAVOR.sif for Apptainer: from `make image`, or on LUMI from its container (FLAVOR=lumi)
-	$(check_flavor)
+sif: ## build scaleout-FLAVOR.sif for Apptainer: from `make image`; on Roihu DEF=1 (containers/roihu.def); lumi on LUMI
+	$(check_flavor)$(check_def)
 	@APPT=$$(command -v apptainer || command -v singularity) || { echo "sif: install Apptainer or Singularity (on LUMI: singularity is there)" >&2; exit 1; }; \
 	if [ "$(FLAVOR)" = lumi ]; then \
 	    if [ "$$(id -u)" != 0 ] && ! command -v proot >/dev/null; then \
 	        echo "sif: an unprivileged build needs proot: on LUMI run 'module load LUMI systools' (or PRoot) first" >&2; exit 1; fi; \
 	    set -x; $$APPT build $(build_args) '$(SIF)' $(DEF_lumi); \
-	elif [ "$(notdir $(firstword $(ENGINE)))" = docker ]; then \
-	    sed -e 's|^From: .*|From: $(IMAGE)|' singularity.def > .sif.def && $$APPT build '$(SIF)' .sif.def && rm -f .sif.def; \
-	else podman save '$(IMAGE)' -o .sif.tar && \
-	     sed -e 's/^Bootstrap: docker-daemon/Bootstrap: docker-archive/' -e 's|^From: .*|From: .sif.tar|' singularity.def > .sif.def && \
-	     $$APPT build '$(SIF)' .sif.def && rm -f .sif.def .sif.tar; fi
+	elif [ "$(DEF)" = 1 ]; then \
+	    test -f $(DEF_$(FLAVOR)) || { echo "sif: $(DEF_$(FLAVOR)) is not here: run make in the repository's top folder" >&2; exit 1; }; \
+	    fakeroot=--fakeroot; [ "$$(id -u)" != 0 ] || fakeroot=; bind=; \
+	    if [ -n "$${TMPDIR:-}" ] && [ -d "$$TMPDIR" ]; then \
+	        bind="--bind=$$TMPDIR:/tmp"; export APPTAINER_CACHEDIR="$${APPTAINER_CACHEDIR:-$$TMPDIR/apptainer-cache}"; fi; \
+	    echo "sif: building from $(DEF_$(FLAVOR)); layer cache in $${APPTAINER_CACHEDIR:-~/.apptainer/cache}$${bind:+, /tmp in the build bound to $$TMPDIR}"; \
+	    set -x; $$APPT build $$fakeroot $$bind '$(SIF)' $(DEF_$(FLAVOR)); \
+	else \
+	    test -n "$(ENGINE)" || { echo "sif: neither a docker daemon nor podman is here to hold $(IMAGE): make image FLAVOR=$(FLAVOR) on a machine with one$(if $(DEF_$(FLAVOR)),$(comma) or build from $(DEF_$(FLAVOR)) here: make sif FLAVOR=$(FLAVOR) DEF=1)" >&2; exit 1; }; \
+	    $(ENGINE) image inspect '$(IMAGE)' >/dev/null 2>&1 || { echo "sif: $(ENGINE) holds no image $(IMAGE): run make image FLAVOR=$(FLAVOR) first$(if $(DEF_$(FLAVOR)),$(comma) or build from $(DEF_$(FLAVOR)): make sif FLAVOR=$(FLAVOR) DEF=1)" >&2; exit 1; }; \
+	    if [ "$(notdir $(firstword $(ENGINE)))" = docker ]; then \
+	        sed -e 's|^From: .*|From: $(IMAGE)|' singularity.def > .sif.def && $$APPT build '$(SIF)' .sif.def && rm -f .sif.def; \
+	    else podman save '$(IMAGE)' -o .sif.tar && \
+	        sed -e 's/^Bootstrap: docker-daemon/Bootstrap: docker-archive/' -e 's|^From: .*|From: .sif.tar|' singularity.def > .sif.def && \
+	        $$APPT build '$(SIF)' .sif.def && rm -f .sif.def .sif.tar; fi; \
+	fi; \
+	{ set +x; } 2>/dev/null; $(sif_size)
 
 # make docker-train: training in the image on this machine, as you (files in RUNS come out yours), with the
 # image read-only. FLAVOR=gpu|ngc: every GPU (docker --gpus all; podman through CDI, nvidia.com/gpu=all) and

@@ -1,8 +1,11 @@
 """Image flavours, checked without building them: the Makefile's flavour table against the ARGs of each
 Dockerfile, the gpu flavour's CUDA bases against TensorFlow 2.18.1's own CUDA pins, builder against runtime
 base, tf_keras against TensorFlow per flavour, and that nothing meant for aarch64 installs PyPI's `and-cuda`
-TensorFlow (a CPU-only build there). The real builds are elsewhere: tests/test_container.py builds and runs the
-cpu flavour with podman; gpu, ngc and lumi cannot be built here (no GPU registry, no aarch64, no LUMI).
+TensorFlow (a CPU-only build there). Roihu's containers/roihu.def (the ngc flavour built with Apptainer on the
+GPU login node) is parsed and held to the ngc row; it and containers/ngc.Dockerfile both run
+containers/install-scaleout.sh (its decisions: tests/test_install_scaleout.py); `make sif` runs with a stand-in
+apptainer. The real builds are elsewhere: tests/test_container.py builds and runs the cpu flavour with podman;
+gpu, ngc and lumi cannot be built here (no GPU registry, no aarch64, no Apptainer, no LUMI).
 
 TensorFlow's pins come from tests/data/tensorflow-2.18.1-and-cuda.json, a copy of the and-cuda Requires-Dist of
 the 2.18.1 wheel on PyPI, so these tests run offline; test_pins_copy_matches_pypi reads the same metadata from
@@ -15,6 +18,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -348,3 +352,216 @@ def test_pins_copy_matches_pypi(tmp_path):
     assert metadata["version"] == PINS["version"]
     fresh = sorted(r for r in metadata["requires_dist"] if "extra == 'and-cuda'" in r)
     assert fresh == PINS["and_cuda"], "TensorFlow's CUDA pins on PyPI differ from tests/data: update both"
+
+
+# --- Roihu: containers/roihu.def (Apptainer on the GPU login node) and the install script it shares with ngc ---
+INSTALL_SCRIPT = ROOT / "containers" / "install-scaleout.sh"
+MAKE_ENV = {
+    k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")
+}
+
+
+def roihu_def() -> tuple[str, dict[str, str]]:
+    text = (ROOT / "containers" / "roihu.def").read_text()
+    section = re.search(r"^%arguments\n(.*?)^%", text, re.M | re.S).group(1)
+    arguments = dict(line.strip().split("=", 1) for line in section.splitlines() if line.strip())
+    return text, arguments
+
+
+def test_roihu_def_is_the_ngc_flavour_from_ngcs_tensorflow_25_02():
+    from spython.main.parse.parsers import SingularityParser
+
+    text, arguments = roihu_def()
+    recipe = SingularityParser(str(ROOT / "containers" / "roihu.def")).recipe["spython-base"]
+    assert re.search(r"^Bootstrap: docker\nFrom: nvcr\.io/nvidia/tensorflow:25\.02-tf2-py3$", text, re.M)
+    ngc = row("ngc").build_args
+    assert recipe.fromHeader == ngc["BASE_IMAGE"] == "nvcr.io/nvidia/tensorflow:25.02-tf2-py3"
+    # The same settings as `make image FLAVOR=ngc`: one image, whichever route builds it.
+    assert arguments == {k: v for k, v in ngc.items() if k != "BASE_IMAGE"}
+    # Roihu's profile launches with mpi: none, which needs Horovod's Gloo controller.
+    assert re.search(r"^mpi: none\b", (ROOT / "jobs" / "clusters" / "roihu.yaml").read_text(), re.M)
+    assert arguments["HOROVOD_CONTROLLER"] == "gloo"
+    assert recipe.cmd == 'exec /opt/venv/bin/app "$@"'  # %runscript
+    assert "PATH=/opt/venv/bin:$PATH" in recipe.environ and "TF_CPP_MIN_LOG_LEVEL=1" in recipe.environ
+    assert "KERAS_HOME=${TMPDIR:-/tmp}/keras" in recipe.environ
+    assert any(label.startswith("org.opencontainers.image.version") for label in recipe.labels)
+    assert "app info" in "\n".join(recipe.install)  # spython turns %test into a script
+    # The header says how to build it on roihu-gpu, as CSC advises, and what was verified how.
+    header = text.split("Bootstrap:")[0]
+    assert (
+        "apptainer build --fakeroot" in header and "APPTAINER_CACHEDIR" in header and "$TMPDIR:/tmp" in header
+    )
+    assert "https://docs.csc.fi/computing/containers/overview/" in header and "never built here" in header
+
+
+def test_roihu_def_is_a_well_formed_definition_that_runs_the_shared_script(tmp_path):
+    text, arguments = roihu_def()
+    sections = re.findall(r"^%(\w+)", text, re.M)
+    assert set(sections) <= {
+        "arguments",
+        "files",
+        "post",
+        "environment",
+        "runscript",
+        "test",
+        "labels",
+        "help",
+    }
+    assert len(sections) == len(set(sections))
+    files = re.search(r"^%files\n(.*?)^%", text, re.M | re.S).group(1)
+    pairs = [line.split() for line in files.splitlines() if line.strip()]
+    for source, dest in pairs:
+        assert (ROOT / source).exists() and dest == f"/opt/scaleout/{source}"
+    # Everything the script and install-stack.sh read from SCALEOUT_HOME (/opt/scaleout).
+    assert {
+        "pyproject.toml",
+        "README.md",
+        "app",
+        "scripts/install-stack.sh",
+        "containers/install-scaleout.sh",
+    } <= {source for source, _ in pairs}
+    filled = re.sub(r"\{\{ (\w+) \}\}", lambda m: arguments[m.group(1)], text)
+    assert "{{" not in filled  # every build argument has a default
+    post = re.search(r"^%post -c /bin/bash\n(.*?)^%", filled, re.M | re.S).group(1)
+    assert re.search(r"^\s+bash /opt/scaleout/containers/install-scaleout\.sh all$", post, re.M)
+    assert "pip " not in post and "venv" not in post  # the steps are the script's, not a copy of them
+    for body, shell in [
+        (post, "bash"),
+        (re.search(r"^%environment\n(.*?)^%", filled, re.M | re.S).group(1), "sh"),
+    ]:
+        (tmp_path / "body").write_text(body)
+        proc = subprocess.run([shell, "-n", str(tmp_path / "body")], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+
+
+def test_ngc_dockerfile_runs_the_shared_script_and_holds_no_copy_of_its_steps():
+    global_args, stages = parse_dockerfile(ROOT / "containers" / "ngc.Dockerfile")
+    runs = [run for s in stages for run in s.runs]
+    script = "/opt/scaleout/containers/install-scaleout.sh"
+    assert [r.split(" &&")[0] for r in runs if "install-scaleout.sh" in r] == [
+        f"{script} stack",
+        f"{script} app",
+    ]
+    copies = [i for i in instructions(ROOT / "containers" / "ngc.Dockerfile") if i.startswith("COPY ")]
+    assert "COPY containers/install-scaleout.sh /opt/scaleout/containers/" in copies
+    assert "COPY scripts/install-stack.sh /opt/scaleout/scripts/" in copies
+    joined = "\n".join(runs)
+    for step in (
+        "pip list",
+        "--format=freeze",
+        "-m venv",
+        "install-stack.sh",
+        "--check-build",
+        "pip install",
+    ):
+        assert step not in joined, (
+            f"containers/ngc.Dockerfile still holds `{step}`: it belongs to {INSTALL_SCRIPT.name}"
+        )
+    assert global_args == {"BASE_IMAGE": "nvcr.io/nvidia/tensorflow:25.02-tf2-py3"}
+    assert defaults(ROOT / "containers" / "ngc.Dockerfile", "HOROVOD_CONTROLLER") == {"gloo"}
+    # The script's steps: what the Dockerfile did before, once.
+    text = INSTALL_SCRIPT.read_text()
+    assert text.count("pip list --format=freeze --exclude-editable") == 1
+    assert "--system-site-packages" in text and "unset PIP_CONSTRAINT" in text
+    assert re.search(r'pip install -q -c "\$constraints" "\$work/deps\[train\]"', text)
+    assert not re.search(
+        r"pip install[^\n]*tensorflow(?!_)", text
+    )  # TensorFlow is the base's, never installed
+
+
+def test_the_shared_script_parses_and_shellcheck_finds_nothing_when_it_is_here():
+    proc = subprocess.run(["bash", "-n", str(INSTALL_SCRIPT)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert os.access(INSTALL_SCRIPT, os.X_OK)  # the Dockerfile runs it directly
+    shellcheck = shutil.which("shellcheck")  # not on every machine; bash -n above always runs
+    if shellcheck:
+        proc = subprocess.run([shellcheck, str(INSTALL_SCRIPT)], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stdout
+
+
+def test_make_sif_def_builds_roihu_def_with_fakeroot():
+    proc = make_dry_run(
+        "sif", "FLAVOR=ngc", "DEF=1", "ENGINE=podman", "SIF=/projappl/project_2001234/scaleout-ngc.sif"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        "$APPT build $fakeroot $bind '/projappl/project_2001234/scaleout-ngc.sif' containers/roihu.def"
+        in proc.stdout
+    )
+    assert "fakeroot=--fakeroot" in proc.stdout and 'bind="--bind=$TMPDIR:/tmp"' in proc.stdout
+    assert "test -f containers/roihu.def" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["FLAVOR=ngc", "DEF=yes"], "DEF=yes is not 1"),
+        (
+            ["FLAVOR=gpu", "DEF=1"],
+            "FLAVOR=gpu has no Apptainer definition; FLAVOR=ngc has containers/roihu.def",
+        ),
+        (["FLAVOR=ngc", "SIF_QUOTA_GIB=lots"], "SIF_QUOTA_GIB=lots is not a number of GiB"),
+    ],
+)
+def test_bad_sif_inputs_stop_make_with_one_line(args, says):
+    proc = make_dry_run("sif", *args, "ENGINE=podman")
+    assert proc.returncode == 2 and says in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert "build" not in proc.stdout
+
+
+def run_make_sif(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """`make sif` for real, with stand-ins for apptainer (writes a 4 KiB .sif) and podman (holds no image)."""
+    require_tool("make")
+    shims = tmp_path / "bin"
+    shims.mkdir(exist_ok=True)
+    (shims / "apptainer").write_text(
+        '#!/bin/bash\necho "apptainer $* (cache: $APPTAINER_CACHEDIR)" >&2\nhead -c 4096 /dev/zero > "${@: -2:1}"\n'
+    )
+    (shims / "podman").write_text('#!/bin/bash\n[ "$1 $2" != "image inspect" ]\n')
+    for shim in shims.iterdir():
+        shim.chmod(0o755)
+    env = {**MAKE_ENV, "PATH": f"{shims}{os.pathsep}{os.environ['PATH']}", "TMPDIR": str(tmp_path)}
+    env.pop("APPTAINER_CACHEDIR", None)
+    return subprocess.run(
+        ["make", "--no-print-directory", "sif", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_make_sif_def_prints_the_sif_size_and_warns_above_the_quota(tmp_path):
+    sif = tmp_path / "scaleout-ngc.sif"
+    proc = run_make_sif(tmp_path, "FLAVOR=ngc", "DEF=1", f"SIF={sif}")
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        f"--bind={tmp_path}:/tmp {sif} containers/roihu.def (cache: {tmp_path}/apptainer-cache)"
+        in proc.stderr
+    )
+    assert f"sif: {sif} is 4.0K (du -h)" in proc.stdout
+    assert "warning" not in proc.stderr
+    small = run_make_sif(tmp_path, "FLAVOR=ngc", "DEF=1", f"SIF={sif}", "SIF_QUOTA_GIB=0.000001")
+    assert small.returncode == 0
+    warning = [line for line in small.stderr.splitlines() if line.startswith("sif: warning")]
+    assert warning == [
+        f"sif: warning: {sif} is more than SIF_QUOTA_GIB=0.000001 GiB, the quota of /projappl on Roihu: keep it"
+        " on /scratch/<project>/ (250 GiB) or ask CSC for more quota"
+    ]
+
+
+def test_make_sif_from_an_image_needs_the_image_first(tmp_path):
+    proc = run_make_sif(tmp_path, "FLAVOR=ngc", "ENGINE=podman", f"SIF={tmp_path / 'x.sif'}")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[0] == (
+        "sif: podman holds no image scaleout:ngc: run make image FLAVOR=ngc first, or build from"
+        " containers/roihu.def: make sif FLAVOR=ngc DEF=1"
+    )
+    assert not (tmp_path / "x.sif").exists()
+    none = run_make_sif(tmp_path, "FLAVOR=cpu", "ENGINE=", f"SIF={tmp_path / 'x.sif'}")
+    assert none.returncode == 2
+    assert none.stderr.splitlines()[0] == (
+        "sif: neither a docker daemon nor podman is here to hold scaleout:cpu: make image FLAVOR=cpu on a machine"
+        " with one"
+    )
