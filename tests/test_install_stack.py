@@ -426,7 +426,9 @@ def test_a_preinstalled_horovod_without_the_profiles_controller_is_replaced(stac
     """LUMI's container (MPI, no Gloo) under a launch that needs Gloo: built, not kept; and the other way."""
     stack.preinstall("0.28.1")
     proc = stack.run(FAKE_CHECK="TensorFlow MPI")
-    assert "horovod 0.28.1 is installed but horovodrun --check-build shows [ ] Gloo; installing" in proc.stdout
+    assert (
+        "horovod 0.28.1 is installed but horovodrun --check-build shows [ ] Gloo; installing" in proc.stdout
+    )
     assert stack.builds() == 1
     other = Stack(tmp_path / "other")
     write_exe(tmp_path / "mpi" / "mpicxx", "#!/bin/bash\n")
@@ -453,7 +455,9 @@ def test_a_gloo_less_build_against_another_mpi_is_keyed_and_verified_on_mpi(stac
     assert "shows [X] TensorFlow, [X] MPI; horovod.tensorflow loads" in proc.stdout
     # the default build (Gloo, OpenMPI's mpicxx) is another wheel
     Stack(tmp_path / "default").run()
-    assert len(list(stack.cache.rglob("*.whl"))) == 1 and len(list((tmp_path / "default").rglob("*.whl"))) == 1
+    assert (
+        len(list(stack.cache.rglob("*.whl"))) == 1 and len(list((tmp_path / "default").rglob("*.whl"))) == 1
+    )
 
 
 @pytest.mark.parametrize(

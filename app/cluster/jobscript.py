@@ -24,6 +24,7 @@ from app.cluster.checks import MIN_TIME_SECONDS, check_name, check_plain, check_
 from app.cluster.profile_rules import ENV_PLACEHOLDERS, PLACEHOLDER, TASK_PLACEHOLDERS
 from app.cluster.profiles import ROOT, Cluster, Partition, choose_partition
 from app.cluster.staging import SHARED_RUN_DIR, plan_stage
+from app.core import version
 from app.core.errors import REQUEUE_EXIT_CODE, UsageError, show
 
 TEMPLATE = ROOT / "jobs" / "train.sbatch"
@@ -192,6 +193,7 @@ def render(
         "command": command,
         "config_args": " ".join(f"-c {shlex.quote(c)}" for c in configs),
         "set_args": " ".join(f"--set {shlex.quote(s)}" for s in sets),
+        "rendered_by": version.identity(),
     }
     script = string.Template(TEMPLATE.read_text(encoding="utf-8")).substitute(values)
     run_dir = Path(resume) if resume is not None else Path(into) if into is not None else None

@@ -37,7 +37,7 @@ PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # Names an env entry may not set: the job script's own variables and the ones it manages, Slurm's, Horovod's
 # rank variables (the launcher's), and the shell's own behaviour.
 ENV_RESERVED = ("RUN_DIR", "DATA_DIR", "CONFIG_ARGS", "SET_ARGS", "status", "port", "rdv_out", "rdv_pid", "rdv_addr",
-                "SCALEOUT_RENDEZVOUS_TOKEN",
+                "SCALEOUT_RENDEZVOUS_TOKEN", "SCALEOUT_RENDERED_BY",
                 "PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "OMP_NUM_THREADS", "HOROVOD_RANK", "HOROVOD_SIZE",
                 "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE",
                 "HOROVOD_HOSTNAME", "HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT", "HOROVOD_CONTROLLER",

@@ -7,12 +7,15 @@ checkpoint/metrics (rank 0 only). Lines that exist only because of distribution 
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
+from rich.markup import escape
 
+from app.core import version
 from app.core.config import MIN_IMAGE_SIZE, Config, checkpoint_interval, dump
 from app.core.errors import AppError, Preempted, UsageError
 from app.core.results import read_metrics
@@ -96,6 +99,8 @@ def train_and_evaluate(
     start_epoch = found[0] if found else 0
     start_step = resume_step(state, p, reporter) if found else 0
     header(reporter, cfg, spec, world, p, policy, run_dir, start_epoch, start_step)
+    if differs := version.mismatch(os.environ.get(version.RENDERED_BY)):  # a job script of another checkout
+        reporter.note(escape(f"Warning: {differs}"))
     for why in skipped:
         reporter.note(f"skipping checkpoint {why}")
 
