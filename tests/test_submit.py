@@ -1452,12 +1452,13 @@ def test_a_bound_link_to_an_unbound_folder_is_refused(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("gpus, noted", [(8, True), (4, False)])
 def test_a_partition_that_needs_an_access_grant_is_named_before_submitting(gpus, noted):
-    # Issue 19, item 4: 8 GPUs on Roihu land on gpularge, which CSC opens only after a scalability test.
+    # Issue 19, item 4: 8 GPUs on Roihu land on gpularge, which CSC opens only on request (a trial, then a
+    # scalability report).
     proc = subprocess.run([sys.executable, "-m", "app", "submit", "--cluster", "roihu", "--gpus", str(gpus),
                            "--account", "project_2001234", "-c", "configs/synthetic.yaml", "--dry-run"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    note = "Note: partition gpularge on roihu: CSC opens it to a project only after a scalability test (3 or more"
+    note = "Note: partition gpularge on roihu: needs CSC's grant: apply for its 30-day trial in MyCSC"
     assert proc.stderr.startswith(note) if noted else proc.stderr == ""
 
 
@@ -1465,8 +1466,9 @@ def test_an_access_note_must_be_one_printable_line(tmp_path, monkeypatch):
     text = (
         (profiles.CLUSTERS / "roihu.yaml")
         .read_text()
-        .replace("without access sbatch", "without\\naccess sbatch")
+        .replace("without it sbatch", "without\\nit sbatch")
     )
+    assert "without\\nit sbatch" in text
     (tmp_path / "roihu.yaml").write_text(text.replace('access: "', 'access: "\\u0007'))
     monkeypatch.setattr(profiles, "CLUSTERS", tmp_path)
     with pytest.raises(

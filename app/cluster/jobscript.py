@@ -22,7 +22,7 @@ from pathlib import Path
 
 from app.cluster.checks import MIN_TIME_SECONDS, check_name, check_plain, check_text, parse_time, signal_lead
 from app.cluster.profile_rules import ENV_PLACEHOLDERS, PLACEHOLDER, TASK_PLACEHOLDERS
-from app.cluster.profiles import ROOT, Cluster, Partition, choose_partition
+from app.cluster.profiles import ROOT, Cluster, Partition, choose_partition, memory_request
 from app.cluster.staging import SHARED_RUN_DIR, plan_stage
 from app.core import version
 from app.core.errors import REQUEUE_EXIT_CODE, UsageError, show
@@ -429,12 +429,7 @@ def _header(
         "partition": shape.partition.name,
         "account_line": f"#SBATCH --account={account}\n" if account else "",
         "exclusive_line": "#SBATCH --exclusive\n" if exclusive else "",  # a binding needs the whole node
-        # With --exclusive (or a whole-node partition) Slurm gives a job only the memory it asks for.
-        "memory_line": f"#SBATCH --mem={cluster.mem_full_node}\n"
-        if full_node and cluster.mem_full_node is not None
-        else f"#SBATCH --mem-per-gpu={cluster.mem_per_gpu}\n"
-        if not full_node and cluster.mem_per_gpu is not None
-        else "",
+        "memory_line": "".join(f"#SBATCH {m}\n" for m in [memory_request(cluster, full_node)] if m),
         "log_dir": str(log_dir),  # checked plain: #SBATCH lines are not shell, quotes would be kept
         "signal_seconds": lead,
         # A task (app benchmark) has no stop handler: SIGUSR1 would only end it early, and a requeue would
@@ -496,7 +491,7 @@ def render_after(first: Job, cluster: Cluster, name: str, args: list[str], after
         gpu_request=cluster.gpu_request.format(gpus=1),
         partition=choose_partition(cluster, 1, 1, AFTER_TIME_S, None, prefer_test=True).name,
         account_line=f"#SBATCH --account={account}\n" if account else "", log_dir=first.log_dir,
-        memory_line=f"#SBATCH --mem-per-gpu={cluster.mem_per_gpu}\n" if cluster.mem_per_gpu else "",
+        memory_line="".join(f"#SBATCH {m}\n" for m in [memory_request(cluster, False)] if m),
         after=":".join(after), app=first.app, command=shlex.join(args),
     )  # fmt: skip
     partition = re.search(r"^#SBATCH --partition=(\S+)$", script, re.M).group(1)

@@ -351,6 +351,15 @@ def access_note(cluster: Cluster, partition: str) -> str | None:
     return f"partition {partition} on {cluster.name}: {part.access}" if part and part.access else None
 
 
+def memory_request(cluster: Cluster, full_node: bool) -> str | None:
+    """The job's memory option: --mem for a job that takes every GPU of its nodes (with --exclusive, or on a
+    whole-node partition, Slurm gives a job only the memory it asks for), --mem-per-gpu for one on part of a
+    node; None where the profile leaves it to the site."""
+    if full_node:
+        return None if cluster.mem_full_node is None else f"--mem={cluster.mem_full_node}"
+    return None if cluster.mem_per_gpu is None else f"--mem-per-gpu={cluster.mem_per_gpu}"
+
+
 def load_cluster(name: str) -> Cluster:
     """The profile jobs/clusters/<name>.yaml, every value type- and character-checked."""
     path = CLUSTERS / f"{name}.yaml"
