@@ -69,7 +69,7 @@ class ModelConfig:
     zero_init_residual: bool = True  # zero-init each residual block's last batch-norm gamma (Goyal et al.)
     weight_decay: float = 1e-4  # on conv/dense kernels only, never on batch-norm parameters or biases
     label_smoothing: float = 0.0
-    precision: str = "auto"  # auto: bf16 on CPUs with AVX512_BF16, fp16 on GPUs, else float32
+    precision: str = "auto"  # bf16: AVX512_BF16 CPUs, Ampere+/MI200+ GPUs; fp16: other GPUs; else float32
     jit_compile: bool = False  # XLA; for GPUs (on the CPU it is ~5x slower for ResNet-50)
 
 

@@ -4,9 +4,11 @@ policy, and the compiled model with its (Horovod-wrapped) optimizer, loss and me
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import tensorflow as tf
+from rich.markup import escape
 
 from app.core.config import Config
 from app.core.errors import UsageError
@@ -17,18 +19,75 @@ from app.training import checkpoint, models
 from app.training.output import Reporter
 from app.training.schedule import make_schedule
 
+# What tf.config.experimental.get_device_details(gpu) holds, read in TensorFlow's sources on 2026-12-04 (no GPU
+# here to ask; function names, as line numbers move between releases): BaseGPUDeviceFactory::GetDeviceDetails
+# in tensorflow/core/common_runtime/gpu/gpu_device.cc (tensorflow/tensorflow 637eae5b) sets "device_name" always
+# and "compute_capability" ("8.0") only under `#if GOOGLE_CUDA`; Context.get_device_details in
+# tensorflow/python/eager/context.py turns it into (8, 0). A ROCm build gives the name alone: hipDeviceGetName's
+# marketing name, set by GpuExecutor::CreateDeviceDescription in
+# third_party/xla/xla/stream_executor/rocm/rocm_gpu_executor.cc (053a4435; rocminfo names LUMI-G's GCDs "AMD
+# Instinct MI250X"). Newer XLA (rocm/rocm_executor.cc, RocmExecutor::CreateDeviceDescription, 00a9aeae) puts the
+# GCN arch name ("gfx90a:sramecc+:xnack-") there when that name is empty, as ROCm 4.5-5.x left it for MI50 to
+# MI210 (ROCm/legacy-rocm-build#1625); older TensorFlow then gives "".
+# bf16 at fp16's rate: MI210, MI250(X), MI300A/X, MI325X, MI355X by name; gfx90a (MI200), gfx94x (MI300), gfx95x
+# (MI350) by arch. MI100 (gfx908) is left out: its bf16 runs at half its fp16 rate.
+BF16_AMD_NAME = re.compile(r"\bMI[23][0-9]{2}[A-Z]?\b", re.IGNORECASE)
+BF16_AMD_ARCH = re.compile(r"\bgfx(90a|94[0-9]|95[0-9])\b", re.IGNORECASE)
+UNKNOWN_GPU = "not known to have fast bf16"
 
-def resolve_precision(precision: str) -> str:
-    """The Keras mixed-precision policy for ``precision`` on this machine (``auto`` picks the fastest)."""
+
+def gpu_auto_precision(details: dict) -> tuple[str, str]:
+    """``auto``'s policy on a GPU, from what ``tf.config.experimental.get_device_details`` says of it, and the
+    reason: bf16 (which needs no loss scaling) on CUDA compute capability 8.0 and newer (A100, H100, GH200) and
+    on AMD's MI200 and MI300 classes (gfx90a, gfx94x, gfx95x); fp16 on older or unrecognised GPUs."""
+    name = str(details.get("device_name") or "").strip()
+    capability = details.get("compute_capability")
+    if isinstance(capability, tuple) and len(capability) == 2:
+        policy = "mixed_bfloat16" if capability >= (8, 0) else "mixed_float16"
+        return policy, f"{name or 'a GPU'}, compute capability {capability[0]}.{capability[1]}"
+    if BF16_AMD_NAME.search(name) or BF16_AMD_ARCH.search(name):
+        return "mixed_bfloat16", name
+    return "mixed_float16", f"{name or 'a GPU without a name'}, {UNKNOWN_GPU}"
+
+
+def resolve_precision(precision: str) -> tuple[str, str]:
+    """The Keras mixed-precision policy for ``precision`` on this machine (``auto`` picks the fastest), and why."""
     if precision != "auto":
-        return precision
+        return precision, "set in the config"
     gpus = tf.config.list_physical_devices("GPU")
-    if gpus:  # bf16 on Ampere and newer (no loss scaling needed), fp16 on older GPUs such as V100
-        capability = tf.config.experimental.get_device_details(gpus[0]).get("compute_capability", (0, 0))
-        return "mixed_bfloat16" if capability >= (8, 0) else "mixed_float16"
+    if gpus:
+        return gpu_auto_precision(tf.config.experimental.get_device_details(gpus[0]))
     from app.engines.info import cpu_has_avx512_bf16
 
-    return "mixed_bfloat16" if cpu_has_avx512_bf16() else "float32"
+    if cpu_has_avx512_bf16():
+        return "mixed_bfloat16", "a CPU with AVX512_BF16"
+    return "float32", "a CPU without AVX512_BF16"
+
+
+def precision_problem(
+    requested: str, policy: str, why: str, accumulation_steps: int, workers: int
+) -> str | None:
+    """Why ``policy`` cannot train with ``accumulation_steps`` on ``workers`` workers, in one line; None if it can.
+
+    fp16's loss-scale optimizer would update its scale at every micro-batch from each rank's own gradients:
+    ranks could hold different scales when the accumulated gradients are allreduced, and the replicas would
+    drift apart silently. bf16 needs no loss scaling, float32 none either. ``auto`` is refused as an explicit
+    mixed_float16 is, never switched to float32: a run trains at the precision ``auto`` picks on its GPUs, or
+    not at all."""
+    if policy != "mixed_float16" or accumulation_steps <= 1 or workers <= 1:
+        return None
+    if requested == "mixed_float16":
+        return (
+            f"model.precision mixed_float16 with train.accumulation_steps {accumulation_steps} "
+            f"on {workers} workers would let the workers' loss scales diverge; use mixed_bfloat16 "
+            "(Ampere or newer GPUs, CPUs) or float32, or accumulation_steps 1"
+        )
+    return (
+        f"model.precision auto is mixed_float16 on this GPU ({why}), and with train.accumulation_steps "
+        f"{accumulation_steps} on {workers} workers the workers' loss scales would diverge; set "
+        "model.precision=mixed_bfloat16 if the GPU supports it (Ampere or newer, MI200 or newer), or float32, "
+        "or train.accumulation_steps=1"
+    )
 
 
 def sparse_loss(label_smoothing: float):
@@ -95,21 +154,16 @@ def setup(cfg: Config, threads: int = 0) -> tuple[World, Reporter, str]:
 def set_precision(cfg: Config, world: World, reporter: Reporter) -> str:
     """The precision policy for ``cfg`` on ``world``, set globally (called again when a resume changed the
     accumulation steps, before any model is built)."""
-    policy = resolve_precision(cfg.model.precision)
-    if policy == "mixed_float16" and cfg.train.accumulation_steps > 1 and world.size > 1:
-        # The loss-scale optimizer would update its scale at every micro-batch from each rank's own
-        # gradients: ranks could hold different scales when the accumulated gradients are allreduced, and the
-        # replicas would drift apart silently. bf16 needs no loss scaling; float32 none either.
-        if cfg.model.precision == "mixed_float16":
-            raise UsageError(
-                f"model.precision mixed_float16 with train.accumulation_steps {cfg.train.accumulation_steps} "
-                f"on {world.size} workers would let the workers' loss scales diverge; use mixed_bfloat16 "
-                "(Ampere or newer GPUs, CPUs) or float32, or accumulation_steps 1"
-            )
-        policy = "float32"
+    policy, why = resolve_precision(cfg.model.precision)
+    problem = precision_problem(cfg.model.precision, policy, why, cfg.train.accumulation_steps, world.size)
+    if problem:
+        raise UsageError(problem)
+    if cfg.model.precision == "auto" and why.endswith(UNKNOWN_GPU):  # fp16 on a guess: said, never silent
         reporter.note(
-            "precision auto: float32, not mixed_float16 (loss scaling cannot be kept in step across workers "
-            "with gradient accumulation); set model.precision=mixed_bfloat16 if the GPUs support it"
+            escape(
+                f"precision auto: mixed_float16 on {why}; set model.precision=mixed_bfloat16 if it has (Ampere "
+                "or newer, MI200 or newer)"
+            )
         )
     tf.keras.mixed_precision.set_global_policy(policy)
     return policy
