@@ -131,6 +131,25 @@ def test_equal_steps_and_reproducible_order():
     assert batches(per_rank[0], initial=1) == full[steps:]  # a resume replays epoch 2 exactly
 
 
+def test_each_rank_decodes_on_a_thread_pool_of_its_own_size():
+    """Issue 19, item 6: tf.data's pool per rank is sized (app.engines.world.threads_per_rank); same batches."""
+    source = id_source(40, 0, 1)
+
+    def labels(ds):
+        return [b[1].numpy().tolist() for b in ds]
+
+    shared = pipeline.train_dataset(source, 8, 5, 2, seed=3, shuffle_buffer=64)
+    pooled = pipeline.train_dataset(source, 8, 5, 2, seed=3, shuffle_buffer=64, threads=3)
+    assert shared.options().threading.private_threadpool_size is None  # 0: TensorFlow's shared pool
+    assert pooled.options().threading.private_threadpool_size == 3
+    assert labels(pooled) == labels(shared)
+    evaluation = pipeline.eval_dataset(source, 8, threads=2)
+    assert evaluation.options().threading.private_threadpool_size == 2
+    assert labels(evaluation) == labels(pipeline.eval_dataset(source, 8))
+    synthetic = pipeline.train_dataset(source, 8, 5, 1, synthetic=True, threads=1)
+    assert synthetic.options().threading.private_threadpool_size == 1
+
+
 def test_a_mid_epoch_resume_gives_the_same_batches_and_decodes_only_what_it_trains_on(imagenet_dir):
     cfg = config.build(
         [], ["data.source=imagenet", f"data.data_dir={imagenet_dir}", "data.image_size=32"]

@@ -1,6 +1,6 @@
 """GPU details on paper (issue 19, item 6): what `precision: auto` picks from the device details TensorFlow
-reports (CUDA and ROCm builds, as their sources show; no GPU here), and that a run never trains at another
-precision than `auto` picked."""
+reports (CUDA and ROCm builds, as their sources show; no GPU here), that a run never trains at another precision
+than `auto` picked, and the size of each rank's tf.data thread pool."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from rich.console import Console
 
 from app.core import config
 from app.core.errors import UsageError
-from app.engines.world import World
+from app.engines.world import World, threads_per_rank
 from app.training import prepare
 from app.training.output import Reporter
 
@@ -113,3 +113,88 @@ def test_fp16_on_a_gpu_it_does_not_know_is_said(monkeypatch, policy_restored):
         "precision auto: mixed_float16 on a GPU without a name, not known to have fast bf16; set "
         "model.precision=mixed_bfloat16 if it has (Ampere or newer, MI200 or newer)\n"
     )
+
+
+# ---------------------------------------------------------------------------------- input threads per rank
+
+LUMI_NODE = {"cpu_count": 128, "local_size": 8}  # 64 cores with SMT, 8 GCDs
+ROIHU_NODE = {"cpu_count": 288, "local_size": 4}  # 4 GH200 with 72 cores each
+
+
+@pytest.mark.parametrize(
+    "env, node, launcher, count, source",
+    [
+        ({"SLURM_CPUS_PER_TASK": "7"}, LUMI_NODE, "srun", 7, "SLURM_CPUS_PER_TASK"),
+        ({"SLURM_CPUS_PER_TASK": "72"}, ROIHU_NODE, "srun", 72, "SLURM_CPUS_PER_TASK"),
+        ({"SLURM_CPUS_PER_TASK": " 7\n"}, LUMI_NODE, "pmix", 7, "SLURM_CPUS_PER_TASK"),
+        ({"SLURM_CPUS_PER_TASK": "7"}, LUMI_NODE, "mpirun", 7, "SLURM_CPUS_PER_TASK"),  # one task a rank
+        ({"SLURM_CPUS_PER_TASK": "128"}, LUMI_NODE, "srun", 128, "SLURM_CPUS_PER_TASK"),  # all of them: allowed
+        ({}, LUMI_NODE, "srun", 16, "this node's 128 CPUs / 8 workers on it"),
+        ({}, {"cpu_count": 2, "local_size": 1}, "none", 2, "this node's 2 CPUs"),
+        ({}, {"cpu_count": 2, "local_size": 4}, "horovodrun", 1, "this node's 2 CPUs / 4 workers on it"),
+        ({}, {"cpu_count": None, "local_size": 1}, "none", 1, "this node's 1 CPU"),
+        # `app --np 2` inside one Slurm task of 8 CPUs: its two workers share them
+        ({"SLURM_CPUS_PER_TASK": "8"}, {"cpu_count": 64, "local_size": 2}, "horovodrun", 4,
+         "SLURM_CPUS_PER_TASK=8 / 2 workers in the task"),
+        ({"SLURM_CPUS_PER_TASK": "1"}, {"cpu_count": 64, "local_size": 2}, "horovodrun", 1,
+         "SLURM_CPUS_PER_TASK=1 / 2 workers in the task"),
+    ],
+)  # fmt: skip
+def test_input_threads_per_rank(env, node, launcher, count, source):
+    chosen = threads_per_rank(0, env, node["cpu_count"], node["local_size"], launcher)
+    assert (chosen.count, chosen.source, chosen.note) == (count, source, None)
+
+
+def test_the_threads_option_comes_first():
+    chosen = threads_per_rank(3, {"SLURM_CPUS_PER_TASK": "7"}, 128, 8, "srun")
+    assert (chosen.count, chosen.source, chosen.note) == (3, "--threads", None)
+
+
+NO_NUMBER = "is not a number of CPUs (a whole number from 1)"
+
+
+@pytest.mark.parametrize(
+    "value, problem",
+    [
+        ("0", f"SLURM_CPUS_PER_TASK=0 {NO_NUMBER}"),
+        ("000", f"SLURM_CPUS_PER_TASK=000 {NO_NUMBER}"),
+        ("-3", f"SLURM_CPUS_PER_TASK=-3 {NO_NUMBER}"),
+        ("+7", f"SLURM_CPUS_PER_TASK=+7 {NO_NUMBER}"),
+        ("7.5", f"SLURM_CPUS_PER_TASK=7.5 {NO_NUMBER}"),
+        ("seven", f"SLURM_CPUS_PER_TASK=seven {NO_NUMBER}"),
+        ("", f"SLURM_CPUS_PER_TASK='' {NO_NUMBER}"),
+        ("\u0667", f"SLURM_CPUS_PER_TASK='\u0667' {NO_NUMBER}"),  # an Arabic 7
+        ("7\x1b[2J", f"SLURM_CPUS_PER_TASK='7\\x1b[2J' {NO_NUMBER}"),
+        ("129", "SLURM_CPUS_PER_TASK=129 is more than this node's 128 CPUs"),
+        ("100000", "SLURM_CPUS_PER_TASK=100000 is more than this node's 128 CPUs"),
+        ("9" * 20, f"SLURM_CPUS_PER_TASK={'9' * 20} is more than this node's 128 CPUs"),
+    ],
+)
+def test_a_cpus_per_task_that_is_no_number_of_cpus_is_ignored_with_a_note(value, problem):
+    chosen = threads_per_rank(0, {"SLURM_CPUS_PER_TASK": value}, 128, 8, "srun")
+    assert (chosen.count, chosen.source) == (16, "this node's 128 CPUs / 8 workers on it")
+    assert chosen.note == f"{problem}; ignored, using this node's 128 CPUs / 8 workers on it"
+
+
+def test_a_huge_cpus_per_task_is_no_crash():
+    chosen = threads_per_rank(0, {"SLURM_CPUS_PER_TASK": "9" * 5000}, None, 1)  # int() refuses 4,300+ digits
+    assert chosen.count == 1 and "is more than any node's CPUs; ignored" in chosen.note
+
+
+def test_the_note_reaches_rank_0s_output(monkeypatch):
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "0")
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    rep, out = reporter()
+    chosen = prepare.input_threads(0, World(local_size=2, launcher="srun"), rep)
+    assert (chosen.count, chosen.source) == (2, "this node's 4 CPUs / 2 workers on it")
+    assert out.getvalue() == (
+        "input threads: SLURM_CPUS_PER_TASK=0 is not a number of CPUs (a whole number from 1); ignored, using "
+        "this node's 4 CPUs / 2 workers on it\n"
+    )
+
+
+def test_a_value_with_markup_is_printed_as_it_is(monkeypatch):
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "[bold]7")
+    rep, out = reporter()
+    prepare.input_threads(0, World(), rep)
+    assert out.getvalue().startswith(f"input threads: SLURM_CPUS_PER_TASK='[bold]7' {NO_NUMBER}; ignored")

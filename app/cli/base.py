@@ -156,7 +156,9 @@ def cli(debug: bool) -> None:
 
 # Shared by every command that starts workers (config_options, doctor): one definition, one help text.
 THREADS_OPTION = click.option("--threads", type=Int(min=0), default=0, show_default=True,
-                              help="CPU threads per worker (0: the node's cores shared among its workers).")  # fmt: skip
+                              help="CPU threads per worker, for its input pipeline and, on CPU-only workers, its compute "
+                                   "(0: the node's cores shared among its workers; the input pipeline takes "
+                                   "SLURM_CPUS_PER_TASK first).")  # fmt: skip
 NP_OPTION = click.option("--np", "np_", type=Int(min=1), metavar="N",
                          help="Start N local workers through horovodrun --gloo (one workstation).")  # fmt: skip
 

@@ -7,8 +7,9 @@ the data an uninterrupted run would have seen, and ``--seed`` makes the order re
 
 Per worker: shard by rank before shuffling (whole files when there are at least as many files as workers,
 single examples otherwise), interleave files in parallel, shuffle, decode and augment in parallel, batch with
-``drop_remainder=True``, prefetch. The number of steps per epoch is agreed across ranks (the minimum), since
-unequal step counts would deadlock the allreduce.
+``drop_remainder=True``, prefetch, all of it on a private thread pool of the rank's own size (the training
+stage decides it). The number of steps per epoch is agreed across ranks (the minimum), since unequal step counts
+would deadlock the allreduce.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from app.data.sources import AUTOTUNE, ImagenetSource, Source, count_records
 def train_dataset(
     source: Source, batch_size: int, steps_per_epoch: int, epochs: int, initial_epoch: int = 0,
     seed: int = 0, rank: int = 0, shuffle_buffer: int = 10000, synthetic: bool = False, deterministic: bool = True,
-    skip_steps: int = 0,
+    skip_steps: int = 0, threads: int = 0,
 ) -> tf.data.Dataset:  # fmt: skip
     """Batches for epochs ``initial_epoch..epochs-1``, ``steps_per_epoch`` per epoch, one epoch after another;
     the first ``skip_steps`` batches of the first epoch left out (a mid-epoch resume: the rest are exactly
@@ -35,7 +36,7 @@ def train_dataset(
     total = (epochs - initial_epoch) * steps_per_epoch - skip_steps
     if synthetic:  # one batch, made once, repeated: nothing but compute is measured
         batch = next(iter(source.train_elements(0).batch(batch_size)))
-        return tf.data.Dataset.from_tensors(batch).repeat(total)
+        return on_threads(tf.data.Dataset.from_tensors(batch).repeat(total), threads)
 
     def one_epoch(epoch: int, skip: int = 0) -> tf.data.Dataset:
         ds = source.train_elements(epoch)
@@ -59,7 +60,17 @@ def train_dataset(
     for epoch in range(initial_epoch + 1, epochs):
         ds = ds.concatenate(one_epoch(epoch))
     ds = ds.apply(tf.data.experimental.assert_cardinality(total))
-    return ds.prefetch(AUTOTUNE)
+    return on_threads(ds.prefetch(AUTOTUNE), threads)
+
+
+def on_threads(ds: tf.data.Dataset, threads: int) -> tf.data.Dataset:
+    """``ds`` run by a private pool of ``threads`` threads (0: TensorFlow's shared pool, as before), so the ranks
+    of a node each decode on their own share of its cores."""
+    if threads <= 0:
+        return ds
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = threads
+    return ds.with_options(options)
 
 
 def epoch_seed(seed: int, rank: int, epoch: int) -> int:
@@ -67,8 +78,9 @@ def epoch_seed(seed: int, rank: int, epoch: int) -> int:
     return int(np.random.SeedSequence([seed, rank, epoch]).generate_state(1)[0] >> 1)
 
 
-def eval_dataset(source: Source, batch_size: int, steps: int = 0) -> tf.data.Dataset:
-    """This rank's evaluation batches (the last one may be short: every example counts once)."""
+def eval_dataset(source: Source, batch_size: int, steps: int = 0, threads: int = 0) -> tf.data.Dataset:
+    """This rank's evaluation batches (the last one may be short: every example counts once), on a private pool
+    of ``threads`` threads (0: TensorFlow's shared pool)."""
     # map() spreads tuple elements over arguments; preprocess_eval takes the element whole, like preprocess_train.
     ds = source.eval_elements().map(
         lambda *el: source.preprocess_eval(el if len(el) > 1 else el[0]), num_parallel_calls=AUTOTUNE
@@ -78,7 +90,7 @@ def eval_dataset(source: Source, batch_size: int, steps: int = 0) -> tf.data.Dat
         ds = ds.take(steps)
     elif source.spec.name == "synthetic":
         ds = ds.take(max(1, source.spec.eval_examples // batch_size))
-    return ds.prefetch(AUTOTUNE)
+    return on_threads(ds.prefetch(AUTOTUNE), threads)
 
 
 def tf_message(exc: Exception, limit: int = 200) -> str:

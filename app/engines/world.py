@@ -1,6 +1,7 @@
 """Who this process is among the workers, and the guards that no silent fallback passes: which launcher started
 it (horovodrun, mpirun, srun, PMIx), how many processes the launcher started against how many joined, GPUs
-allocated against GPUs seen, and the errors workers leave for `app --np`.
+allocated against GPUs seen, how many CPU threads a rank takes (--threads, SLURM_CPUS_PER_TASK or its share of
+the node), and the errors workers leave for `app --np`.
 
 Reads only the environment and the device files: no Horovod or TensorFlow here, so the CLI and the login-node
 commands may use it.
@@ -13,7 +14,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from app.core.errors import AppError, UsageError, brief
+from app.core.errors import AppError, UsageError, brief, show
 
 # Environment variables by which each launcher tells a process its rank.
 LAUNCHER_RANK_VARS = {
@@ -224,6 +225,51 @@ def rank_from_env() -> int:
         if var in os.environ:
             return int(os.environ[var])
     return 0
+
+
+# What `--cpus-per-task` gave each task: 7 cores a GCD on LUMI-G, up to 72 a GPU on Roihu.
+CPUS_PER_TASK_VAR = "SLURM_CPUS_PER_TASK"
+
+
+@dataclass(frozen=True)
+class RankThreads:
+    """How many CPU threads one rank takes, where that number came from, and a note when a value was ignored."""
+
+    count: int
+    source: str
+    note: str | None = None
+
+
+def threads_per_rank(
+    threads: int, env, cpu_count: int | None, local_size: int, launcher: str = "none"
+) -> RankThreads:
+    """The CPU threads of one rank: ``threads`` (--threads) when given, else SLURM_CPUS_PER_TASK when it is a
+    whole number from 1 to this node's ``cpu_count`` CPUs (anything else is ignored with a note), else the
+    node's CPUs shared among its ``local_size`` workers.
+
+    Under horovodrun (`app --np N` inside a Slurm task) the local workers share their one task's CPUs, so
+    SLURM_CPUS_PER_TASK is divided among them; srun's and mpirun's ranks are each a task of their own."""
+    if threads > 0:
+        return RankThreads(threads, "--threads")
+    cpus = cpu_count or 1
+    shared = max(1, local_size)
+    among = f" / {shared} workers on it" if shared > 1 else ""
+    fallback = RankThreads(max(1, cpus // shared), f"this node's {cpus} CPU{'s' if cpus > 1 else ''}{among}")
+    if CPUS_PER_TASK_VAR not in env:
+        return fallback
+    raw = str(env[CPUS_PER_TASK_VAR])
+    value = raw.strip()
+    if not re.fullmatch(r"[0-9]+", value) or not value.lstrip("0"):
+        problem = f"{CPUS_PER_TASK_VAR}={show(raw)} is not a number of CPUs (a whole number from 1)"
+    elif len(value.lstrip("0")) > 9 or (cpu_count and int(value) > cpu_count):
+        node = f"this node's {cpu_count}" if cpu_count else "any node's"
+        problem = f"{CPUS_PER_TASK_VAR}={show(raw)} is more than {node} CPUs"
+    else:
+        n = int(value)
+        if launcher == "horovodrun" and shared > 1:
+            return RankThreads(max(1, n // shared), f"{CPUS_PER_TASK_VAR}={n} / {shared} workers in the task")
+        return RankThreads(n, CPUS_PER_TASK_VAR)
+    return RankThreads(fallback.count, fallback.source, f"{problem}; ignored, using {fallback.source}")
 
 
 ERROR_DIR_VAR = "SCALEOUT_ERROR_DIR"  # set by launch_local: where its workers leave their error lines

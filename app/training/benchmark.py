@@ -163,7 +163,7 @@ def run(
     from app.data.pipeline import train_dataset
     from app.data.sources import open_source
     from app.engines import horovod as distributed
-    from app.training.prepare import build_model, setup
+    from app.training.prepare import build_model, input_threads, setup
 
     synthetic = cfg.data.source == "synthetic"
     if pipeline_only and synthetic:
@@ -171,6 +171,7 @@ def run(
             "--pipeline-only measures an input pipeline; synthetic data has none (use tfds or imagenet data)"
         )
     world, reporter, policy = setup(cfg, threads)
+    inputs = input_threads(threads, world, reporter)
     source = open_source(cfg.data, world.rank, world.size, cfg.run.seed)
     model = None if pipeline_only else build_model(cfg, source.spec, world)
     out = []
@@ -184,6 +185,7 @@ def run(
         ds = train_dataset(
             source, batch, per_epoch, math.ceil((steps + timeline_steps) / per_epoch), 0, cfg.run.seed, world.rank,
             cfg.data.shuffle_buffer, synthetic=synthetic, deterministic=cfg.data.deterministic,
+            threads=inputs.count,
         )  # fmt: skip
         step_fn = None if model is None else tf.function(model.train_step, jit_compile=cfg.model.jit_compile)
         iterator = iter(ds)
@@ -207,6 +209,7 @@ def run(
             "workers": world.size,
             "nodes": world.nodes,
             "threads_per_worker": threads or None,
+            "input_threads": {"per_worker": inputs.count, "from": inputs.source},
             **summarize_steps(times, waits, images_per_step, n_windows),
             "peak_memory_mb": peak_memory_mb(),
             "timeline": timeline,

@@ -15,7 +15,7 @@ from app.data.sources import open_source
 from app.engines import horovod as distributed
 from app.training import checkpoint
 from app.training.output import write_json
-from app.training.prepare import build_model, restore, setup
+from app.training.prepare import build_model, input_threads, restore, setup
 
 
 def eval_step(model, num_classes: int):
@@ -57,6 +57,7 @@ def evaluate(model, dataset, num_classes: int, tick=None, step=None) -> dict:
 def evaluate_run(cfg: Config, run_dir: Path, epoch: int | None = None, threads: int = 0) -> dict:
     """Evaluate a run's checkpoint (the latest valid one, or ``epoch``) on the evaluation split, distributed."""
     world, reporter, policy = setup(cfg, threads)
+    inputs = input_threads(threads, world, reporter)
     skipped: list[str] = []
     found = checkpoint.find(run_dir, epoch, skipped) if world.is_chief else None
     found = distributed.broadcast_object(found)
@@ -68,7 +69,7 @@ def evaluate_run(cfg: Config, run_dir: Path, epoch: int | None = None, threads: 
     source = open_source(cfg.data, world.rank, world.size, cfg.run.seed)
     model = build_model(cfg, source.spec, world)
     restore(model, found[1], run_dir, label="RUN_DIR")
-    dataset = eval_dataset(source, cfg.train.batch_size, cfg.train.eval_steps)  # as during training
+    dataset = eval_dataset(source, cfg.train.batch_size, cfg.train.eval_steps, inputs.count)  # as in training
     try:
         scores = evaluate(model, dataset, source.spec.num_classes)
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as exc:

@@ -14,7 +14,7 @@ from app.core.config import Config
 from app.core.errors import UsageError
 from app.data.sources import Spec
 from app.engines import horovod as distributed
-from app.engines.world import World
+from app.engines.world import RankThreads, World, threads_per_rank
 from app.training import checkpoint, models
 from app.training.output import Reporter
 from app.training.schedule import make_schedule
@@ -149,6 +149,16 @@ def setup(cfg: Config, threads: int = 0) -> tuple[World, Reporter, str]:
         tf.config.experimental.enable_op_determinism()
     reporter = Reporter(world.rank)
     return world, reporter, set_precision(cfg, world, reporter)
+
+
+def input_threads(threads: int, world: World, reporter: Reporter) -> RankThreads:
+    """The size of each rank's tf.data thread pool and where it came from (--threads, SLURM_CPUS_PER_TASK, or
+    the node's CPUs shared among its workers: app.engines.world.threads_per_rank), with a note when
+    SLURM_CPUS_PER_TASK held something other than a number of CPUs."""
+    chosen = threads_per_rank(threads, os.environ, os.cpu_count(), world.local_size, world.launcher)
+    if chosen.note:
+        reporter.note(escape(f"input threads: {chosen.note}"))  # the variable's value may hold [markup]
+    return chosen
 
 
 def set_precision(cfg: Config, world: World, reporter: Reporter) -> str:

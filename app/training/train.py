@@ -23,7 +23,7 @@ from app.data.pipeline import eval_dataset, input_error, train_dataset
 from app.data.sources import Source, Spec, open_source
 from app.engines import faults
 from app.engines import horovod as distributed
-from app.engines.world import World
+from app.engines.world import RankThreads, World
 from app.training import checkpoint, runlock
 from app.training.callbacks import (
     CheckpointWriter,
@@ -41,11 +41,11 @@ from app.training.output import (
     write_text_atomic,
 )
 from app.training.plan import Plan, keep_global_batch, plan, resume_step
-from app.training.prepare import build_model, restore, set_precision, setup
+from app.training.prepare import build_model, input_threads, restore, set_precision, setup
 from app.training.schedule import make_schedule
 
 
-def header(reporter: Reporter, cfg: Config, spec: Spec, world: World, p: Plan, policy: str, run_dir, start_epoch: int, start_step: int = 0) -> None:  # fmt: skip
+def header(reporter: Reporter, cfg: Config, spec: Spec, world: World, p: Plan, policy: str, inputs: RankThreads, run_dir, start_epoch: int, start_step: int = 0) -> None:  # fmt: skip
     s = make_schedule(cfg, world.size)
     t = cfg.train
     if not t.warmup_epochs:
@@ -67,6 +67,7 @@ def header(reporter: Reporter, cfg: Config, spec: Spec, world: World, p: Plan, p
             ("workers", f"{world.size} ({world.nodes} node{'s' if world.nodes > 1 else ''}, {world.local_size} per node), launcher {world.launcher}, Horovod controller {world.controller}"),
             ("model", f"{cfg.model.name}, {spec.image_shape[0]}x{spec.image_shape[1]}x{spec.image_shape[2]}, {spec.num_classes} classes"),
             ("data", f"{spec.name}: {spec.train_examples:,} train / {spec.eval_examples:,} eval examples per worker ({spec.sharding}-level shards)"),
+            ("input", f"{inputs.count} thread{'s' if inputs.count > 1 else ''} per rank ({inputs.source})"),
             ("batch", f"{t.batch_size} per worker x {world.size} workers x {t.accumulation_steps} accumulation = {p.global_batch} global"),
             ("learning rate", f"base {t.base_lr:g} per {t.reference_batch}" + (f" -> scaled {s.target_lr:.5g}" if t.scale_lr else " (not scaled)")),
             ("warmup", warmup),
@@ -89,6 +90,7 @@ def train_and_evaluate(
     ``request``: the stop-signal handler, installed as early as the caller could."""
     request = request or faults.StopRequest().install()
     world, reporter, policy = setup(cfg, threads)
+    inputs = input_threads(threads, world, reporter)
     run_dir = Path(run_dir)
     source = open_data(cfg, world)
     spec = source.spec
@@ -98,7 +100,7 @@ def train_and_evaluate(
     p = plan(cfg, spec, world)
     start_epoch = found[0] if found else 0
     start_step = resume_step(state, p, reporter) if found else 0
-    header(reporter, cfg, spec, world, p, policy, run_dir, start_epoch, start_step)
+    header(reporter, cfg, spec, world, p, policy, inputs, run_dir, start_epoch, start_step)
     if differs := version.mismatch(os.environ.get(version.RENDERED_BY)):  # a job script of another checkout
         reporter.note(escape(f"Warning: {differs}"))
     for why in skipped:
@@ -133,7 +135,7 @@ def train_and_evaluate(
     )  # fmt: skip
     kept = f"checkpoint {found[1]} is intact" if found else "nothing was trained yet"
     stop_if_asked(request, write, kept, run_dir)
-    fit(cfg, model, source, p, world, reporter, write, request, start_epoch, start_step)
+    fit(cfg, model, source, p, world, reporter, write, request, start_epoch, start_step, inputs.count)
     # [horovod] Are all replicas still identical? Every variable: the batch-norm statistics were averaged at
     # the epoch end, so they must agree too.
     spread = distributed.replica_spread([v.numpy() for v in model.weights])
@@ -248,11 +250,16 @@ def stop_if_asked(request: faults.StopRequest, write: CheckpointWriter, kept: st
 
 def fit(
     cfg: Config, model, source: Source, p: Plan, world: World, reporter: Reporter, write: CheckpointWriter,
-    request: faults.StopRequest, start_epoch: int, start_step: int,
+    request: faults.StopRequest, start_epoch: int, start_step: int, threads: int = 0,
 ) -> None:  # fmt: skip
-    """Train from ``start_epoch`` (``start_step`` steps in) to train.epochs, evaluating at each epoch end."""
+    """Train from ``start_epoch`` (``start_step`` steps in) to train.epochs, evaluating at each epoch end; the
+    input pipelines on ``threads`` threads."""
     run_dir = write.run_dir
-    eval_ds = eval_dataset(source, cfg.train.batch_size, cfg.train.eval_steps) if cfg.run.evaluate else None
+    eval_ds = (
+        eval_dataset(source, cfg.train.batch_size, cfg.train.eval_steps, threads)
+        if cfg.run.evaluate
+        else None
+    )
 
     def callbacks(first_epoch: int, first_step: int) -> list:
         """The callbacks of one model.fit call whose first epoch starts ``first_step`` steps in."""
@@ -293,7 +300,7 @@ def fit(
             train_ds = train_dataset(
                 source, cfg.train.batch_size, p.steps_per_epoch, last, first_epoch, cfg.run.seed, world.rank,
                 cfg.data.shuffle_buffer, synthetic=cfg.data.source == "synthetic",
-                deterministic=cfg.data.deterministic, skip_steps=first_step,
+                deterministic=cfg.data.deterministic, skip_steps=first_step, threads=threads,
             )  # fmt: skip
             model.fit(
                 train_ds, epochs=last, initial_epoch=first_epoch, steps_per_epoch=p.steps_per_epoch - first_step,
