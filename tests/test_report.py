@@ -104,15 +104,21 @@ def test_report_files_plots_and_time_to_accuracy(tmp_path):
         ]
     )
     csv_lines = (out / "scaling.csv").read_text().splitlines()
-    assert csv_lines[0].startswith("batch/worker,workers,nodes,images/s")
+    assert csv_lines[0] == ("batch_per_worker,workers,nodes,images_per_s,images_per_s_ci95,images_per_s_per_worker,"
+                            "speedup,efficiency,input_wait_fraction")  # fmt: skip
     assert len(csv_lines) == 1 + len(STUDY)
+    # Numbers, not display strings: every cell parses as one (efficiency a fraction, no "x", "%" or ",").
+    cells = [line.split(",") for line in csv_lines[1:]]
+    assert all(float(c) >= 0 for row in cells for c in row)
+    assert max(float(row[7]) for row in cells) <= 1.5 and min(float(row[7]) for row in cells) > 0
     assert "near-linear" in (out / "scaling.md").read_text()
     for png in ("throughput.png", "efficiency.png", "training.png"):
         with Image.open(out / png) as im:
             assert im.format == "PNG" and im.size[0] > 400
     training = (out / "training.csv").read_text().splitlines()
     # Target = the lowest best accuracy (0.70): "scaled" reaches it at epoch 2 (200 s), "naive" at epoch 3.
-    assert training[1].split(",")[-1] == "200 s" and training[2].split(",")[-1] == "300 s"
+    assert training[0].split(",")[-2:] == ["train_seconds", "seconds_to_target"]
+    assert float(training[1].split(",")[-1]) == 200 and float(training[2].split(",")[-1]) == 300
 
 
 def test_plot_has_the_expected_series(tmp_path, monkeypatch):
@@ -443,3 +449,24 @@ def test_a_report_that_fails_half_way_leaves_the_earlier_one_whole(tmp_path, mon
         code == 1 and text.startswith("Error: --out: cannot write ") and "No space left on device" in text
     ), text
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing replaced, nothing left over
+
+
+def test_measured_on_names_each_environment_once_with_its_precision():
+    from app.reports.tables import measured_on
+
+    gh200 = {"gpu_count": 4, "gpu_model": "NVIDIA GH200 480GB", "gpu_driver": "NVIDIA 550.54.15",
+             "tensorflow": "2.17.0", "keras": "tf_keras 2.17.0", "horovod": "0.28.1", "scaleout": "0.1.0",
+             "scaleout_source": "0123456789ab"}  # fmt: skip
+    cpu = {"gpu_count": 0, "cpu_count": 2, "cpu_model": "AMD EPYC\n7B13", "tensorflow": "2.18.1",
+           "keras": "tf_keras 2.18.0", "horovod": None, "scaleout": "0.1.0"}  # fmt: skip
+    lines = measured_on(
+        [(gh200, "mixed_bfloat16"), (gh200, "mixed_bfloat16"), (cpu, "float32"), (None, None)]
+    )
+    assert lines == [
+        "4 x NVIDIA GH200 480GB, driver NVIDIA 550.54.15; TensorFlow 2.17.0, Keras tf_keras 2.17.0, Horovod "
+        "0.28.1, scaleout 0.1.0 (source 0123456789ab); precision mixed_bfloat16",
+        "no GPU (2 x AMD EPYC 7B13 CPU cores); TensorFlow 2.18.1, Keras tf_keras 2.18.0, Horovod ?, scaleout "
+        "0.1.0; precision float32",
+        "(not recorded: measured before scaleout recorded its environment)",
+    ]
+    assert measured_on([]) == []

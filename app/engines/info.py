@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shutil
+import socket
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 from app import __version__
 from app.core.compat import import_tensorflow, keras_flavour
@@ -35,6 +40,83 @@ def horovod_build() -> dict:
         "cuda": bool(hvd.cuda_built()),
         "rocm": bool(hvd.rocm_built()),
     }
+
+
+def gpu_driver() -> str | None:
+    """The GPU driver's version: NVIDIA's kernel module (/proc/driver/nvidia/version), else AMD's amdgpu
+    module (/sys/module/amdgpu/version, present with ROCm's DKMS driver); None without either."""
+    try:
+        with open("/proc/driver/nvidia/version", errors="replace") as f:
+            m = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9][0-9.]*)", f.read(4096))
+        if m:
+            return f"NVIDIA {m.group(1)}"
+    except OSError:
+        pass
+    try:
+        with open("/sys/module/amdgpu/version", errors="replace") as f:
+            version = f.read(64).strip()
+        if re.fullmatch(r"[0-9][0-9A-Za-z.+_-]{0,40}", version):
+            return f"amdgpu {version}"
+    except OSError:
+        pass
+    return None
+
+
+def environment(world) -> dict:
+    """Where a measurement or a training run was made: the machine, the GPU with its driver, the software's
+    versions (scaleout's with its source digest, app/core/version.py), the launcher and the Slurm job."""
+    import tensorflow as tf
+
+    from app.core.version import source_digest
+
+    gpus = tf.config.list_physical_devices("GPU")
+    gpu_model = tf.config.experimental.get_device_details(gpus[0]).get("device_name") if gpus else None
+    try:
+        import horovod
+
+        hvd_version = horovod.__version__
+    except ImportError:
+        hvd_version = None
+    return {
+        "host": socket.gethostname(),
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "gpu_model": gpu_model,
+        "gpu_count": len(gpus),
+        "gpu_driver": gpu_driver() if gpus else None,
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "keras": "{} {}".format(*keras_flavour(tf)),
+        "horovod": hvd_version,
+        "scaleout": __version__,
+        "scaleout_source": source_digest(),
+        "launcher": world.launcher,
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "git_revision": _git_revision(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
+    except OSError:
+        return platform.processor() or None
+
+
+def _git_revision() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            timeout=5,
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def collect() -> dict:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from app.core.errors import UsageError, brief
 from app.core.results import is_number, is_positive_int, json_lines, note_to_stderr
-from app.reports.tables import _pyplot, _save_figure
+from app.reports.tables import Col, _pyplot, _save_figure, fixed, percent, times
 
 MAX_RATE = 1e9  # images/s: no benchmark of any machine comes near; more is a damaged or forged line
 REQUIRED = ("batch_size", "workers", "images_per_s")
@@ -180,22 +180,22 @@ def verdicts(table: dict[int, list[Point]]) -> list[str]:
 
 
 SCALING_COLUMNS = (
-    "batch/worker",
-    "workers",
-    "nodes",
-    "images/s",
-    "±95%",
-    "per worker",
-    "speedup",
-    "efficiency",
-    "input wait",
+    Col("batch/worker", "batch_per_worker"),
+    Col("workers", "workers"),
+    Col("nodes", "nodes"),
+    Col("images/s", "images_per_s", fixed(1)),
+    Col("±95%", "images_per_s_ci95", fixed(1)),
+    Col("per worker", "images_per_s_per_worker", fixed(1)),
+    Col("speedup", "speedup", times),
+    Col("efficiency", "efficiency", percent),
+    Col("input wait", "input_wait_fraction", percent),
 )
 
 
-def scaling_rows(table: dict[int, list[Point]]) -> list[list[str]]:
+def scaling_rows(table: dict[int, list[Point]]) -> list[list]:
     return [
-        [str(p.batch_size), str(p.workers), str(p.nodes), f"{p.images_per_s:,.1f}", f"{p.ci95:,.1f}",
-         f"{p.per_worker:,.1f}", f"{p.speedup:.2f}x", f"{p.efficiency:.0%}", f"{p.input_wait:.0%}"]
+        [p.batch_size, p.workers, p.nodes, round(p.images_per_s, 3), round(p.ci95, 3), round(p.per_worker, 3),
+         round(p.speedup, 4), round(p.efficiency, 4), round(p.input_wait, 4)]
         for points in table.values() for p in points
     ]  # fmt: skip
 

@@ -18,12 +18,15 @@ from pathlib import Path
 
 from app.core.errors import UsageError
 from app.core.iterables import zip_equal
-from app.core.results import read_metrics, read_text
+from app.core.results import parse_json, read_metrics, read_text
 from app.reports.paired import MARGIN_PP, Paired, compare, verdict_text
 from app.reports.tables import (
+    Col,
     _pyplot,
     _save_figure,
+    fixed,
     markdown_table,
+    measured_on,
     print_table,
     report_folder,
     staged,
@@ -52,6 +55,8 @@ class RunResult:
     val_error: list[float | None] = field(default_factory=list)  # % per epoch, from `val_accuracy`
     updates_per_epoch: int | None = None
     time_s: float = 0.0
+    precision: str | None = None  # from summary.json, once the run finished
+    env: dict | None = None  # where it ran (summary.json's env), once it finished
 
     @property
     def final_error(self) -> float | None:
@@ -99,6 +104,18 @@ def updates_per_epoch(run_path: Path, batch_size: int) -> int | None:
     return None
 
 
+def _summary(run_path: Path) -> dict:
+    """A finished run's summary.json, or {} when it is missing, unreadable or not a JSON object."""
+    path = run_path / "summary.json"
+    if not path.is_file():
+        return {}
+    try:
+        data = parse_json(read_text(path, "JSON file"), str(path), "remove the file")
+    except (UsageError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def collect(folder: Path, plan: StudyPlan, note=None) -> list[RunResult]:
     """Every planned run with its state and curves (runs not started yet, or with a damaged metrics.jsonl, have
     empty curves: one damaged run does not stop the report)."""
@@ -110,11 +127,14 @@ def collect(folder: Path, plan: StudyPlan, note=None) -> list[RunResult]:
         except UsageError as exc:
             (note or (lambda message: None))(f"{exc}; {run.name} left out")
             rows = []
+        summary = _summary(path) if state.state == "done" else {}
         out.append(
             RunResult(
                 run, state.state, len(rows), [_error(r, "accuracy") for r in rows],
                 [_error(r, "val_accuracy") for r in rows], updates_per_epoch(path, run.batch_size),
                 sum(float(r.get("epoch_time_s", 0.0)) for r in rows),
+                precision if isinstance(precision := summary.get("precision"), str) else None,
+                env if isinstance(env := summary.get("env"), dict) else None,
             )
         )  # fmt: skip
     return out
@@ -220,22 +240,34 @@ def table_rows(table: list[Cell], margin: float = MARGIN_PP) -> tuple[list[list[
     return md, rows
 
 
-RUN_COLUMNS = ("run", "state", "epochs", "workers x accumulation", "updates", "warmup updates",
-               "final top-1 error (%)", "best top-1 error (%)", "training time (s)")  # fmt: skip
+RUN_COLUMNS = (
+    Col("run", "run"),
+    Col("state", "state"),
+    Col("epochs done", "epochs_done"),
+    Col("epochs", "epochs"),
+    Col("workers", "workers"),
+    Col("accumulation", "accumulation_steps"),
+    Col("updates", "updates", fixed(0), missing="?"),
+    Col("warmup updates", "warmup_updates", fixed(0)),
+    Col("final top-1 error (%)", "final_top1_error_pct", fixed(2)),
+    Col("best top-1 error (%)", "best_top1_error_pct", fixed(2)),
+    Col("training time (s)", "training_seconds", fixed(0)),
+    Col("precision", "precision"),
+)
 
 
-def run_rows(results: list[RunResult]) -> list[list[str]]:
+def run_rows(results: list[RunResult]) -> list[list]:
+    """A row per run; None where the run has no such value yet (warmup updates: none for a run without warmup,
+    unknown before it logged any)."""
     rows = []
     for r in results:
         vals = [v for v in r.val_error if v is not None]
         updates = r.updates if r.state != "done" else r.planned_updates
         rows.append([
-            r.run.name, r.state, f"{r.epochs_done}/{r.run.epochs}",
-            f"{r.run.workers} x {r.run.accumulation_steps}",
-            "?" if updates is None else f"{updates:,}",
-            "-" if r.run.warmup == "none" else "?" if r.warmup_updates is None else f"{r.warmup_updates:,}",
-            "-" if r.final_error is None else f"{r.final_error:.2f}", f"{min(vals):.2f}" if vals else "-",
-            f"{r.time_s:,.0f}",
+            r.run.name, r.state, r.epochs_done, r.run.epochs, r.run.workers, r.run.accumulation_steps, updates,
+            None if r.run.warmup == "none" else r.warmup_updates,
+            None if r.final_error is None else round(r.final_error, 4), round(min(vals), 4) if vals else None,
+            round(r.time_s, 1), r.precision,
         ])  # fmt: skip
     return rows
 
@@ -446,7 +478,7 @@ def plot(results: list[RunResult], path: Path) -> Path:
 # ------------------------------------------------------------------------------------------ output
 
 
-def markdown(plan: StudyPlan, md_rows, runs, lines, warns, margin: float = MARGIN_PP) -> str:
+def markdown(plan: StudyPlan, md_rows, runs, lines, warns, margin: float = MARGIN_PP, results=()) -> str:
     ks = ", ".join(str(k) for k in plan.ks)
     out = [
         f"# Large-batch study {plan.name}: does accuracy hold at large batches?",
@@ -464,6 +496,14 @@ def markdown(plan: StudyPlan, md_rows, runs, lines, warns, margin: float = MARGI
         "",
         *markdown_table(RUN_COLUMNS, runs),
         "",
+        "## Measured on",
+        "",
+        *(
+            f"- {ln}"
+            for ln in measured_on([(r.env, r.precision) for r in results if r.state == "done"])
+            or ["no run has finished yet"]
+        ),
+        "",
         "## How to read it",
         "",
         *(f"- {ln}" for ln in notes(plan, margin)),
@@ -480,7 +520,7 @@ def write_report(folder: Path, plan: StudyPlan, console, margin: float = MARGIN_
     runs = run_rows(results)
     lines, warns = verdicts(table, margin), warnings(results)
     with staged(out) as stage:
-        write_text(stage / "large_batch.md", markdown(plan, md_rows, runs, lines, warns, margin))
+        write_text(stage / "large_batch.md", markdown(plan, md_rows, runs, lines, warns, margin, results))
         write_csv(stage / "large_batch.csv", CSV_COLUMNS, csv_rows)
         write_csv(stage / "large_batch_runs.csv", RUN_COLUMNS, runs)
         plot(results, stage / "large_batch.png")

@@ -10,7 +10,7 @@ from pathlib import Path
 from app.core.errors import UsageError, read_regular
 from app.core.iterables import zip_equal
 from app.core.results import parse_json, read_metrics, read_text
-from app.reports.tables import _pyplot, _save_figure
+from app.reports.tables import Col, _pyplot, _save_figure, fixed
 
 
 @dataclass
@@ -92,20 +92,26 @@ def time_to_accuracy(run: Run, target: float) -> float | None:
     return None
 
 
+def seconds(v) -> str:
+    return f"{v:,.0f} s"
+
+
 TRAINING_COLUMNS = (
-    "run",
-    "workers",
-    "global batch",
-    "epochs",
-    "best val acc",
-    "at epoch",
-    "final val acc",
-    "train time",
-    "time to target",
+    Col("run", "run"),
+    Col("workers", "workers"),
+    Col("global batch", "global_batch"),
+    Col("epochs", "epochs"),
+    Col("best val acc", "best_val_accuracy", fixed(4)),
+    Col("at epoch", "best_epoch"),
+    Col("final val acc", "final_val_accuracy", fixed(4)),
+    Col("train time", "train_seconds", seconds),
+    Col("time to target", "seconds_to_target", seconds, missing="not reached"),
 )
 
 
-def training_rows(runs: list[Run], target: float) -> list[list[str]]:
+def training_rows(runs: list[Run], target: float) -> list[list]:
+    """A row per run; a value the run does not have is None (shown "-", an empty CSV cell; "time to target" is
+    None when the target was not reached)."""
     rows = []
     for run in runs:
         accs = [m.get("val_accuracy") for m in run.metrics if m.get("val_accuracy") is not None]
@@ -116,12 +122,12 @@ def training_rows(runs: list[Run], target: float) -> list[list[str]]:
         )
         tta = time_to_accuracy(run, target)
         rows.append([
-            run.name, str(run.summary.get("workers", "?")), str(run.summary.get("global_batch", "?")), str(len(run.metrics)),
-            f"{run.metrics[best]['val_accuracy']:.4f}" if best is not None else "-",
-            str(run.metrics[best]["epoch"]) if best is not None else "-",
-            f"{accs[-1]:.4f}" if accs else "-",
-            f"{wall_clock(run)[-1]:,.0f} s" if run.metrics else "-",
-            f"{tta:,.0f} s" if tta is not None else "not reached",
+            run.name, run.summary.get("workers"), run.summary.get("global_batch"), len(run.metrics),
+            run.metrics[best]["val_accuracy"] if best is not None else None,
+            run.metrics[best]["epoch"] if best is not None else None,
+            accs[-1] if accs else None,
+            round(wall_clock(run)[-1], 1) if run.metrics else None,
+            round(tta, 1) if tta is not None else None,
         ])  # fmt: skip
     return rows
 

@@ -23,7 +23,18 @@ from pathlib import Path
 from app.core.errors import UsageError
 from app.core.results import is_number
 from app.reports import benchmarks
-from app.reports.tables import markdown_table, print_table, report_folder, staged, write_csv, write_text
+from app.reports.tables import (
+    Col,
+    fixed,
+    markdown_table,
+    measured_on,
+    percent,
+    print_table,
+    report_folder,
+    staged,
+    write_csv,
+    write_text,
+)
 from app.study.dataset import IMAGENET_TRAIN_EXAMPLES
 from app.study.scaling import ScalingPlan
 
@@ -58,56 +69,56 @@ def collect(folder: Path, plan: ScalingPlan, note) -> tuple[list[dict], dict[tup
 
 
 COST_COLUMNS = (
-    "batch/worker",
-    "workers",
-    "images/s",
-    "ImageNet-1k epoch (min)",
-    "GPU-hours per epoch (worker-hours)",
+    Col("batch/worker", "batch_per_worker"),
+    Col("workers", "workers"),
+    Col("images/s", "images_per_s", fixed(1)),
+    Col("ImageNet-1k epoch (min)", "imagenet_epoch_minutes", fixed(1)),
+    Col("GPU-hours per epoch (worker-hours)", "worker_hours_per_imagenet_epoch", fixed(2)),
 )
 
 
-def cost_rows(table: dict[int, list[benchmarks.Point]]) -> list[list[str]]:
+def cost_rows(table: dict[int, list[benchmarks.Point]]) -> list[list]:
     """What one epoch of ImageNet-1k's 1,281,167 training images costs at each point measured."""
     rows = []
     for points in table.values():
         for p in points:
             minutes = IMAGENET_TRAIN_EXAMPLES / p.images_per_s / 60
-            rows.append([str(p.batch_size), str(p.workers), f"{p.images_per_s:,.1f}", f"{minutes:,.1f}",
-                         f"{minutes / 60 * p.workers:,.2f}"])  # fmt: skip
+            rows.append([p.batch_size, p.workers, round(p.images_per_s, 3), round(minutes, 3),
+                         round(minutes / 60 * p.workers, 4)])  # fmt: skip
     return rows
 
 
 INDEPENDENT_COLUMNS = (
-    "batch/worker",
-    "workers",
-    "Horovod images/s",
-    "independent images/s",
-    "Horovod / independent",
+    Col("batch/worker", "batch_per_worker"),
+    Col("workers", "workers"),
+    Col("Horovod images/s", "horovod_images_per_s", fixed(1)),
+    Col("independent images/s", "independent_images_per_s", fixed(1)),
+    Col("Horovod / independent", "horovod_over_independent", percent),
 )
 
 
-def independent_rows(table: dict[int, list[benchmarks.Point]], independent) -> list[list[str]]:
+def independent_rows(table: dict[int, list[benchmarks.Point]], independent) -> list[list]:
     rows = []
     for batch, points in table.items():
         for p in points:
             solo = independent.get((p.workers, batch))
             if solo:
-                rows.append([str(batch), str(p.workers), f"{p.images_per_s:,.1f}", f"{sum(solo):,.1f}",
-                             f"{p.images_per_s / sum(solo):.0%}"])  # fmt: skip
+                rows.append([batch, p.workers, round(p.images_per_s, 3), round(sum(solo), 3),
+                             round(p.images_per_s / sum(solo), 4)])  # fmt: skip
     return rows
 
 
 TIMELINE_COLUMNS = (
-    "batch/worker",
-    "workers",
-    "collective in flight",
-    "negotiation open",
-    "compute only",
-    "trace",
+    Col("batch/worker", "batch_per_worker"),
+    Col("workers", "workers"),
+    Col("collective in flight", "collective_fraction", percent),
+    Col("negotiation open", "negotiation_fraction", percent),
+    Col("compute only", "compute_fraction", percent),
+    Col("trace", "trace"),
 )
 
 
-def timeline_rows(results: list[dict]) -> list[list[str]]:
+def timeline_rows(results: list[dict]) -> list[list]:
     """Per point with a timeline: the shares of the traced steps' time (the newest trace per point)."""
     newest: dict[tuple[int, int], dict] = {}
     for r in results:
@@ -116,12 +127,12 @@ def timeline_rows(results: list[dict]) -> list[list[str]]:
             is_number(t.get(k)) for k in ("collective_fraction", "negotiation_fraction", "compute_fraction")
         ):
             newest[(int(r["batch_size"]), int(r["workers"]))] = t
-    return [[str(b), str(w), f"{t['collective_fraction']:.0%}", f"{t['negotiation_fraction']:.0%}",
-             f"{t['compute_fraction']:.0%}", str(t.get("file", ""))]
+    return [[b, w, round(t["collective_fraction"], 4), round(t["negotiation_fraction"], 4),
+             round(t["compute_fraction"], 4), str(t.get("file", ""))]
             for (b, w), t in sorted(newest.items())]  # fmt: skip
 
 
-def verdicts(table: dict[int, list[benchmarks.Point]], independent, timelines: list[list[str]]) -> list[str]:
+def verdicts(table: dict[int, list[benchmarks.Point]], independent, timelines: list[list]) -> list[str]:
     """app report's lines, then the study's answers: the best per-worker batch, where adding workers stops
     paying, communication against core sharing, and where the time goes at the most workers."""
     lines = benchmarks.verdicts(table)
@@ -165,8 +176,9 @@ def verdicts(table: dict[int, list[benchmarks.Point]], independent, timelines: l
     if top:
         r = max(top, key=lambda r: int(r[0]))
         lines.append(
-            f"where the time goes at {most} workers, batch {r[0]}/worker: collectives {r[2]}, negotiation "
-            f"open (overlapping compute, with the coordination cycle) {r[3]}, compute only {r[4]} of step time"
+            f"where the time goes at {most} workers, batch {r[0]}/worker: collectives {r[2]:.0%}, negotiation "
+            f"open (overlapping compute, with the coordination cycle) {r[3]:.0%}, compute only {r[4]:.0%} of step "
+            "time"
         )
     return lines
 
@@ -177,7 +189,9 @@ def measured_what(results: list[dict]) -> str:
     return f"{r.get('model') or 'input pipeline'}, {r.get('image_size')} px, {r.get('precision')}"
 
 
-def markdown(plan: ScalingPlan, what: str, sections: list[tuple[str, tuple, list]], lines: list[str]) -> str:
+def markdown(
+    plan: ScalingPlan, what: str, sections: list[tuple[str, tuple, list]], lines: list[str], measured: list[str]
+) -> str:
     where = f"Slurm profile {plan.cluster}" if plan.cluster else "local processes"
     out = [f"# Scaling study {plan.name}", "",
            f"{what}, "
@@ -190,6 +204,7 @@ def markdown(plan: ScalingPlan, what: str, sections: list[tuple[str, tuple, list
         out += [f"## {title}", "", *markdown_table(columns, rows)]
         out.append("")
     out += ["## Verdicts", "", *(f"- {line}" for line in lines), ""]
+    out += ["## Measured on", "", *(f"- {line}" for line in measured), ""]
     return "\n".join(out)
 
 
@@ -210,7 +225,8 @@ def write_report(folder: Path, plan: ScalingPlan, console) -> list[Path]:
                 ("Horovod against independent processes on the same cores", INDEPENDENT_COLUMNS, solo),
                 ("Where the time goes (Horovod timeline)", TIMELINE_COLUMNS, traces)]  # fmt: skip
     with staged(out) as stage:
-        write_text(stage / "scaling.md", markdown(plan, measured_what(results), sections, lines))
+        measured = measured_on([(r.get("env"), r.get("precision")) for r in results])
+        write_text(stage / "scaling.md", markdown(plan, measured_what(results), sections, lines, measured))
         names = ["scaling.md"]
         for stem, columns, body in (("scaling", benchmarks.SCALING_COLUMNS, rows), ("cost", COST_COLUMNS, costs),
                                     ("independent", INDEPENDENT_COLUMNS, solo), ("timeline", TIMELINE_COLUMNS, traces)):  # fmt: skip

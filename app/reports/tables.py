@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import os
 import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from app.core.errors import AppError, UsageError
+from app.core.iterables import zip_equal
 
 
 def _pyplot():
@@ -70,8 +74,44 @@ def _save_figure(plt, fig, path: Path) -> None:
         plt.close(fig)
 
 
+@dataclass(frozen=True)
+class Col:
+    """A report column: its title in Markdown and on the console, its name in the CSV (snake_case, the unit in
+    the name), and how a value is shown. Rows hold the values themselves, so the CSV holds numbers (fractions
+    as fractions, no thousands separators) and only the Markdown and console tables are formatted."""
+
+    title: str
+    name: str
+    show: Callable[[object], str] = str
+    missing: str = "-"  # shown for None (the CSV cell is empty)
+
+
+def fixed(digits: int) -> Callable[[object], str]:
+    """A number with thousands separators and ``digits`` decimals (1,234.5)."""
+    return lambda v: f"{v:,.{digits}f}"
+
+
+def percent(v) -> str:
+    return f"{v:.0%}"
+
+
+def times(v) -> str:
+    return f"{v:.2f}x"
+
+
+def _as_text(columns, rows) -> tuple[list[str], list[list[str]]]:
+    """Titles and shown cells: ``columns`` of :class:`Col` format their rows' values (None as the column's
+    ``missing``); plain titles take rows that are text already."""
+    if not columns or not isinstance(columns[0], Col):
+        return list(columns), [list(r) for r in rows]
+    return [c.title for c in columns], [
+        [c.missing if v is None else c.show(v) for c, v in zip_equal(columns, r)] for r in rows
+    ]
+
+
 def markdown_table(columns, rows) -> list[str]:
     """A Markdown table's lines: the header, the rule, a line per row."""
+    columns, rows = _as_text(columns, rows)
     return [
         "| " + " | ".join(columns) + " |",
         "|" + "---|" * len(columns),
@@ -81,6 +121,8 @@ def markdown_table(columns, rows) -> list[str]:
 
 def write_csv(path: Path, columns, rows) -> Path:
     """``rows`` under a header of ``columns`` as CSV; one line naming the file when it cannot be written."""
+    if columns and isinstance(columns[0], Col):  # the values themselves, under machine names
+        columns, rows = [c.name for c in columns], [["" if v is None else v for v in r] for r in rows]
     try:
         with open(path, "w", newline="", encoding="utf-8") as f:
             writer = csv.writer(f)
@@ -104,6 +146,7 @@ def write_table(out: Path, stem: str, columns, rows, notes=()) -> list[Path]:
 def print_table(console, title: str, columns, rows) -> None:
     from rich.table import Table
 
+    columns, rows = _as_text(columns, rows)
     table = Table(title=title, title_justify="left")
     for c in columns:
         table.add_column(c, justify="left" if c in ("run",) else "right")
@@ -120,3 +163,30 @@ def report_folder(folder: Path) -> Path:
     except OSError as exc:
         raise UsageError(f"{out}: cannot create the report folder ({exc.strerror or exc})") from None
     return out
+
+
+def _env_value(env: dict, key: str) -> str:
+    value = env.get(key)
+    return "?" if value is None else " ".join(str(value).split())[:80]
+
+
+def measured_on(records: list[tuple[dict, str | None]]) -> list[str]:
+    """A report's "Measured on" lines: each distinct environment (a result's or a run's ``env``: GPU model and
+    count, driver, CPU, TensorFlow, Keras, Horovod, scaleout with its source digest) with the precision it ran
+    in, once. Results from before environments were recorded say so."""
+    lines: dict[str, None] = {}
+    for env, precision in records:
+        if not isinstance(env, dict):
+            lines["(not recorded: measured before scaleout recorded its environment)"] = None
+            continue
+
+        get = functools.partial(_env_value, env)
+        gpu = (f"{get('gpu_count')} x {get('gpu_model')}, driver {get('gpu_driver')}"
+               if env.get("gpu_count") else f"no GPU ({get('cpu_count')} x {get('cpu_model')} CPU cores)")  # fmt: skip
+        lines[
+            f"{gpu}; TensorFlow {get('tensorflow')}, Keras {get('keras')}, Horovod {get('horovod')}, scaleout "
+            f"{get('scaleout')}"
+            + (f" (source {get('scaleout_source')})" if env.get("scaleout_source") else "")
+            + f"; precision {precision or '?'}"
+        ] = None
+    return list(lines)

@@ -16,18 +16,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import platform
 import resource
-import socket
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
-from app import __version__
 from app.core.errors import UsageError
 from app.core.results import finite
+from app.engines.info import environment
 
 # Student's t, two-sided 95%, for 1..30 degrees of freedom; written out to avoid a SciPy dependency.
 T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
@@ -82,60 +78,6 @@ def summarize_steps(
         "input_wait_s": sum(measured_waits) / len(measured),
         "input_wait_fraction": sum(measured_waits) / total if total else 0.0,
     }
-
-
-def environment(world) -> dict:
-    """Where the numbers were measured."""
-    import tensorflow as tf
-
-    from app.core.compat import keras_flavour
-
-    gpus = tf.config.list_physical_devices("GPU")
-    gpu_model = tf.config.experimental.get_device_details(gpus[0]).get("device_name") if gpus else None
-    try:
-        import horovod
-
-        hvd_version = horovod.__version__
-    except ImportError:
-        hvd_version = None
-    return {
-        "host": socket.gethostname(),
-        "cpu_model": _cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "gpu_model": gpu_model,
-        "gpu_count": len(gpus),
-        "python": platform.python_version(),
-        "tensorflow": tf.__version__,
-        "keras": "{} {}".format(*keras_flavour(tf)),
-        "horovod": hvd_version,
-        "scaleout": __version__,
-        "launcher": world.launcher,
-        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-        "git_revision": _git_revision(),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-
-
-def _cpu_model() -> str | None:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
-    except OSError:
-        return platform.processor() or None
-
-
-def _git_revision() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).parent,
-            timeout=5,
-        )
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def peak_memory_mb() -> float:
@@ -213,7 +155,7 @@ def run(
             **summarize_steps(times, waits, images_per_step, n_windows),
             "peak_memory_mb": peak_memory_mb(),
             "timeline": timeline,
-            "env": environment(world),
+            "env": environment(world),  # where it was measured (app/engines/info.py)
         }
         result["images_per_s"]["per_worker"] = result["images_per_s"]["mean"] / world.size
         # [horovod] the slowest rank sets the pace: report the largest step time any rank saw.

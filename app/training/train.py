@@ -23,6 +23,7 @@ from app.data.pipeline import eval_dataset, input_error, train_dataset
 from app.data.sources import Source, Spec, open_source
 from app.engines import faults
 from app.engines import horovod as distributed
+from app.engines.info import environment
 from app.engines.world import RankThreads, World
 from app.training import checkpoint, runlock
 from app.training.callbacks import (
@@ -345,11 +346,13 @@ def summarize(
         "mean_images_per_s": float(np.mean([r["images_per_s"] for r in rows])) if rows else None,
         "replica_weight_spread": spread,  # max |difference| of weight fingerprints across ranks (0: in sync)
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "env": environment(world),  # where it ran: GPU and driver, versions (app/engines/info.py)
     }
     write_json(Path(run_dir) / "summary.json", summary)
     if rows:
         Reporter(world.rank).note(
-            f"done: {summary['epochs']} epochs, best val_accuracy {summary['best_val_accuracy'] or float('nan'):.4f} "
+            f"done: {summary['epochs']} epochs, best val_accuracy "
+            f"{float('nan') if summary['best_val_accuracy'] is None else summary['best_val_accuracy']:.4f} "
             f"(epoch {summary['best_epoch']}), {summary['train_time_s']:.0f}s training; {run_dir}/summary.json"
         )
     return summary
