@@ -541,8 +541,12 @@ def test_report_files_table_csv_and_figure(tmp_path):
     with open(out / "large_batch_runs.csv", newline="") as f:
         runs = list(csv.DictReader(f))
     text = {"run", "state"}
-    assert runs and all(float(cell) == float(cell) for r in runs for k, cell in r.items() if k not in text and cell)
-    assert {r["workers"] for r in runs} >= {"1"} and all(int(r["epochs"]) >= int(r["epochs_done"]) for r in runs)
+    assert runs and all(
+        float(cell) == float(cell) for r in runs for k, cell in r.items() if k not in text and cell
+    )
+    assert {r["workers"] for r in runs} >= {"1"} and all(
+        int(r["epochs"]) >= int(r["epochs_done"]) for r in runs
+    )
     png = (out / "large_batch.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
     assert "gradual warmup holds (+0.11 pp" in console.file.getvalue()

@@ -604,7 +604,11 @@ def test_tiny_real_local_study_with_timeline_independent_baseline_and_resume(tmp
     md = (report_dir / "scaling.md").read_text()
     assert "core sharing, not communication" in md and "independent processes on the same cores" in md
     measured = md.split("## Measured on\n\n", 1)[1]
-    assert measured.startswith("- no GPU (") and "Horovod 0.28.1, scaleout " in measured and "(source " in measured
+    assert (
+        measured.startswith("- no GPU (")
+        and "Horovod 0.28.1, scaleout " in measured
+        and "(source " in measured
+    )
     again = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stdout + again.stderr
     assert again.stdout.count("done, skipped") == 3 and "+ app benchmark" not in again.stdout + again.stderr

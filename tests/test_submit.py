@@ -1463,11 +1463,7 @@ def test_a_partition_that_needs_an_access_grant_is_named_before_submitting(gpus,
 
 
 def test_an_access_note_must_be_one_printable_line(tmp_path, monkeypatch):
-    text = (
-        (profiles.CLUSTERS / "roihu.yaml")
-        .read_text()
-        .replace("without it sbatch", "without\\nit sbatch")
-    )
+    text = (profiles.CLUSTERS / "roihu.yaml").read_text().replace("without it sbatch", "without\\nit sbatch")
     assert "without\\nit sbatch" in text
     (tmp_path / "roihu.yaml").write_text(text.replace('access: "', 'access: "\\u0007'))
     monkeypatch.setattr(profiles, "CLUSTERS", tmp_path)

@@ -190,7 +190,11 @@ def measured_what(results: list[dict]) -> str:
 
 
 def markdown(
-    plan: ScalingPlan, what: str, sections: list[tuple[str, tuple, list]], lines: list[str], measured: list[str]
+    plan: ScalingPlan,
+    what: str,
+    sections: list[tuple[str, tuple, list]],
+    lines: list[str],
+    measured: list[str],
 ) -> str:
     where = f"Slurm profile {plan.cluster}" if plan.cluster else "local processes"
     out = [f"# Scaling study {plan.name}", "",
