@@ -5,6 +5,8 @@ SHELL := /bin/bash
 
 PYTHON_SYS ?= python3
 VENV       ?= .venv
+# The LUMI stand-in's venv (a Horovod on MPICH without Gloo, see its rule below); set here, before `test` names it.
+MPICH_VENV ?= .venv-mpich
 # cpu | gpu: which TensorFlow 2.18.1 build the venv gets; unset, the one it already has (else cpu), so that
 # `make train` after `make install TF=gpu` keeps the GPU build.
 TF         ?= $(if $(wildcard $(VENV)/.installed-gpu),gpu,cpu)
@@ -79,7 +81,6 @@ test: install test-data $(MPICH_VENV)/.installed ## run the test suite (includes
 # The stand-in for LUMI's TensorFlow container, whose Horovod is built on Cray MPICH without Gloo: a venv with
 # the same TensorFlow as .venv and a Horovod built against Debian's MPICH with HOROVOD_WITHOUT_GLOO=1 (cached
 # like the others). tests/test_lumi_standin.py trains in it under the real Slurm with srun --mpi=pmi2.
-MPICH_VENV ?= .venv-mpich
 $(MPICH_VENV)/.installed: pyproject.toml scripts/install-stack.sh
 	@command -v mpicxx.mpich >/dev/null || $(MAKE) --no-print-directory system-deps
 	test -x $(MPICH_VENV)/bin/python || $(PYTHON_SYS) -m venv $(MPICH_VENV)

@@ -62,7 +62,7 @@ def doctor(megabytes, iterations, threads, np_, as_json):
 @click.option(
     "--cluster",
     required=True,
-    help="A profile in jobs/clusters/ (roihu, lumi; tests: local, local-gloo, local-2node, local-2node-gloo).",
+    help="A profile in jobs/clusters/ (roihu, lumi; tests: local, local-gloo, local-mpich, local-2node, local-2node-gloo).",
 )
 @click.option(
     "-c", "--config", "configs", multiple=True, metavar="FILE", help="Experiment YAML (repeatable)."
