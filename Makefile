@@ -278,6 +278,8 @@ SUBMIT_ARGS ?=
 # in editable mode.
 LOGIN_VENV ?= .venv-login
 $(LOGIN_VENV)/.installed: pyproject.toml
+	@v=$$($(PYTHON_SYS) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || { echo "login: $(PYTHON_SYS) does not run: give a Python 3.9 to 3.12 as PYTHON_SYS=..." >&2; exit 2; }; \
+	case "$$v" in 3.9|3.1[0-2]) ;; *) echo "login: $(PYTHON_SYS) is Python $$v; the login-node CLI needs 3.9 to 3.12 (on LUMI: module load cray-python; or PYTHON_SYS=python3.11)" >&2; exit 2 ;; esac
 	test -x $(LOGIN_VENV)/bin/python || $(PYTHON_SYS) -m venv $(LOGIN_VENV)
 	$(LOGIN_VENV)/bin/python -m pip install -q --upgrade pip
 	$(LOGIN_VENV)/bin/python -m pip install -q -e .

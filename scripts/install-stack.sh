@@ -94,7 +94,8 @@ case ${HOROVOD_WITHOUT_GLOO:-} in
 esac
 mpicxx=""
 if [[ -n ${SCALEOUT_MPICXX:-} ]]; then
-    mpicxx=$(command -v -- "$SCALEOUT_MPICXX") && [[ $(basename -- "$mpicxx") =~ ^[A-Za-z0-9._+-]+$ ]] ||
+    mpicxx=$(command -v -- "$SCALEOUT_MPICXX" || true)
+    [[ $mpicxx == /* && -f $mpicxx && -x $mpicxx && $(basename -- "$mpicxx") =~ ^[A-Za-z0-9._+-]+$ ]] ||
         usage "SCALEOUT_MPICXX=$(q "$SCALEOUT_MPICXX") is not an MPI C++ compiler wrapper on PATH (e.g. mpicxx.mpich; apt-get install libmpich-dev)"
 elif command -v mpicxx >/dev/null; then
     mpicxx=$(command -v mpicxx)
@@ -237,7 +238,7 @@ if [[ -n $horovod && -z $own_key ]]; then
     [[ -n $why ]] || why=$(check_build_lacks "${needed[@]}")
     [[ -n $why ]] || why=$(load_error)
     if [[ -z $why ]]; then
-        other=$([[ $controller == Gloo ]] && check_build_lacks MPI || check_build_lacks Gloo)
+        if [[ $controller == Gloo ]]; then other=$(check_build_lacks MPI); else other=$(check_build_lacks Gloo); fi
         note=""
         [[ -z $other || $controller != MPI ]] || note=" (note: $other, so only mpirun or srun --mpi can start it, not app --np)"
         [[ -z $other || $controller != Gloo ]] || note=" (note: $other, so profiles with mpi: pmix or pmi2 cannot start it)"
@@ -339,7 +340,12 @@ with_mpi=0
 mpi_key=0
 if [[ -n $mpicxx ]]; then
     with_mpi=1 mpi_key=1
-    [[ -z ${SCALEOUT_MPICXX:-} ]] || mpi_key="1-$(basename -- "$mpicxx")"
+    # Another wrapper: its name and a checksum of where it lives and what it compiles with (`-show`), so that two
+    # MPIs' wrappers of the same name (/opt/mpich/bin/mpicxx, /opt/openmpi/bin/mpicxx) never share a wheel.
+    if [[ -n ${SCALEOUT_MPICXX:-} ]]; then
+        sum=$({ readlink -f -- "$mpicxx"; "$mpicxx" -show 2>/dev/null || true; } | cksum | cut -d ' ' -f 1)
+        mpi_key="1-$(basename -- "$mpicxx")-$sum"
+    fi
 fi
 gloo_key=""
 [[ -z ${HOROVOD_WITHOUT_GLOO:-} ]] || gloo_key="_nogloo"

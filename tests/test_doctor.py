@@ -29,13 +29,21 @@ def test_a_job_whose_ranks_did_not_join_is_a_problem_named_on_one_line():
     proc = run_app(
         ["doctor", "--megabytes", "1", "--iterations", "1"],
         expect=1,
-        env={"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "1"},
+        env={
+            "SLURM_PROCID": "0",
+            "SLURM_NTASKS": "4",
+            "SLURM_JOB_ID": "1",
+            "SCALEOUT_RENDERED_BY": "0.0.9 000000000000",
+        },
     )
     assert "PROBLEM" in proc.stdout  # the table still shows every check
     errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1, proc.stderr
     assert errors[0].startswith("Error: doctor: world: rank 0: this Slurm job has 4 tasks")
     assert "Traceback" not in proc.stderr
+    # The job script came from another checkout than the scaleout running it: said once, and the checks go on.
+    assert proc.stderr.count("scaleout doctor: warning: the scaleout running this job (0.1.0 ") == 1
+    assert "is not the checkout that rendered its script (0.0.9 000000000000)" in proc.stderr
 
 
 @pytest.mark.parametrize(
@@ -78,22 +86,32 @@ def test_the_plugin_provider_and_interfaces_are_read_from_the_log_and_say_whethe
     )
     path = nccl_path(str(tmp_path))
     assert path == {"plugin": "Loaded net plugin AWS Libfabric (v6)", "provider": "cxi"}
-    assert slingshot_used(path) is True
+    assert slingshot_used(path) == (True, "RDMA through libfabric's cxi provider")
     log.write_text(  # no plugin: RCCL's socket transport over the management network
         "nid005000:77:80 [0] NCCL INFO NET/Plugin : Plugin load returned 2 : librccl-net.so: cannot open shared object file\n"
         "nid005000:77:80 [0] NCCL INFO NET/Socket : Using [0]nmn0:10.252.1.5<0>\n"
         "nid005000:77:80 [0] NCCL INFO Using network Socket\n"
     )
     path = nccl_path(str(tmp_path))
-    assert path == {"devices": ["nmn0"]} and slingshot_used(path) is False
+    assert path == {"devices": ["nmn0"]}
+    assert slingshot_used(path) == (False, "TCP sockets over nmn0, no RDMA: the OFI plugin did not load")
     log.write_text(
         "nid005000:77:80 [0] NCCL INFO NET/Socket : Using [0]hsn0:10.1.0.5<0> [1]hsn1:10.1.0.6<0>\n"
     )
-    assert nccl_path(str(tmp_path)) == {"devices": ["hsn0", "hsn1"]} and slingshot_used(
-        nccl_path(str(tmp_path))
+    # RCCL's fallback when the plugin does not load on LUMI: TCP over the hsn interfaces is not Slingshot's RDMA.
+    assert nccl_path(str(tmp_path)) == {"devices": ["hsn0", "hsn1"]}
+    assert slingshot_used(nccl_path(str(tmp_path))) == (
+        False,
+        "TCP sockets over hsn, no RDMA: the OFI plugin did not load",
     )
+    log.write_text(
+        "nid005000:77:80 [0] NCCL INFO NET/OFI Selected provider is cxi, fabric is cxi (found 4 nics)\n"
+    )
+    assert nccl_path(str(tmp_path)) == {"provider": "cxi"} and slingshot_used({"provider": "cxi"})[0] is True
+    log.write_text("nid005000:77:80 [0] NCCL INFO NET/OFI Selected Provider is tcp;ofi_rxm (found 1 nics)\n")
+    assert slingshot_used(nccl_path(str(tmp_path))) == (False, "libfabric provider tcp;ofi_rxm, not cxi")
     log.write_bytes(b"\xff\xfe binary \x00 garbage\n")
-    assert nccl_path(str(tmp_path)) == {} and slingshot_used({}) is None
+    assert nccl_path(str(tmp_path)) == {} and slingshot_used({}) == (None, "")
     assert nccl_path(None) == {}
 
 

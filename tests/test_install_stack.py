@@ -21,7 +21,7 @@ SCRIPT = ROOT / "scripts" / "install-stack.sh"
 BASH = shutil.which("bash") or "/bin/bash"
 ARCH = platform.machine()
 TOOLS = ["bash", "env", "cat", "grep", "sed", "head", "tail", "dirname", "basename", "readlink", "mktemp", "mkdir",
-         "cp", "mv", "rm", "find", "uname", "nproc", "sort", "touch", "chmod", "ln"]  # fmt: skip
+         "cp", "mv", "rm", "find", "uname", "nproc", "sort", "touch", "chmod", "ln", "cksum", "cut"]  # fmt: skip
 
 # python: answers the two probes from FAKE_* variables and the state folder; `-m pip` is recorded in
 # $FAKE_STATE/log, installs change the state, and `pip wheel` saves the HOROVOD_* environment it was given.
@@ -57,6 +57,7 @@ elif [ "$1 $2" = "-m pip" ]; then
         done
     elif [ "$1" = wheel ]; then
         env | grep '^HOROVOD_' | sort > "$state/build-env"
+        readlink -f "$(command -v mpicxx)" > "$state/build-mpicxx" 2>/dev/null || true
         [ -z "$FAKE_BUILD_FAILS" ] || { echo "fake build failed" >&2; exit 1; }
         while [ $# -gt 0 ]; do [ "$1" = -w ] && out=$2; shift; done
         echo wheel > "$out/horovod-0.28.1-cp311-cp311-linux_x86_64.whl"
@@ -439,25 +440,38 @@ def test_a_preinstalled_horovod_without_the_profiles_controller_is_replaced(stac
     assert other.builds() == 1
 
 
-def test_a_gloo_less_build_against_another_mpi_is_keyed_and_verified_on_mpi(stack, tmp_path):
+def test_a_gloo_less_build_against_another_mpi_is_keyed_and_verified_on_mpi(tmp_path):
     """The LUMI stand-in's Horovod: HOROVOD_WITHOUT_GLOO=1 with MPICH's wrapper; the build sees that wrapper as
-    the first mpicxx on PATH, and the verification asks for MPI, not Gloo."""
+    the first mpicxx on PATH (beside its own mpiexec), and the verification asks for MPI, not Gloo. Wheels for
+    another MPI, even one whose wrapper has the same name, are other cache entries."""
+    stack = Stack(tmp_path)
     write_exe(tmp_path / "mpi" / "mpicxx", "#!/bin/bash\necho openmpi\n")
-    write_exe(tmp_path / "mpich" / "mpicxx.mpich", "#!/bin/bash\necho mpich\n")
+    mpich = write_exe(tmp_path / "mpich" / "mpicxx.mpich", "#!/bin/bash\necho g++ -lmpich\n")
+    write_exe(tmp_path / "mpich" / "mpiexec.mpich", "#!/bin/bash\n")
     stack.extra_path += [tmp_path / "mpi", tmp_path / "mpich"]
-    proc = stack.run(HOROVOD_CONTROLLER="mpi", HOROVOD_WITHOUT_GLOO="1", SCALEOUT_MPICXX="mpicxx.mpich",
-                     FAKE_CHECK_BUILT="TensorFlow MPI")  # fmt: skip
+    mpi = {"HOROVOD_CONTROLLER": "mpi", "HOROVOD_WITHOUT_GLOO": "1", "FAKE_CHECK_BUILT": "TensorFlow MPI"}
+    proc = stack.run(SCALEOUT_MPICXX="mpicxx.mpich", **mpi)
     build = stack.build_env()
     assert build["HOROVOD_WITHOUT_GLOO"] == "1" and "HOROVOD_WITH_GLOO" not in build
     assert build["HOROVOD_WITH_MPI"] == "1"
-    assert stack.stamp() == f"horovod-0.28.1_tf-2.18.1_py-3.11_mpi-1-mpicxx.mpich_nogloo_gpu-none_{ARCH}"
-    assert "(MPI=1-mpicxx.mpich, without Gloo, GPU=none)" in proc.stdout
-    assert "shows [X] TensorFlow, [X] MPI; horovod.tensorflow loads" in proc.stdout
-    # the default build (Gloo, OpenMPI's mpicxx) is another wheel
-    Stack(tmp_path / "default").run()
-    assert (
-        len(list(stack.cache.rglob("*.whl"))) == 1 and len(list((tmp_path / "default").rglob("*.whl"))) == 1
+    assert (stack.state / "build-mpicxx").read_text().strip() == str(mpich)
+    key = stack.stamp()
+    assert key.startswith("horovod-0.28.1_tf-2.18.1_py-3.11_mpi-1-mpicxx.mpich-") and key.endswith(
+        f"_nogloo_gpu-none_{ARCH}"
     )
+    assert "without Gloo, GPU=none)" in proc.stdout
+    assert "shows [X] TensorFlow, [X] MPI; horovod.tensorflow loads" in proc.stdout
+    # A wrapper of the same name in another MPI's folder, and the default build: two more wheels, one cache.
+    other = Stack(tmp_path, "other")
+    other.extra_path.append(
+        write_exe(tmp_path / "other-mpi" / "mpicxx.mpich", "#!/bin/bash\necho g++ -lmpi\n").parent
+    )
+    other.run(SCALEOUT_MPICXX=str(tmp_path / "other-mpi" / "mpicxx.mpich"), **mpi)
+    assert other.stamp() != key
+    default = Stack(tmp_path, "default")
+    default.extra_path.append(tmp_path / "mpi")
+    default.run()
+    assert len({w.parent.name for w in stack.cache.rglob("*.whl")}) == 3
 
 
 @pytest.mark.parametrize(
@@ -571,6 +585,7 @@ HOSTILE = [
     ("HOROVOD_WITHOUT_GLOO", "1"),  # without HOROVOD_CONTROLLER=mpi
     ("SCALEOUT_MPICXX", "no-such-mpicxx"),
     ("SCALEOUT_MPICXX", "$(touch {mark})"),
+    ("SCALEOUT_MPICXX", "echo"),  # a shell builtin, not a wrapper on PATH
 ]
 
 

@@ -106,3 +106,17 @@ def test_make_test_builds_the_lumi_stand_in_first(repo):
     assert proc.returncode == 0 and "install-stack.sh .venv-mpich" not in proc.stdout, (
         proc.stdout + proc.stderr
     )
+
+
+@pytest.mark.parametrize("version", ["3.6", "3.13", "2.7"])
+def test_make_login_names_a_python_it_cannot_use_and_the_fix(repo, version):
+    """LUMI's own python3 is 3.6; pyproject.toml allows 3.9-3.12: one line with the fix, before any venv."""
+    fake = repo / "python-fake"
+    fake.write_text(f"#!/bin/bash\necho {version}\n")
+    fake.chmod(0o755)
+    proc = make(repo, "login", f"PYTHON_SYS={fake}")
+    assert proc.returncode == 2
+    said = [line for line in proc.stderr.splitlines() if line.startswith("login:")]
+    assert said == [f"login: {fake} is Python {version}; the login-node CLI needs 3.9 to 3.12 (on LUMI: module load "
+                    "cray-python; or PYTHON_SYS=python3.11)"]  # fmt: skip
+    assert not (repo / ".venv-login").exists()

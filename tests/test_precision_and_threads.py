@@ -150,6 +150,17 @@ def test_the_threads_option_comes_first():
     assert (chosen.count, chosen.source, chosen.note) == (3, "--threads", None)
 
 
+def test_a_private_pool_only_when_the_job_or_the_option_sized_it():
+    """Under Slurm or with --threads tf.data gets a private pool of that size; on a workstation it keeps
+    TensorFlow's shared pool (pool 0), as before the choice existed, whatever the count says."""
+    assert threads_per_rank(0, {"SLURM_CPUS_PER_TASK": "7"}, 128, 8, "srun").pool == 7
+    assert threads_per_rank(2, {}, 2, 2).pool == 2
+    workstation = threads_per_rank(0, {}, 2, 2)
+    assert (workstation.count, workstation.private, workstation.pool) == (1, False, 0)
+    ignored = threads_per_rank(0, {"SLURM_CPUS_PER_TASK": "abc"}, 2, 1)
+    assert ignored.note and ignored.pool == 0
+
+
 NO_NUMBER = "is not a number of CPUs (a whole number from 1)"
 
 

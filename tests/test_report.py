@@ -423,7 +423,8 @@ def test_verdicts_follow_the_table_in_markdown(tmp_path):
     md = (tmp_path / "out" / "scaling.md").read_text()
     assert md.endswith("\n\n- batch 32/worker scales at 61% to 32 workers: communication-bound\n"
                        "- batch 256/worker scales at 94% to 32 workers: near-linear\n"
-                       "- largest per-worker batch scales best here: batch 256/worker at 94%\n")  # fmt: skip
+                       "- largest per-worker batch scales best here: batch 256/worker at 94%\n\n"
+                       "Measured on:\n\n- (not recorded: measured before scaleout recorded its environment)\n")  # fmt: skip
 
 
 def test_a_report_that_fails_half_way_leaves_the_earlier_one_whole(tmp_path, monkeypatch):

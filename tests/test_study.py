@@ -259,8 +259,12 @@ def make_run(folder: Path, run: RunPlan, val: list[float], train=None, done=True
             for i, (t, v) in enumerate(zip(train, val, strict=True))]  # fmt: skip
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if done:
+        env = {"gpu_count": 0, "cpu_count": 2, "cpu_model": "test CPU", "tensorflow": "2.18.1",
+               "keras": "tf_keras 2.18.0", "horovod": "0.28.1", "scaleout": "0.1.0"}  # fmt: skip
         (path / "summary.json").write_text(
-            json.dumps({"epochs": len(rows), "global_batch": run.global_batch})
+            json.dumps(
+                {"epochs": len(rows), "global_batch": run.global_batch, "precision": "float32", "env": env}
+            )
         )
     if state_json is not None:
         ckpt = path / "checkpoints" / f"epoch-{len(rows):04d}"
@@ -536,13 +540,18 @@ def test_report_files_table_csv_and_figure(tmp_path):
         and rows[4]["vs_baseline_pp"] == "0.11"
         and (rows[4]["ci95_low_pp"], rows[4]["ci95_high_pp"], rows[4]["verdict"])
         == ("-0.0171", "0.2371", "holds")
-        and rows[4]["updates"] == "580"
+        and (rows[4]["updates_min"], rows[4]["updates_max"]) == ("580", "580")
     )
     with open(out / "large_batch_runs.csv", newline="") as f:
         runs = list(csv.DictReader(f))
-    text = {"run", "state"}
+    text = {"run", "state", "precision"}
     assert runs and all(
         float(cell) == float(cell) for r in runs for k, cell in r.items() if k not in text and cell
+    )
+    assert {r["precision"] for r in runs} == {"float32"}  # each run's, from its summary.json
+    assert (
+        "## Measured on\n\n- no GPU (2 x test CPU CPU cores); TensorFlow 2.18.1, Keras tf_keras 2.18.0, "
+        in md
     )
     assert {r["workers"] for r in runs} >= {"1"} and all(
         int(r["epochs"]) >= int(r["epochs_done"]) for r in runs

@@ -695,3 +695,86 @@ def test_a_full_disk_leaves_no_half_made_study_folder(tmp_path, monkeypatch, cap
         assert app_main(args, monkeypatch, capsys)[0] == 0
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+GATED = """\
+name: gated
+arch: any
+gpus_per_node: 2
+gpu_type: fake
+gpu_request: "--gres=gpu:{gpus}"
+cpus_per_gpu: 1
+partitions:
+  - {name: debug, max_nodes: 1, max_gpus: 1, max_time: "01:00:00"}
+  - {name: gated, max_nodes: 1, min_gpus: 2, max_time: "01:00:00", access: "opened on request"}
+mpi: pmix
+container: {runtime: native}
+"""
+# sbatch for the gated profile: --test-only answers with $FAKE_TEST_ONLY (after $FAKE_SLEEP s) and status 1;
+# a real submission prints the next id.
+FAKE_SBATCH = """#!/bin/bash
+if [ "$1" = --test-only ]; then sleep "${FAKE_SLEEP:-0}"; echo "sbatch: error: $FAKE_TEST_ONLY" >&2; exit 1; fi
+n=$(( $(cat "$FAKE_IDS" 2>/dev/null || echo 100) + 1 )); echo "$n" > "$FAKE_IDS"; echo "$n"
+"""
+
+
+@pytest.fixture
+def gated(tmp_path, monkeypatch):
+    """A study folder for 1 and 2 workers on a profile whose 2-GPU job lands on a partition that needs an
+    access grant, and a fake sbatch first on PATH."""
+    from app.cluster import profiles
+
+    (tmp_path / "clusters").mkdir()
+    (tmp_path / "clusters" / "gated.yaml").write_text(GATED)
+    monkeypatch.setattr(profiles, "CLUSTERS", tmp_path / "clusters")
+    fake = tmp_path / "bin" / "sbatch"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_SBATCH)
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_IDS", str(tmp_path / "ids"))
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "s"
+    p = splan(cluster="gated")
+    prepare(folder, p, cfg(), ["app"])
+    return folder, p
+
+
+def test_a_part_the_site_refuses_is_left_out_and_the_rest_submitted(gated, monkeypatch):
+    folder, p = gated
+    monkeypatch.setenv(
+        "FAKE_TEST_ONLY", "Batch job submission failed: Required partition not available (inactive or drain)"
+    )
+    lines = []
+    ids = submit_study(folder, p, cfg(), {"cluster": "gated"}, dry_run=False, echo=lines.append)
+    assert ids == {"workers-1": "101", "report": "102"}
+    assert any(line.startswith("Note: workers-2 is not submitted: sbatch --test-only refuses it on partition gated (")
+               for line in lines), lines  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "answer, sleep, said",
+    [
+        ("Batch job submission failed: Socket timed out on send/recv operation", "0", "Socket timed out"),
+        (
+            "fatal: Could not establish a configuration source",
+            "0",
+            "Could not establish a configuration source",
+        ),
+        ("never printed", "30", "sbatch did not answer within 1 s"),
+    ],
+)
+def test_a_failure_to_ask_is_not_a_refusal_and_nothing_is_submitted(gated, monkeypatch, answer, sleep, said):
+    """A timeout, a controller that is down, sbatch without a configuration: the study stops, whole."""
+    from app.cluster import submit
+    from app.core.errors import AppError
+
+    folder, p = gated
+    monkeypatch.setenv("FAKE_TEST_ONLY", answer)
+    monkeypatch.setenv("FAKE_SLEEP", sleep)
+    monkeypatch.setattr(submit, "SBATCH_TIMEOUT_S", 1)
+    with pytest.raises(AppError) as err:
+        submit_study(folder, p, cfg(), {"cluster": "gated"}, dry_run=False, echo=lambda line: None)
+    assert said in str(err.value) and str(err.value).endswith("; nothing of this study was submitted")
+    assert "\n" not in str(err.value)
+    assert not (folder / JOBS_FILE).exists() and not (folder.parent / "ids").exists()

@@ -212,6 +212,16 @@ def test_partition_choice_and_staging():
     assert "--exclusive" not in partial and "--cpu-bind" not in partial and partial.count("--mpi=pmi2") == 1
     assert "#SBATCH --partition=small-g\n" in partial and "#SBATCH --mem-per-gpu=60G\n" in partial
     assert "--mem=" not in partial and "rendezvous" not in partial
+    with pytest.raises(UsageError) as err:  # standard-g takes whole nodes only
+        render("lumi", 4, partition="standard-g")
+    assert str(err.value) == (
+        "--gpus 4 takes part of a node; partition standard-g on lumi allocates whole nodes only (8 GPUs each): use "
+        "a multiple of 8 GPUs, or leave --partition out to take a partition for part of a node"
+    )
+    # All of each node's memory (--mem=0) comes with the nodes to themselves, binding or not.
+    mpich = render("local-mpich", 2).script
+    assert "#SBATCH --exclusive\n#SBATCH --mem=0\n" in mpich and "--cpu-bind" not in mpich
+    assert "#SBATCH --mem-per-gpu=1G\n" in render("local-mpich", 1).script
 
 
 # --stage's per-node part (staging.STAGE_ON_NODE), run by bash directly as srun would run it on one node.
@@ -445,8 +455,8 @@ def test_shared_run_dir_check_says_one_line_per_node(tmp_path):
             "--stage: lumi has no node-local scratch; drop --stage",
         ),
         (
-            dict(cluster="roihu", gpus=4, stage_gb=151, data_dir="/scratch/p/x"),
-            "--stage 151: more node-local disk than a roihu GPU node has (150 GB); ask for less",
+            dict(cluster="roihu", gpus=4, stage_gb=162, data_dir="/scratch/p/x"),
+            "--stage 162: more node-local disk than a roihu GPU node has (161 GB); ask for less",
         ),
         (dict(cluster="roihu", gpus=0), "--gpus 0: must be >= 1"),
         (
@@ -1076,7 +1086,7 @@ def test_four_minutes_is_not_four_hours():
         (LOCAL + ["--stage", "-5", "--data-dir", "/d"],
          "--stage -5: GB of node-local disk to request, >= 1 (leave --stage out to read --data-dir in place)"),
         (ROIHU + ["--stage", str(10**30), "--data-dir", "/d"],
-         f"--stage {10**30}: more node-local disk than a roihu GPU node has (150 GB); ask for less"),
+         f"--stage {10**30}: more node-local disk than a roihu GPU node has (161 GB); ask for less"),
         (ROIHU + ["--stage", "10", "--data-dir", ""], "--data-dir '': empty; give a value or leave the option out"),
         (ROIHU[:-1] + [""], "--account '': empty; give your project, e.g. --account project_2001234"),
         (LOCAL + ["--name", ""], "--name '': empty; give a job name or leave --name out to use the config's name"),
@@ -1200,7 +1210,7 @@ PLACEHOLDERS = "{job_id}, {user}, {node_id}, {local_id}, {proc_id}"
         (GOOD_PROFILE + "env: {SRUN_CPUS_PER_TASK: 9}\n", "env.SRUN_CPUS_PER_TASK: set by the job script or its launcher; leave it out"),
         (GOOD_PROFILE + "env: {APPTAINER_CLEANENV: 1}\n", "env.APPTAINER_CLEANENV: set by the job script or its launcher; leave it out"),
         (GOOD_PROFILE + "env: {EXECIGNORE: srun}\n", "env.EXECIGNORE: set by the job script or its launcher; leave it out"),
-        (GOOD_PROFILE.replace("  max_gb: 150", '  gres: "nvme:{gb:,}"\n  max_gb: 150'),
+        (GOOD_PROFILE.replace("  max_gb: 161", '  gres: "nvme:{gb:,}"\n  max_gb: 161'),
          "scratch.gres 'nvme:{gb:,}': use {gb} plainly (no format spec)"),
         (GOOD_PROFILE.replace("gpu_request: \"--gres=gpu:gh200:{gpus}\"", "gpu_request: \"--gres=gpu:gh200:{gpus:,}\""),
          "gpu_request '--gres=gpu:gh200:{gpus:,}': a number with separators would split the gres list"),
@@ -1227,9 +1237,9 @@ PLACEHOLDERS = "{job_id}, {user}, {node_id}, {local_id}, {proc_id}"
         (GOOD_PROFILE.replace("env: TMPDIR", "env: 'TMPDIR}; x'"),
          "scratch.env 'TMPDIR}; x': an environment variable name such as LOCAL_SCRATCH or TMPDIR"),
         (GOOD_PROFILE.replace("scratch:   ", "scratch: [1]\nx:"), "unknown key x; known: " + ", ".join(profile_rules.KEYS)),
-        (GOOD_PROFILE.replace("  max_gb: 150", '  gres: "nvme:{gb};x"\n  max_gb: 150'),
+        (GOOD_PROFILE.replace("  max_gb: 161", '  gres: "nvme:{gb};x"\n  max_gb: 150'),
          "scratch.gres 'nvme:1;x': letters, digits and . _ : , / = - only"),
-        (GOOD_PROFILE.replace("  max_gb: 150", "  #"), "scratch without gres needs max_gb: the node-local disk every job gets, in GB"),
+        (GOOD_PROFILE.replace("  max_gb: 161", "  #"), "scratch without gres needs max_gb: the node-local disk every job gets, in GB"),
         (GOOD_PROFILE.replace("name: roihu", 'name: "roihu\\n"'), f"name 'roihu\\n': {SAFE_HINT}"),
     ],
 )  # fmt: skip

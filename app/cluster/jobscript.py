@@ -174,7 +174,8 @@ def render(
             account,
             log_dir,
             purpose,
-            exclusive=bool(extra),
+            # A binding, or all of each node's memory, needs the nodes to itself.
+            exclusive=bool(extra) or (full_node and cluster.mem_full_node is not None),
             requeue=not task and not smoke,
             full_node=full_node,
         ),

@@ -428,7 +428,8 @@ def choose_partition(
             )
         if p.whole_nodes and gpus % cluster.gpus_per_node:
             return (f"--gpus {gpus} takes part of a node; partition {p.name} on {cluster.name} allocates whole "
-                    f"nodes only ({cluster.gpus_per_node} GPUs each)")  # fmt: skip
+                    f"nodes only ({cluster.gpus_per_node} GPUs each): use a multiple of {cluster.gpus_per_node} "
+                    "GPUs, or leave --partition out to take a partition for part of a node")  # fmt: skip
         if time_s > parse_time(p.max_time):
             return f"--time is above partition {p.name}'s limit of {p.max_time} on {cluster.name}"
         return None

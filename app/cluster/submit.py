@@ -5,6 +5,7 @@ hand it to sbatch, or only check it (--test-only); every failure is one line say
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -13,6 +14,23 @@ from pathlib import Path
 
 from app.cluster.jobscript import Job
 from app.core.errors import AppError, one_line, show
+
+# How long sbatch may take to answer: a busy slurmctld answers in seconds; a hung one must not hold a study's
+# lock forever.
+SBATCH_TIMEOUT_S = 120
+# What sbatch says when the site refuses the job itself (slurm_strerror's words for ESLURM_INVALID_ACCOUNT,
+# ESLURM_PARTITION_NOT_AVAIL, ESLURM_JOB_MISSING_REQUIRED_PARTITION_GROUP, ESLURM_INVALID_QOS,
+# ESLURM_ACCESS_DENIED, ESLURM_INVALID_PARTITION_NAME), as against failing to ask (no configuration, a
+# timeout, a controller that is down).
+REFUSAL = re.compile(
+    r"Invalid account|account/partition combination|partition not available|not permitted to use this "
+    r"partition|Invalid qos|Access/permission denied|Invalid partition name",
+    re.IGNORECASE,
+)
+
+
+class Refused(AppError):
+    """sbatch refused the job itself: its account, partition or QOS (see ``REFUSAL``)."""
 
 
 def sbatch(job: Job, test_only: bool = False) -> str:
@@ -45,13 +63,22 @@ def sbatch(job: Job, test_only: bool = False) -> str:
         ) from None
     args = [exe, "--test-only", str(path)] if test_only else [exe, "--parsable", str(path)]
     try:
-        proc = subprocess.run(args, capture_output=True, text=True, errors="replace")
+        proc = subprocess.run(
+            args, capture_output=True, text=True, errors="replace", timeout=SBATCH_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        raise AppError(
+            f"sbatch did not answer within {SBATCH_TIMEOUT_S} s (script: {path}); the controller may be busy or "
+            "down: check `squeue --me`, then try again"
+        ) from None
     except OSError as exc:
         raise AppError(f"cannot run {exe}: {exc.strerror or exc}") from None
     if proc.returncode != 0:
         lines = [ln for ln in (proc.stderr or proc.stdout).split("\n") if ln.strip()]  # \r is no line end
         reason = one_line(lines[-1].strip()) if lines else f"exit status {proc.returncode}"
-        raise AppError(f"sbatch rejected the job: {reason} (script: {path})")
+        raise (Refused if REFUSAL.search(reason) else AppError)(
+            f"sbatch rejected the job: {reason} (script: {path})"
+        )
     answer = (proc.stderr if test_only else proc.stdout).strip()
     if not answer:
         said = "nothing on stderr" if test_only else "no job id on stdout"

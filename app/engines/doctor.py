@@ -33,6 +33,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 
+from app.core import version
 from app.core.errors import AppError
 from app.engines.world import (
     allocated_gpus,
@@ -73,7 +74,8 @@ _NETWORK = re.compile(r"Using network (.+)$")
 #   NET/Socket : Using [0]hsn0:10.1.2.3<0> [1]hsn1:...      the interfaces of the socket transport
 #   NET/IB : Using [0]mlx5_0:1/IB ...                       InfiniBand devices
 _PLUGIN = re.compile(r"NET/Plugin\s*:?\s*(Loaded .+)$")
-_PROVIDER = re.compile(r"NET/OFI .*Selected Provider is (\S+)")
+# "Selected Provider is cxi (found 4 nics)" (aws-ofi-rccl), "Selected provider is cxi, fabric is cxi" (newer).
+_PROVIDER = re.compile(r"NET/OFI .*Selected provider is ([A-Za-z0-9_;+-]+)", re.IGNORECASE)
 _USING = re.compile(r"NET/(?:Socket|IB)\s*:\s*Using (.+)$")
 _DEVICE = re.compile(r"\[\d+\]([A-Za-z0-9_.-]+)[:<]")
 
@@ -105,14 +107,19 @@ def nccl_path(folder: str | None) -> dict:
     return out
 
 
-def slingshot_used(path: dict) -> bool | None:
-    """Whether the log shows Slingshot carrying the gradients (libfabric's cxi provider, or hsn interfaces);
-    None when it shows no path at all."""
+def slingshot_used(path: dict) -> tuple[bool | None, str]:
+    """Whether the log shows Slingshot's RDMA carrying the gradients, and how: libfabric's cxi provider (the
+    OFI plugin on Slingshot-11) is; another provider, or RCCL's socket transport, is not, even over the hsn
+    interfaces (TCP over Slingshot, without RDMA: what RCCL falls back to when the plugin does not load, and
+    what NCCL_SOCKET_IFNAME=hsn... alone gives). (None, "") when the log shows no path."""
     if "provider" in path:
-        return path["provider"] == "cxi"
+        if path["provider"].lower() == "cxi":
+            return True, "RDMA through libfabric's cxi provider"
+        return False, f"libfabric provider {path['provider']}, not cxi"
     if path.get("devices"):
-        return all(d.startswith("hsn") for d in path["devices"])
-    return None
+        over = "hsn" if all(d.startswith("hsn") for d in path["devices"]) else ",".join(path["devices"])
+        return False, f"TCP sockets over {over}, no RDMA: the OFI plugin did not load"
+    return None, ""
 
 
 def bandwidths(nbytes: int, seconds: float, size: int) -> tuple[float, float]:
@@ -179,6 +186,8 @@ def _run(megabytes: float, iterations: int, threads: int, nccl_dir: str | None, 
     tf = import_tensorflow()
     hvd_build, tf_build = horovod_build(), tensorflow_build(tf)
     world = dist.init(threads, checks=False)  # the checks become rows below instead of ending the command
+    if world.rank == 0 and (differs := version.mismatch(os.environ.get(version.RENDERED_BY))):
+        print(f"scaleout doctor: warning: {differs}", file=sys.stderr)
     checks.append(check_build(tf, hvd_build, tf_build))
     gpus = [d.name for d in tf.config.list_physical_devices("GPU")]
     ranks = gather_ranks(tf, world, gpus)
@@ -337,9 +346,9 @@ def check_transport(
             if value
         )
         wanted = os.environ.get("NCCL_SOCKET_IFNAME", "")
-        used = slingshot_used(path)
+        used, how = slingshot_used(path)
         if "hsn" in wanted and used is not None:
-            transport += "; Slingshot: " + ("used" if used else "NOT used")
+            transport += f"; Slingshot RDMA: {'used' if used else 'NOT used'} ({how})"
             if not used:
                 problem = (" (NCCL_SOCKET_IFNAME asks for Slingshot's hsn interfaces: check the RCCL OFI plugin "
                            "and the /opt/cray and libcxi binds)")  # fmt: skip

@@ -238,6 +238,15 @@ class RankThreads:
     count: int
     source: str
     note: str | None = None
+    # Whether tf.data gets a private pool of ``count`` threads (--threads, SLURM_CPUS_PER_TASK), or keeps
+    # TensorFlow's shared pool, sized by the machine (the fallback: as before these were chosen, so a
+    # workstation's pipeline is unchanged).
+    private: bool = True
+
+    @property
+    def pool(self) -> int:
+        """The private pool's size for the input pipeline; 0 for TensorFlow's shared pool."""
+        return self.count if self.private else 0
 
 
 def threads_per_rank(
@@ -254,7 +263,9 @@ def threads_per_rank(
     cpus = cpu_count or 1
     shared = max(1, local_size)
     among = f" / {shared} workers on it" if shared > 1 else ""
-    fallback = RankThreads(max(1, cpus // shared), f"this node's {cpus} CPU{'s' if cpus > 1 else ''}{among}")
+    fallback = RankThreads(
+        max(1, cpus // shared), f"this node's {cpus} CPU{'s' if cpus > 1 else ''}{among}", private=False
+    )
     if CPUS_PER_TASK_VAR not in env:
         return fallback
     raw = str(env[CPUS_PER_TASK_VAR])
@@ -269,7 +280,7 @@ def threads_per_rank(
         if launcher == "horovodrun" and shared > 1:
             return RankThreads(max(1, n // shared), f"{CPUS_PER_TASK_VAR}={n} / {shared} workers in the task")
         return RankThreads(n, CPUS_PER_TASK_VAR)
-    return RankThreads(fallback.count, fallback.source, f"{problem}; ignored, using {fallback.source}")
+    return RankThreads(fallback.count, fallback.source, f"{problem}; ignored, using {fallback.source}", False)
 
 
 ERROR_DIR_VAR = "SCALEOUT_ERROR_DIR"  # set by launch_local: where its workers leave their error lines

@@ -28,7 +28,7 @@ from app.reports.runs import (
     training_rows,
     training_verdicts,
 )
-from app.reports.tables import print_table, staged, write_table
+from app.reports.tables import measured_on, print_table, staged, write_table
 
 
 def load(inputs: list[Path], note=None) -> tuple[list[dict], list[Run]]:
@@ -76,7 +76,8 @@ def _write(results: list[dict], runs: list, out: Path, target: float | None) -> 
         kind = results[0].get("kind", "train")
         what = f"{results[0].get('model') or 'input pipeline'}, {results[0].get('image_size')} px, {results[0].get('precision')}"
         lines = verdicts(table)
-        written += write_table(out, "scaling", SCALING_COLUMNS, rows, lines)
+        measured = measured_on([(r.get("env"), r.get("precision")) for r in results])
+        written += write_table(out, "scaling", SCALING_COLUMNS, rows, lines, measured)
         written += plot_scaling(table, out)
         shown.append((f"Scaling ({kind}): {what}", SCALING_COLUMNS, rows, lines))
     if runs:
@@ -84,7 +85,8 @@ def _write(results: list[dict], runs: list, out: Path, target: float | None) -> 
         target = target if target is not None else (min(accs) if accs else 1.0)
         rows = training_rows(runs, target)
         lines = [*mixed_runs(runs), *training_verdicts(runs, target)]
-        written += write_table(out, "training", TRAINING_COLUMNS, rows, lines)
+        measured = measured_on([(r.summary.get("env"), r.summary.get("precision")) for r in runs])
+        written += write_table(out, "training", TRAINING_COLUMNS, rows, lines, measured)
         written.append(plot_training(runs, out))
         shown.append(
             (f"Training runs (time to {target:.2%} validation accuracy)", TRAINING_COLUMNS, rows, lines)

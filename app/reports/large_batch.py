@@ -68,9 +68,15 @@ class Cell:
         return statistics.stdev(self.errors) if len(self.errors) > 1 else None
 
     @property
-    def updates(self) -> str:
+    def update_range(self) -> tuple[int, int] | None:
+        """The fewest and most updates its runs plan (one number when they agree); None when unknown."""
         known = sorted({u for r in self.results if (u := r.planned_updates) is not None})
-        return "?" if not known else f"{known[0]:,}" if len(known) == 1 else f"{known[0]:,}-{known[-1]:,}"
+        return (known[0], known[-1]) if known else None
+
+    @property
+    def updates(self) -> str:
+        span = self.update_range
+        return "?" if span is None else f"{span[0]:,}" if span[0] == span[1] else f"{span[0]:,}-{span[1]:,}"
 
 
 def cells(results: list[RunResult]) -> list[Cell]:
@@ -99,7 +105,8 @@ COLUMNS = ("k", "global batch", "variant", "LR", "warmup", "top-1 error (%)",
            "vs baseline, paired (pp, 95% CI)", "verdict", "updates", "seeds done")  # fmt: skip
 CSV_COLUMNS = ("k", "global_batch", "variant", "workers", "accumulation_steps", "lr", "warmup", "warmup_start_lr",
                "warmup_epochs", "top1_error_mean", "top1_error_std", "vs_baseline_pp", "ci95_low_pp",
-               "ci95_high_pp", "paired_seeds", "verdict", "updates", "seeds_done", "seeds_planned")  # fmt: skip
+               "ci95_high_pp", "paired_seeds", "verdict", "updates_min", "updates_max", "seeds_done",
+               "seeds_planned")  # fmt: skip
 
 
 def by_seed(cell: Cell) -> dict[int, float]:
@@ -133,7 +140,7 @@ def table_rows(table: list[Cell], margin: float = MARGIN_PP) -> tuple[list[list[
             "" if r.warmup == "none" else r.start_lr, r.warmup_epochs if r.warmup != "none" else 0,
             _num(c.mean), _num(c.std), _num(pair and pair.mean), _num(pair and pair.low), _num(pair and pair.high),
             "" if pair is None else pair.seeds, "" if pair is None else pair.verdict,
-            int(c.updates.replace(",", "")) if c.updates.replace(",", "").isdigit() else c.updates.replace(",", ""),
+            *(("", "") if c.update_range is None else c.update_range),
             len(c.errors), len(c.results),
         ])  # fmt: skip
     return md, rows

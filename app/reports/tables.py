@@ -133,12 +133,15 @@ def write_csv(path: Path, columns, rows) -> Path:
     return path
 
 
-def write_table(out: Path, stem: str, columns, rows, notes=()) -> list[Path]:
-    """``<stem>.md`` (the table, then ``notes`` as a list) and ``<stem>.csv``."""
+def write_table(out: Path, stem: str, columns, rows, notes=(), measured=()) -> list[Path]:
+    """``<stem>.md`` (the table, then ``notes`` as a list, then where it was measured: :func:`measured_on`'s
+    lines) and ``<stem>.csv``."""
     md = out / f"{stem}.md"
     lines = markdown_table(columns, rows)
     if notes:
         lines += ["", *(f"- {ln}" for ln in notes)]
+    if measured:
+        lines += ["", "Measured on:", "", *(f"- {ln}" for ln in measured)]
     write_text(md, "\n".join(lines) + "\n")
     return [md, write_csv(out / f"{stem}.csv", columns, rows)]
 
@@ -187,6 +190,6 @@ def measured_on(records: list[tuple[dict, str | None]]) -> list[str]:
             f"{gpu}; TensorFlow {get('tensorflow')}, Keras {get('keras')}, Horovod {get('horovod')}, scaleout "
             f"{get('scaleout')}"
             + (f" (source {get('scaleout_source')})" if env.get("scaleout_source") else "")
-            + f"; precision {precision or '?'}"
+            + f"; precision {_env_value({'precision': precision}, 'precision')}"
         ] = None
     return list(lines)

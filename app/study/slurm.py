@@ -77,11 +77,13 @@ def _without_refused(jobs: list, cluster, echo) -> list:
             continue
         try:
             submit_stage.sbatch(job, test_only=True)
-        except AppError as exc:
+        except submit_stage.Refused as exc:  # the site's own no; any other failure stops the study (below)
             reason = str(exc).removeprefix("sbatch rejected the job: ")
             echo(f"Note: {name} is not submitted: sbatch --test-only refuses it on partition {job.partition} "
                  f"({reason})")  # fmt: skip
             refused.append(name)
+        except AppError as exc:
+            raise AppError(f"{exc}; nothing of this study was submitted") from None
         else:
             kept.append((name, job))
     if refused and not kept:
@@ -136,8 +138,6 @@ def _submit_study(folder: Path, plan, cfg, options: dict, dry_run: bool, echo) -
         jobs.append((item.name, job))
     for note in dict.fromkeys(n for _, job in jobs if (n := profiles.access_note(cluster, job.partition))):
         echo(f"Note: {note}")
-    if not dry_run:
-        jobs = _without_refused(jobs, cluster, echo)
     if not jobs:
         echo("nothing to submit: every part is done or its job is queued or running "
              f"(see `app study status {show(folder, limit=None)}`)")  # fmt: skip
@@ -146,6 +146,7 @@ def _submit_study(folder: Path, plan, cfg, options: dict, dry_run: bool, echo) -
         from app.cluster.checks import check_inputs
 
         check_inputs(jobs[0][1].image, options.get("data_dir") or cfg.data.data_dir, cfg.data.source)
+        jobs = _without_refused(jobs, cluster, echo)
     report_args = ["study", "report", str(folder)]
     if options.get("margin") is not None:  # a margin other than the report's default
         report_args += ["--margin", f"{options['margin']:g}"]

@@ -127,7 +127,7 @@ def run(
         ds = train_dataset(
             source, batch, per_epoch, math.ceil((steps + timeline_steps) / per_epoch), 0, cfg.run.seed, world.rank,
             cfg.data.shuffle_buffer, synthetic=synthetic, deterministic=cfg.data.deterministic,
-            threads=inputs.count,
+            threads=inputs.pool,
         )  # fmt: skip
         step_fn = None if model is None else tf.function(model.train_step, jit_compile=cfg.model.jit_compile)
         iterator = iter(ds)
@@ -151,7 +151,11 @@ def run(
             "workers": world.size,
             "nodes": world.nodes,
             "threads_per_worker": threads or None,
-            "input_threads": {"per_worker": inputs.count, "from": inputs.source},
+            "input_threads": {
+                "per_worker": inputs.count,
+                "from": inputs.source,
+                "private_pool": inputs.private,
+            },
             **summarize_steps(times, waits, images_per_step, n_windows),
             "peak_memory_mb": peak_memory_mb(),
             "timeline": timeline,

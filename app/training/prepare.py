@@ -10,6 +10,7 @@ from pathlib import Path
 import tensorflow as tf
 from rich.markup import escape
 
+from app.core import version
 from app.core.config import Config
 from app.core.errors import UsageError
 from app.data.sources import Spec
@@ -148,6 +149,8 @@ def setup(cfg: Config, threads: int = 0) -> tuple[World, Reporter, str]:
     if cfg.run.deterministic_ops:  # bitwise-reproducible kernels: a resumed run equals an uninterrupted one
         tf.config.experimental.enable_op_determinism()
     reporter = Reporter(world.rank)
+    if differs := version.mismatch(os.environ.get(version.RENDERED_BY)):  # a job script of another checkout
+        reporter.note(escape(f"Warning: {differs}"))
     return world, reporter, set_precision(cfg, world, reporter)
 
 

@@ -7,15 +7,12 @@ checkpoint/metrics (rank 0 only). Lines that exist only because of distribution 
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
-from rich.markup import escape
 
-from app.core import version
 from app.core.config import MIN_IMAGE_SIZE, Config, checkpoint_interval, dump
 from app.core.errors import AppError, Preempted, UsageError
 from app.core.results import read_metrics
@@ -68,7 +65,8 @@ def header(reporter: Reporter, cfg: Config, spec: Spec, world: World, p: Plan, p
             ("workers", f"{world.size} ({world.nodes} node{'s' if world.nodes > 1 else ''}, {world.local_size} per node), launcher {world.launcher}, Horovod controller {world.controller}"),
             ("model", f"{cfg.model.name}, {spec.image_shape[0]}x{spec.image_shape[1]}x{spec.image_shape[2]}, {spec.num_classes} classes"),
             ("data", f"{spec.name}: {spec.train_examples:,} train / {spec.eval_examples:,} eval examples per worker ({spec.sharding}-level shards)"),
-            ("input", f"{inputs.count} thread{'s' if inputs.count > 1 else ''} per rank ({inputs.source})"),
+            ("input", f"{inputs.count} thread{'s' if inputs.count > 1 else ''} per rank ({inputs.source}"
+                      + ("" if inputs.private else "; TensorFlow's shared pool") + ")"),
             ("batch", f"{t.batch_size} per worker x {world.size} workers x {t.accumulation_steps} accumulation = {p.global_batch} global"),
             ("learning rate", f"base {t.base_lr:g} per {t.reference_batch}" + (f" -> scaled {s.target_lr:.5g}" if t.scale_lr else " (not scaled)")),
             ("warmup", warmup),
@@ -102,8 +100,6 @@ def train_and_evaluate(
     start_epoch = found[0] if found else 0
     start_step = resume_step(state, p, reporter) if found else 0
     header(reporter, cfg, spec, world, p, policy, inputs, run_dir, start_epoch, start_step)
-    if differs := version.mismatch(os.environ.get(version.RENDERED_BY)):  # a job script of another checkout
-        reporter.note(escape(f"Warning: {differs}"))
     for why in skipped:
         reporter.note(f"skipping checkpoint {why}")
 
@@ -136,7 +132,7 @@ def train_and_evaluate(
     )  # fmt: skip
     kept = f"checkpoint {found[1]} is intact" if found else "nothing was trained yet"
     stop_if_asked(request, write, kept, run_dir)
-    fit(cfg, model, source, p, world, reporter, write, request, start_epoch, start_step, inputs.count)
+    fit(cfg, model, source, p, world, reporter, write, request, start_epoch, start_step, inputs.pool)
     # [horovod] Are all replicas still identical? Every variable: the batch-norm statistics were averaged at
     # the epoch end, so they must agree too.
     spread = distributed.replica_spread([v.numpy() for v in model.weights])
