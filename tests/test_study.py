@@ -719,3 +719,16 @@ def test_tiny_real_study_stopped_by_a_signal_continues_and_reports(tmp_path, tfd
         assert len((run_dir(folder, run) / "metrics.jsonl").read_text().splitlines()) == 2
     saved = config.load_yaml(run_dir(folder, p.runs[3]) / "config.yaml")
     assert (saved["train.warmup"], saved["train.accumulation_steps"]) == ("constant", 2)
+
+
+def test_runs_in_different_precisions_are_a_warning(tmp_path):
+    """Issue 21, item 3: precision: auto picks per machine; a table mixing precisions says so."""
+    folder, p = study_with_results(tmp_path)
+    summary = run_dir(folder, p.runs[-1]) / "summary.json"
+    data = json.loads(summary.read_text())
+    summary.write_text(json.dumps({**data, "precision": "mixed_float16"}))
+    lines = study_report.warnings(study_report.collect(folder, p))
+    assert lines[-1].startswith("warning: the runs trained in different precisions (float32: ")
+    assert f"mixed_float16: {p.runs[-1].name})" in lines[-1]
+    summary.write_text(json.dumps(data))
+    assert not any("precisions" in line for line in study_report.warnings(study_report.collect(folder, p)))

@@ -1514,3 +1514,29 @@ def test_a_tfds_data_dir_must_hold_a_prepared_dataset(tmp_path, tfds_dir):
     with pytest.raises(UsageError, match="not a TFDS folder"):
         checks.check_inputs(None, str(tmp_path), "tfds")
     checks.check_inputs(None, str(tmp_path / "anything"), "synthetic")  # synthetic data reads no folder
+
+
+def test_a_study_whose_image_is_missing_leaves_no_folder_behind(tmp_path):
+    """A study submit that fails its pre-queue checks writes nothing: a retry with other options (fewer seeds)
+    is not refused as 'a different study'."""
+    image = tmp_path / "scaleout.sif"
+    data = tmp_path / "imagenet"
+    data.mkdir()
+    (data / "train-00000-of-00001").write_bytes(b"")
+    env = {**os.environ, "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}  # no sbatch: nothing could be queued
+
+    def study(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "app", "study", "large-batch", "-c", "configs/study_resnet50_imagenet.yaml",
+             "--k", "1,8", "--np", "4", "--cluster", "roihu", "--account", "project_2001234", "--image", str(image),
+             "--data-dir", str(data), "--out", str(tmp_path / "studies"), *extra],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    proc = study()
+    assert proc.returncode == 2 and proc.stderr.startswith(f"Error: --image {image}: no such file"), (
+        proc.stderr
+    )
+    assert not (tmp_path / "studies").exists()
+    proc = study("--seeds", "1", "--dry-run")
+    assert proc.returncode == 0, proc.stderr

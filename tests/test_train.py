@@ -91,6 +91,24 @@ def test_resume_with_conflicting_config_is_refused(tmp_path):
     assert (run / "checkpoints" / "epoch-0001" / "ckpt.index").read_bytes() == before
 
 
+def test_a_resume_that_would_change_the_precision_is_refused(tmp_path):
+    """Issue 21, item 3: precision auto picks per machine; a checkpoint records what it trained in, and a
+    resume that would train in another precision stops with the fix instead of switching half-way."""
+    run = tmp_path / "run"
+    run_app(["train", *TINY_SYNTHETIC, "--epochs", "1", "--run-dir", str(run)])
+    state_path = run / "checkpoints" / "epoch-0001" / "state.json"
+    state = json.loads(state_path.read_text())
+    trained = state["precision"]
+    assert trained in ("float32", "mixed_bfloat16")  # what auto picks on a CPU
+    state_path.write_text(json.dumps({**state, "precision": "mixed_float16"}))  # as if trained on a V100
+    proc = run_app(["train", "--run-dir", str(run), "--epochs", "2"], expect=2)
+    assert proc.stderr.strip() == (
+        f"Error: resuming would train in {trained}, but the checkpoint trained in mixed_float16 (model.precision "
+        "auto on this machine); resume with --set model.precision=mixed_float16, or on the machine it trained on"
+    )
+    assert not (run / "checkpoints" / "epoch-0002").exists()
+
+
 def test_missing_data_dir(tmp_path):
     proc = run_app(
         ["train", "--data-dir", str(tmp_path / "nope"), "--run-dir", str(tmp_path / "run")], expect=2

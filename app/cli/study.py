@@ -77,14 +77,17 @@ def _ks(ctx, param, value: str | None) -> list[int] | None:
 
 def prepare_study(folder: Path, plan, cfg, command: list[str], slurm: dict | None, dry_run: bool) -> bool:
     """The study folder made (or found holding this study): on Slurm every job script is rendered, and so
-    checked, first, so a request the cluster cannot hold (an account, time or partition it refuses) fails
-    before anything is written, submitted or printed (a dry run writes nothing and prints them after)."""
+    checked, first, so a request the cluster cannot hold (an account, time or partition it refuses), or an
+    image or dataset the jobs would not find, fails before anything is written, submitted or printed (a dry
+    run writes nothing and prints them after)."""
     from app.study import slurm as slurm_stage
     from app.study.folder import prepare
 
     if slurm:
         prepare(folder, plan, cfg, command, write=False)
         slurm_stage.submit_study(folder, plan, cfg, slurm, dry_run=True, echo=lambda line: None)
+        if not dry_run:  # a missing image or dataset: said before the study folder exists, so a retry is free
+            slurm_stage.check_study_inputs(cfg, slurm)
     return prepare(folder, plan, cfg, command, write=not dry_run)
 
 

@@ -239,7 +239,8 @@ def summary_line(table: list[Cell], verdict: dict[int, str]) -> list[str]:
 
 def warnings(results: list[RunResult]) -> list[str]:
     """Runs with too few updates for their result to speak for the batch size (see ``MIN_UPDATES``), or a
-    warmup too short to be a ramp; one line per k and number of updates."""
+    warmup too short to be a ramp, one line per k and number of updates; and finished runs that trained in
+    different precisions."""
     few: dict[tuple[int, int], list[str]] = {}
     short: dict[tuple[int, int], list[str]] = {}
     for r in results:
@@ -259,6 +260,19 @@ def warnings(results: list[RunResult]) -> list[str]:
         "hardly a ramp; train more epochs or lengthen train.warmup_epochs"
         for (k, warm), names in short.items()
     ]
+    # Issue 21, item 3: a difference between variants must not be a difference of precision (precision: auto
+    # picks per machine; a resume on other GPUs may pick again).
+    by_precision: dict[str, list[str]] = {}
+    for r in results:
+        if r.state == "done" and r.precision:
+            by_precision.setdefault(r.precision, []).append(r.run.name)
+    if len(by_precision) > 1:
+        lines.append(
+            "warning: the runs trained in different precisions ("
+            + "; ".join(f"{p}: {', '.join(names)}" for p, names in sorted(by_precision.items()))
+            + "): their differences mix precision with the batch; set model.precision in the study's config "
+            "(mixed_bfloat16 or float32) and run them again"
+        )
     return lines
 
 

@@ -216,7 +216,7 @@ def _check_batches(
     ):  # app train refuses it: the runs would fail one by one
         raise UsageError(
             f"model.precision mixed_float16: at k={mixed[0]} the runs use several workers and accumulation, which "
-            "`app train` refuses (the workers' loss scales would diverge); use mixed_bfloat16, float32 or auto, "
+            "`app train` refuses (the workers' loss scales would diverge); use mixed_bfloat16 or float32, "
             "or an --np that leaves no accumulation"
         )
 

@@ -63,6 +63,17 @@ def _check_job_names(study: str, parts: list[str]) -> None:
         )
 
 
+def check_study_inputs(cfg, options: dict) -> None:
+    """What the study's jobs would miss only on the nodes, after their wait in the queue: the image, the
+    dataset (app.cluster.checks.check_inputs, on the login node, which sees the same shared file systems)."""
+    from app.cluster import jobscript, profiles
+    from app.cluster.checks import check_inputs
+
+    cluster = profiles.load_cluster(options["cluster"])
+    image = jobscript.container_image(cluster, options.get("image"), options.get("account"))
+    check_inputs(image, options.get("data_dir") or cfg.data.data_dir, cfg.data.source)
+
+
 def _without_refused(jobs: list, cluster, echo) -> list:
     """``jobs`` less those on a partition the site opens only on request (a profile's ``access``, Roihu's
     gpularge) that ``sbatch --test-only`` refuses now: each said in one line before anything is submitted, so
@@ -142,10 +153,8 @@ def _submit_study(folder: Path, plan, cfg, options: dict, dry_run: bool, echo) -
         echo("nothing to submit: every part is done or its job is queued or running "
              f"(see `app study status {show(folder, limit=None)}`)")  # fmt: skip
         return {}
-    if not dry_run:  # what the jobs would miss only on the nodes: the image, the dataset
-        from app.cluster.checks import check_inputs
-
-        check_inputs(jobs[0][1].image, options.get("data_dir") or cfg.data.data_dir, cfg.data.source)
+    if not dry_run:
+        check_study_inputs(cfg, options)
         jobs = _without_refused(jobs, cluster, echo)
     report_args = ["study", "report", str(folder)]
     if options.get("margin") is not None:  # a margin other than the report's default

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from app.core.config import MIN_IMAGE_SIZE, Config, checkpoint_interval, dump
+from app.core.config import MIN_IMAGE_SIZE, PRECISIONS, Config, checkpoint_interval, dump
 from app.core.errors import AppError, Preempted, UsageError
 from app.core.results import read_metrics
 from app.data.pipeline import eval_dataset, input_error, train_dataset
@@ -127,7 +127,8 @@ def train_and_evaluate(
 
     write = CheckpointWriter(
         run_dir, model, cfg.run.keep_checkpoints,
-        {"workers": world.size, "global_batch": p.global_batch, "steps_per_epoch": p.steps_per_epoch},
+        {"workers": world.size, "global_batch": p.global_batch, "steps_per_epoch": p.steps_per_epoch,
+         "precision": policy},
         world.is_chief, pending_config=pending,
     )  # fmt: skip
     kept = f"checkpoint {found[1]} is intact" if found else "nothing was trained yet"
@@ -197,6 +198,15 @@ def resume_config(
     """The config and precision policy a resume trains with: the checkpoint's global batch kept (when the
     workers changed) by other accumulation steps, and the policy checked again for them."""
     accumulation = cfg.train.accumulation_steps
+    saved = state.get("precision")  # checkpoints from before 2026-12-04 have none: nothing to compare
+    if isinstance(saved, str) and saved in PRECISIONS and saved != policy:
+        # precision: auto picks per machine: a resume on other GPUs (fp16 after bf16) would change the run
+        # half-way, and no table would show it.
+        raise UsageError(
+            f"resuming would train in {policy}, but the checkpoint trained in {saved} (model.precision "
+            f"{cfg.model.precision} on this machine); resume with --set model.precision={saved}, or on the "
+            "machine it trained on"
+        )
     cfg = keep_global_batch(cfg, state, world, reporter)
     if cfg.train.accumulation_steps != accumulation:  # the fp16 + accumulation guard sees the new value
         try:
