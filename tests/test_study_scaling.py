@@ -294,6 +294,7 @@ def test_report_answers_rq1_and_rq2_from_hand_made_results(tmp_path):
     names = sorted(x.name for x in written)
     assert names == [
         "cost.csv",
+        "csc.csv",
         "efficiency.png",
         "scaling.csv",
         "scaling.md",
@@ -338,9 +339,14 @@ def test_report_answers_rq1_and_rq2_from_hand_made_results(tmp_path):
     assert "| 64 | 8 | 1,520.0 | 14.0 | 1.87 |" in md
     # ... at the model and image size measured, which the title says (a small model's epoch is not ImageNet's)
     assert (
-        "## What an ImageNet-1k epoch costs (1,281,167 images at the throughput measured here: resnet50, 224 px, mixed_bfloat16)"
-        in md
+        "## What an ImageNet-1k epoch costs (1,281,167 images at the throughput measured here: resnet50, 224 px, "
+        "mixed_bfloat16; a projection)\n\n| batch/worker | workers | images/s | ImageNet-1k epoch (min) | GPU-hours "
+        "per epoch |" in md
     )
+    # The CSC section: all 8 workers on one node here, so one node count: CSC's rule cannot be met.
+    assert "## CSC gpularge scalability test\n" in md
+    assert "- CSC gpularge test, batch 64/GPU: FAIL: only 1 node count (1); CSC asks for 3 or more" in md
+    assert "GPU utilization and peak memory: not sampled (no nvidia-smi or rocm-smi where the benchmark ran)" in md
     assert "independent" not in md  # no independent baseline was measured
 
 
@@ -599,7 +605,8 @@ def test_tiny_real_local_study_with_timeline_independent_baseline_and_resume(tmp
     assert len(timeline.load_events(Path(trace["file"]))) > 0  # a trace Perfetto opens: a JSON list of events
     report_dir = folder / "report"
     assert sorted(p.name for p in report_dir.iterdir()) == [
-        "cost.csv", "efficiency.png", "independent.csv", "scaling.csv", "scaling.md", "throughput.png", "timeline.csv"
+        "cost.csv", "csc.csv", "efficiency.png", "independent.csv", "scaling.csv", "scaling.md", "throughput.png",
+        "timeline.csv"
     ]  # fmt: skip
     md = (report_dir / "scaling.md").read_text()
     assert "core sharing, not communication" in md and "independent processes on the same cores" in md
@@ -778,3 +785,39 @@ def test_a_failure_to_ask_is_not_a_refusal_and_nothing_is_submitted(gated, monke
     assert said in str(err.value) and str(err.value).endswith("; nothing of this study was submitted")
     assert "\n" not in str(err.value)
     assert not (folder / JOBS_FILE).exists() and not (folder.parent / "ids").exists()
+
+
+def test_the_csc_section_passes_a_case_that_meets_cscs_rule_and_names_what_fails(tmp_path):
+    """Issue 21, item 6: a CSC-style 1/2/4/8-node case with speedups of 1.9, 1.8 and 1.6 per doubling (63% of
+    linear at 8 nodes against 1) passes CSC's rule (1.5 per doubling), which the 70%-overall verdict of RQ2
+    would call 'stops paying'; a case with a 1.4 doubling fails and says where."""
+    from app.reports import benchmarks as bench
+    from app.reports import csc
+
+    ips = {1: 1000.0, 2: 1900.0, 4: 3420.0, 8: 5472.0}
+    results = [result(64, 4 * n, v, ci=10.0, gpus=4, nodes=n) for n, v in ips.items()]
+    for r in results:
+        r["gpu_samples"] = {"utilization_pct": 91.5, "memory_peak_mib": 60000.0}
+    table = bench.scaling(results)
+    lines = csc.verdict(table, gpus=True)
+    assert lines[0].startswith(
+        "CSC gpularge test, batch 64/GPU: PASS: 4 node counts, every doubling 1.5x or more ("
+    )
+    assert "1->2 nodes 1.90x ±0.02" in lines[0] and "4->8 nodes 1.60x ±0.01" in lines[0]
+    rows = csc.rows(table, csc.gpu_samples(results))
+    assert [r[1] for r in rows] == [1, 2, 4, 8] and rows[0][5] is None and rows[3][5] == 1.6
+    assert rows[3][7] == round(5472 / 8 / 1000, 4) and rows[3][9:] == [91.5, 60000.0]
+    slow = [
+        result(64, 4 * n, v, ci=10.0, gpus=4, nodes=n) for n, v in {1: 1000.0, 2: 1400.0, 4: 2660.0}.items()
+    ]
+    (line,) = csc.verdict(bench.scaling(slow), gpus=True)
+    assert line.startswith("CSC gpularge test, batch 64/GPU: FAIL: speedup below 1.5 at 1->2 (per doubling:")
+    two = [result(64, 4 * n, v, gpus=4, nodes=n) for n, v in {1: 1000.0, 2: 1900.0}.items()]
+    assert (
+        "only 2 node counts (1, 2); CSC asks for 3 or more" in csc.verdict(bench.scaling(two), gpus=True)[0]
+    )
+    cpu = csc.verdict(bench.scaling([result(64, 1, 10.0, gpus=0), result(64, 2, 19.0, gpus=0)]), gpus=False)[
+        0
+    ]
+    assert "FAIL" in cpu and "measured without GPUs" in cpu
+    assert csc.gpu_samples([{**results[0], "gpu_samples": {"utilization_pct": float("nan")}}]) == {}

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from app.core.errors import UsageError
 from app.core.results import is_number
-from app.reports import benchmarks
+from app.reports import benchmarks, csc
 from app.reports.tables import (
     Col,
     fixed,
@@ -68,13 +68,24 @@ def collect(folder: Path, plan: ScalingPlan, note) -> tuple[list[dict], dict[tup
     return results, independent
 
 
-COST_COLUMNS = (
-    Col("batch/worker", "batch_per_worker"),
-    Col("workers", "workers"),
-    Col("images/s", "images_per_s", fixed(1)),
-    Col("ImageNet-1k epoch (min)", "imagenet_epoch_minutes", fixed(1)),
-    Col("GPU-hours per epoch (worker-hours)", "worker_hours_per_imagenet_epoch", fixed(2)),
-)
+def cost_columns(gpus: bool) -> tuple[Col, ...]:
+    """The cost table's columns: GPU-hours on GPUs, worker-hours (CPU workers) otherwise."""
+    return (
+        Col("batch/worker", "batch_per_worker"),
+        Col("workers", "workers"),
+        Col("images/s", "images_per_s", fixed(1)),
+        Col("ImageNet-1k epoch (min)", "imagenet_epoch_minutes", fixed(1)),
+        Col(
+            "GPU-hours per epoch" if gpus else "worker-hours per epoch (CPU workers)",
+            "worker_hours_per_imagenet_epoch",
+            fixed(2),
+        ),  # fmt: skip
+    )
+
+
+def on_gpus(results: list[dict]) -> bool:
+    """Whether every result was measured on GPUs (its env's gpu_count)."""
+    return all(isinstance(r.get("env"), dict) and (r["env"].get("gpu_count") or 0) > 0 for r in results)
 
 
 def cost_rows(table: dict[int, list[benchmarks.Point]]) -> list[list]:
@@ -144,7 +155,9 @@ def verdicts(table: dict[int, list[benchmarks.Point]], independent, timelines: l
         best = max(at_most.values(), key=lambda p: p.per_worker)
         lines.append(
             f"RQ1: the best per-worker batch here is {best.batch_size} ({best.per_worker:,.1f} images/s per worker "
-            f"at {most} workers; an ImageNet-1k epoch in {IMAGENET_TRAIN_EXAMPLES / best.images_per_s / 60:,.1f} min)"
+            f"at {most} workers; at that throughput an ImageNet-1k epoch would take "
+            f"{IMAGENET_TRAIN_EXAMPLES / best.images_per_s / 60:,.1f} min: a projection from what was measured, "
+            "not a timed ImageNet epoch)"
         )
     for batch, points in table.items():
         if len(points) < 2:
@@ -195,6 +208,7 @@ def markdown(
     sections: list[tuple[str, tuple, list]],
     lines: list[str],
     measured: list[str],
+    csc_text: list[str] = (),
 ) -> str:
     where = f"Slurm profile {plan.cluster}" if plan.cluster else "local processes"
     out = [f"# Scaling study {plan.name}", "",
@@ -206,6 +220,8 @@ def markdown(
         if not rows:
             continue
         out += [f"## {title}", "", *markdown_table(columns, rows)]
+        if columns is csc.COLUMNS:  # CSC's rule under its table
+            out += ["", *(f"- {line.strip()}" for line in csc_text)]
         out.append("")
     out += ["## Verdicts", "", *(f"- {line}" for line in lines), ""]
     out += ["## Measured on", "", *(f"- {line}" for line in measured), ""]
@@ -222,17 +238,25 @@ def write_report(folder: Path, plan: ScalingPlan, console) -> list[Path]:
     rows = benchmarks.scaling_rows(table)
     costs, solo, traces = cost_rows(table), independent_rows(table, independent), timeline_rows(results)
     lines = verdicts(table, independent, traces)
+    gpus, sampled = on_gpus(results), csc.gpu_samples(results)
+    cost_cols = cost_columns(gpus)
+    csc_rows, csc_lines = csc.rows(table, sampled), csc.verdict(table, gpus)
     sections = [("Throughput, speedup and efficiency", benchmarks.SCALING_COLUMNS, rows),
                 (f"What an ImageNet-1k epoch costs ({IMAGENET_TRAIN_EXAMPLES:,} images at the throughput measured "
-                 f"here: {measured_what(results)})", COST_COLUMNS,
+                 f"here: {measured_what(results)}; a projection)", cost_cols,
                  costs),
                 ("Horovod against independent processes on the same cores", INDEPENDENT_COLUMNS, solo),
-                ("Where the time goes (Horovod timeline)", TIMELINE_COLUMNS, traces)]  # fmt: skip
+                ("Where the time goes (Horovod timeline)", TIMELINE_COLUMNS, traces),
+                ("CSC gpularge scalability test", csc.COLUMNS, csc_rows)]  # fmt: skip
     with staged(out) as stage:
         measured = measured_on([(r.get("env"), r.get("precision")) for r in results])
-        write_text(stage / "scaling.md", markdown(plan, measured_what(results), sections, lines, measured))
+        csc_text = [*csc_lines, *csc.notes(bool(sampled))]
+        write_text(
+            stage / "scaling.md", markdown(plan, measured_what(results), sections, lines, measured, csc_text)
+        )
         names = ["scaling.md"]
-        for stem, columns, body in (("scaling", benchmarks.SCALING_COLUMNS, rows), ("cost", COST_COLUMNS, costs),
+        for stem, columns, body in (("scaling", benchmarks.SCALING_COLUMNS, rows), ("cost", cost_cols, costs),
+                                    ("csc", csc.COLUMNS, csc_rows),
                                     ("independent", INDEPENDENT_COLUMNS, solo), ("timeline", TIMELINE_COLUMNS, traces)):  # fmt: skip
             if body:
                 names.append(write_csv(stage / f"{stem}.csv", columns, body).name)
@@ -241,7 +265,7 @@ def write_report(folder: Path, plan: ScalingPlan, console) -> list[Path]:
     for title, columns, body in sections:
         if body:
             print_table(console, title, columns, body)
-    for line in lines:
+    for line in [*lines, *csc_lines]:
         console.print(line, highlight=False)
     console.print(f"wrote {', '.join(str(p) for p in written)}")
     return written

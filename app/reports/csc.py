@@ -1,0 +1,163 @@
+"""The scaling report's section for CSC's gpularge scalability test (Roihu): per per-GPU batch size, one row per
+node count (the point with the most workers on that many nodes), the speedup over the node count half as
+large with an interval, the efficiency against the fewest nodes, the minutes an ImageNet-1k epoch would take
+at that throughput, and the GPU utilization and peak memory the benchmark sampled where a GPU tool was
+there; then CSC's rule as a pass/fail line.
+
+CSC's rule (https://docs.csc.fi/accounts/how-to-access-roihu-large-partition/, read 2026-12-04): at least
+three node counts, the same input for all, a speedup of at least 1.5 per doubling of nodes (75% parallel
+efficiency), wall-times per node count, GPU utilization during the run, and a representative batch script.
+
+The speedup's interval is first-order: the ratio of two means, each with the 95% interval of its benchmark
+windows (app benchmark's repeats within one job), relative half-widths added in quadrature. Pure functions of
+the benchmark results; no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import math
+
+from app.reports import benchmarks
+from app.reports.tables import Col, fixed, percent, times
+from app.study.dataset import IMAGENET_TRAIN_EXAMPLES
+
+CSC_SPEEDUP = 1.5  # per doubling of nodes
+CSC_EFFICIENCY = 0.75  # the same rule as parallel efficiency against half the nodes
+CSC_NODE_COUNTS = 3
+
+
+def _optional(v) -> str:
+    return "not sampled" if v is None else f"{v:.0f}"
+
+
+COLUMNS = (
+    Col("batch/GPU", "batch_per_gpu"),
+    Col("nodes", "nodes"),
+    Col("GPUs", "gpus"),
+    Col("images/s", "images_per_s", fixed(1)),
+    Col("±95%", "images_per_s_ci95", fixed(1)),
+    Col("speedup vs half the nodes", "speedup_per_doubling", times, missing="-"),
+    Col("±95%", "speedup_per_doubling_ci95", fixed(2), missing="-"),
+    Col("efficiency vs fewest nodes", "efficiency_vs_fewest_nodes", percent),
+    Col("ImageNet-1k epoch (min)", "imagenet_epoch_minutes", fixed(1)),
+    Col("GPU utilization (%)", "gpu_utilization_pct", _optional, missing="not sampled"),
+    Col("peak GPU memory (MiB)", "gpu_memory_peak_mib", _optional, missing="not sampled"),
+)
+
+
+def per_node_count(points: list[benchmarks.Point]) -> list[benchmarks.Point]:
+    """One point per node count: the one with the most workers there (all of its GPUs), by node count."""
+    best: dict[int, benchmarks.Point] = {}
+    for p in points:
+        if p.nodes not in best or p.workers > best[p.nodes].workers:
+            best[p.nodes] = p
+    return [best[n] for n in sorted(best)]
+
+
+def doubling(low: benchmarks.Point, high: benchmarks.Point) -> tuple[float, float]:
+    """The speedup of ``high`` over ``low`` and its first-order 95% half-width."""
+    ratio = high.images_per_s / low.images_per_s
+    rel = math.hypot(low.ci95 / low.images_per_s, high.ci95 / high.images_per_s)
+    return ratio, ratio * rel
+
+
+def rows(table: dict[int, list[benchmarks.Point]], gpu: dict[tuple[int, int, int], dict]) -> list[list]:
+    """The section's table: per batch size and node count (``gpu``: sampled utilization and memory by
+    (batch, workers, nodes), from :func:`gpu_samples`)."""
+    out = []
+    for batch, points in table.items():
+        by_nodes = per_node_count(points)
+        first = by_nodes[0]
+        for p in by_nodes:
+            half = next((q for q in by_nodes if q.nodes * 2 == p.nodes), None)
+            speedup = doubling(half, p) if half else (None, None)
+            efficiency = (p.images_per_s / p.nodes) / (first.images_per_s / first.nodes)
+            sampled = gpu.get((batch, p.workers, p.nodes), {})
+            out.append([
+                batch, p.nodes, p.workers, round(p.images_per_s, 3), round(p.ci95, 3),
+                None if speedup[0] is None else round(speedup[0], 4),
+                None if speedup[1] is None else round(speedup[1], 4), round(efficiency, 4),
+                round(IMAGENET_TRAIN_EXAMPLES / p.images_per_s / 60, 3),
+                sampled.get("utilization_pct"), sampled.get("memory_peak_mib"),
+            ])  # fmt: skip
+    return out
+
+
+def gpu_samples(results: list[dict]) -> dict[tuple[int, int, int], dict]:
+    """The GPU utilization (mean %) and peak memory (MiB) sampled during each cell's benchmark
+    (``results[i]["gpu_samples"]``, written by app benchmark where nvidia-smi or rocm-smi was there)."""
+    out: dict[tuple[int, int, int], dict] = {}
+    for r in results:
+        s = r.get("gpu_samples")
+        if not isinstance(s, dict):
+            continue
+        util, mem = s.get("utilization_pct"), s.get("memory_peak_mib")
+        if isinstance(util, (int, float)) and math.isfinite(util) and 0 <= util <= 100:
+            key = (int(r["batch_size"]), int(r["workers"]), int(r.get("nodes") or 1))
+            cell = out.setdefault(key, {})
+            cell["utilization_pct"] = util
+            if isinstance(mem, (int, float)) and math.isfinite(mem) and mem >= 0:
+                cell["memory_peak_mib"] = max(mem, cell.get("memory_peak_mib", 0))
+    return out
+
+
+def verdict(table: dict[int, list[benchmarks.Point]], gpus: bool) -> list[str]:
+    """CSC's rule, per batch size: pass, or what is missing or short (``gpus``: the results ran on GPUs)."""
+    lines = []
+    for batch, points in table.items():
+        by_nodes = per_node_count(points)
+        counts = [p.nodes for p in by_nodes]
+        pairs = [(q, p) for p in by_nodes for q in by_nodes if q.nodes * 2 == p.nodes]
+        shown = ", ".join(
+            f"{q.nodes}->{p.nodes} nodes {s:.2f}x ±{h:.2f}" for q, p in pairs for s, h in [doubling(q, p)]
+        )
+        problems = []
+        if len(counts) < CSC_NODE_COUNTS:
+            problems.append(f"only {len(counts)} node count{'s' if len(counts) != 1 else ''} ({', '.join(map(str, counts))}); "
+                            f"CSC asks for {CSC_NODE_COUNTS} or more")  # fmt: skip
+        if len(pairs) < len(counts) - 1:
+            problems.append("node counts that are not doublings of each other (e.g. 1, 2, 4, 8)")
+        short = [f"{q.nodes}->{p.nodes}" for q, p in pairs if doubling(q, p)[0] < CSC_SPEEDUP]
+        if short:
+            problems.append(f"speedup below {CSC_SPEEDUP} at {', '.join(short)}")
+        if not gpus:
+            problems.append("measured without GPUs: CSC's test is of the GPU nodes")
+        head = f"CSC gpularge test, batch {batch}/GPU: "
+        if problems:
+            lines.append(
+                head + "FAIL: " + "; ".join(problems) + (f" (per doubling: {shown})" if shown else "")
+            )
+        else:
+            lines.append(
+                head + f"PASS: {len(counts)} node counts, every doubling {CSC_SPEEDUP}x or more ({shown})"
+            )
+        near = [
+            f"{q.nodes}->{p.nodes}"
+            for q, p in pairs
+            if abs(doubling(q, p)[0] - CSC_SPEEDUP) < doubling(q, p)[1]
+        ]
+        if near:
+            lines.append(f"  batch {batch}/GPU: the interval of {', '.join(near)} includes {CSC_SPEEDUP}: measure again "
+                         "(more --windows) before you send it")  # fmt: skip
+    return lines
+
+
+def notes(sampled: bool) -> list[str]:
+    """What CSC's report needs beyond the table, and where this report gets each."""
+    return [
+        "CSC's rule: 3 or more node counts, the same input, a speedup of 1.5 or more per doubling of nodes "
+        "(75% parallel efficiency against half the nodes), wall-times per node count, GPU utilization, and a "
+        "representative batch script (https://docs.csc.fi/accounts/how-to-access-roihu-large-partition/, read "
+        "2026-12-04)",
+        "wall-time: the minutes an ImageNet-1k epoch takes at each row's throughput (a projection from the "
+        "benchmark's steps, not a timed epoch)",
+        "GPU utilization and peak memory: "
+        + (
+            "sampled with nvidia-smi or rocm-smi while the benchmark ran"
+            if sampled
+            else "not sampled (no nvidia-smi or rocm-smi where the benchmark ran): measure them on the nodes "
+            "while a job runs"
+        ),  # fmt: skip
+        "batch script: attach the job script of the largest node count (logs/<study>-workers-<N>-*.sbatch, "
+        "written by app study --cluster)",
+    ]
