@@ -23,6 +23,7 @@ from pathlib import Path
 
 from app.core.errors import UsageError
 from app.core.results import finite
+from app.engines.gpusample import GpuSampler
 from app.engines.info import environment
 
 # Student's t, two-sided 95%, for 1..30 degrees of freedom; written out to avoid a SciPy dependency.
@@ -131,7 +132,8 @@ def run(
         )  # fmt: skip
         step_fn = None if model is None else tf.function(model.train_step, jit_compile=cfg.model.jit_compile)
         iterator = iter(ds)
-        times, waits = time_steps(iterator, step_fn, steps)
+        with GpuSampler() as gpu:  # this node's GPUs, while the steps run (CSC asks for utilization)
+            times, waits = time_steps(iterator, step_fn, steps)
         timeline = None
         if timeline_steps and world.size == 1 and world.is_chief and batch == batch_sizes[0]:
             reporter.note("--timeline: one worker runs no collectives; nothing to record")
@@ -159,6 +161,7 @@ def run(
             **summarize_steps(times, waits, images_per_step, n_windows),
             "peak_memory_mb": peak_memory_mb(),
             "timeline": timeline,
+            "gpu_samples": gpu.result(),  # None without nvidia-smi or rocm-smi (app/engines/gpusample.py)
             "env": environment(world),  # where it was measured (app/engines/info.py)
         }
         result["images_per_s"]["per_worker"] = result["images_per_s"]["mean"] / world.size
