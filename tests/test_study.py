@@ -520,7 +520,7 @@ def test_report_files_table_csv_and_figure(tmp_path):
     written = study_report.write_report(folder, p, console)
     out = folder / "report"
     assert written == [out / "large_batch.md", out / "large_batch.csv", out / "large_batch_runs.csv",
-                       out / "large_batch.png"]  # fmt: skip
+                       out / "large_batch.png", out / "large_batch_vs_k.png"]  # fmt: skip
     md = (out / "large_batch.md").read_text()
     assert (
         "| k | global batch | variant | LR | warmup | top-1 error (%) | vs baseline, paired (pp, 95% CI) | verdict "
@@ -558,6 +558,9 @@ def test_report_files_table_csv_and_figure(tmp_path):
     )
     png = (out / "large_batch.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+    vs_k = (out / "large_batch_vs_k.png").read_bytes()  # Goyal's Figure 1 shape: error vs global batch
+    assert vs_k[:8] == b"\x89PNG\r\n\x1a\n" and len(vs_k) > 20_000
+    assert "![error vs batch size](large_batch_vs_k.png)" in md
     assert "gradual warmup holds (+0.11 pp" in console.file.getvalue()
 
 
@@ -706,7 +709,13 @@ def test_tiny_real_study_stopped_by_a_signal_continues_and_reports(tmp_path, tfd
     assert kept == (folder / "runs" / "baseline-k1-s1" / "summary.json").stat().st_mtime_ns
     assert [s.state for s in states(folder, p)] == ["done"] * 5
     report = folder / "report"
-    for name in ("large_batch.md", "large_batch.csv", "large_batch_runs.csv", "large_batch.png"):
+    for name in (
+        "large_batch.md",
+        "large_batch.csv",
+        "large_batch_runs.csv",
+        "large_batch.png",
+        "large_batch_vs_k.png",
+    ):
         assert (report / name).stat().st_size > 0, name
     md = (report / "large_batch.md").read_text()
     assert md.count("| 2 | 32 | ") == 4 and "| 1 | 16 | baseline | 0.0125 | none |" in md

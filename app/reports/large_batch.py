@@ -312,10 +312,11 @@ def notes(plan: StudyPlan, margin: float = MARGIN_PP) -> list[str]:
 # ------------------------------------------------------------------------------------------ figure
 
 
-def _mean_curve(results: list[RunResult]) -> tuple[list[int], list[float]]:
-    """Epochs and the mean training error over the seeds that have a value at that epoch."""
+def _mean_curve(results: list[RunResult]) -> tuple[list[int], list[float], list[float], list[float]]:
+    """Epochs, the mean training error over the seeds that have a value at that epoch, and the band over
+    those seeds (lowest, highest)."""
     length = max((len(r.train_error) for r in results), default=0)
-    epochs, means = [], []
+    epochs, means, lows, highs = [], [], [], []
     for i in range(length):
         values = [
             r.train_error[i] for r in results if i < len(r.train_error) and r.train_error[i] is not None
@@ -323,12 +324,44 @@ def _mean_curve(results: list[RunResult]) -> tuple[list[int], list[float]]:
         if values:
             epochs.append(i + 1)
             means.append(statistics.fmean(values))
-    return epochs, means
+            lows.append(min(values))
+            highs.append(max(values))
+    return epochs, means, lows, highs
+
+
+def plot_vs_k(table: list[Cell], path: Path) -> Path:
+    """Goyal et al.'s Figure 1 shape: final validation error vs global batch (k x the baseline's), one line
+    per variant with its mean and standard deviation over seeds, the baseline as a level with its band."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    base = next((c for c in table if c.variant == "baseline" and c.mean is not None), None)
+    if base is not None:
+        ax.axhline(base.mean, color="black", lw=1.2, label=f"baseline (k=1, batch {base.run.global_batch:,})")
+        if base.std is not None:
+            ax.axhspan(base.mean - base.std, base.mean + base.std, color="black", alpha=0.12)
+    for i, variant in enumerate(VARIANTS[1:]):
+        cells = sorted((c for c in table if c.variant == variant and c.mean is not None), key=lambda c: c.k)
+        if not cells:
+            continue
+        line = ([base] if base is not None else []) + cells  # every variant starts from the baseline (k=1)
+        ax.errorbar([c.run.global_batch for c in line], [c.mean for c in line],
+                    yerr=[c.std or 0.0 for c in line], fmt="o-", capsize=3, color=f"C{i}",
+                    label=LABELS[variant])  # fmt: skip
+    ax.set_xscale("log", base=2)
+    batches = sorted({c.run.global_batch for c in table})
+    ax.set_xticks(batches, [f"{b:,}" for b in batches])
+    ax.set(xlabel="global batch (images per update)", ylabel="final validation top-1 error (%)",
+           title="Error vs batch size, mean ± std over seeds (Goyal et al., Figure 1)")  # fmt: skip
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    _save_figure(plt, fig, path)
+    return path
 
 
 def plot(results: list[RunResult], path: Path) -> Path:
     """Goyal et al.'s Figure 2: training error vs epoch, one panel per variant and k > 1, each against the
-    baseline."""
+    baseline; lines are the mean over seeds, bands their lowest to highest."""
     plt = _pyplot()
     from matplotlib.ticker import MaxNLocator
 
@@ -337,15 +370,17 @@ def plot(results: list[RunResult], path: Path) -> Path:
     fig, axes = plt.subplots(len(ks), len(variants), figsize=(3.4 * len(variants), 2.9 * len(ks)),
                              squeeze=False, sharey=True)  # fmt: skip
     base = [r for r in results if r.run.variant == "baseline"]
-    be, bm = _mean_curve(base)
+    be, bm, blo, bhi = _mean_curve(base)
     for row, k in enumerate(ks):
         for col, variant in enumerate(variants):
             ax = axes[row][col]
             own = [r for r in results if r.run.k == k and r.run.variant == variant]
             ax.plot(be, bm, ".-", color="black", lw=1.2, label=f"baseline (k=1, {base[0].run.global_batch})")
-            e, m = _mean_curve(own)
+            ax.fill_between(be, blo, bhi, color="black", alpha=0.12, lw=0)  # the band over seeds
+            e, m, lo, hi = _mean_curve(own)
             if e:
                 ax.plot(e, m, ".-", color="C3", lw=1.2, label=f"k={k} ({own[0].run.global_batch})")
+                ax.fill_between(e, lo, hi, color="C3", alpha=0.2, lw=0)
             else:
                 ax.text(0.5, 0.5, "not run yet", transform=ax.transAxes, ha="center", color="grey")
             ax.set_title(f"k={k}: {LABELS[variant]}", fontsize=9)
@@ -356,7 +391,9 @@ def plot(results: list[RunResult], path: Path) -> Path:
                 ax.set_ylabel("training error (%)", fontsize=8)
             ax.legend(fontsize=7)
     fig.suptitle(
-        "Training error vs epoch, each variant against the baseline (Goyal et al., Figure 2)", fontsize=10
+        "Training error vs epoch, each variant against the baseline, mean and range over seeds "
+        "(Goyal et al., Figure 2)",
+        fontsize=10,
     )
     fig.tight_layout()
     _save_figure(plt, fig, path)
@@ -377,6 +414,8 @@ def markdown(plan: StudyPlan, md_rows, runs, lines, warns, margin: float = MARGI
         *markdown_table(COLUMNS, md_rows),
         "",
         *(f"- {ln}" for ln in [*lines, *warns]),
+        "",
+        "![error vs batch size](large_batch_vs_k.png)",
         "",
         "![training error vs epoch](large_batch.png)",
         "",
@@ -412,9 +451,16 @@ def write_report(folder: Path, plan: StudyPlan, console, margin: float = MARGIN_
         write_csv(stage / "large_batch.csv", CSV_COLUMNS, csv_rows)
         write_csv(stage / "large_batch_runs.csv", RUN_COLUMNS, runs)
         plot(results, stage / "large_batch.png")
+        plot_vs_k(table, stage / "large_batch_vs_k.png")
     written = [
         out / name
-        for name in ("large_batch.md", "large_batch.csv", "large_batch_runs.csv", "large_batch.png")
+        for name in (
+            "large_batch.md",
+            "large_batch.csv",
+            "large_batch_runs.csv",
+            "large_batch.png",
+            "large_batch_vs_k.png",
+        )  # fmt: skip
     ]
     print_table(console, f"Large-batch study {plan.name} (top-1 error, Goyal et al.'s Table 1)", COLUMNS,
                 md_rows)  # fmt: skip
