@@ -265,7 +265,7 @@ def test_large_batch_study_trains_each_run_in_a_job_and_reports_after_them(clust
     (tmp_path / "tiny.yaml").write_text(LARGE_BATCH_TINY)
     proc = subprocess.run(
         [sys.executable, "-m", "app", "study", "large-batch", "-c", "tiny.yaml", "--k", "1,2", "--np", "2",
-         "--seeds", "1", "--cluster", "local", "--name", "lb", "--time", "10"],
+         "--seeds", "1", "--cluster", "local", "--name", "lb", "--time", "10", "--allow-small-budget"],
         cwd=tmp_path, env={**cluster.env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -43,8 +43,10 @@ def fashion(*sets: str) -> config.Config:
     return config.build([FASHION], list(sets))
 
 
-def plan(ks=(1, 8), seeds=1, np_=1, examples=60000, cfg=None, name="s") -> StudyPlan:
-    return plan_large_batch(cfg or fashion(), list(ks), seeds, np_, name, examples, "test")
+def plan(ks=(1, 8), seeds=1, np_=1, examples=60000, cfg=None, name="s", small=True) -> StudyPlan:
+    """A plan of the shipped Fashion-MNIST study (``small``: accept runs under the update budget, which many
+    of these cases are by design; test_a_plan_under_the_update_budget_is_refused checks the refusal)."""
+    return plan_large_batch(cfg or fashion(), list(ks), seeds, np_, name, examples, "test", small)
 
 
 def app_main(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
@@ -295,7 +297,7 @@ def test_prepare_writes_the_plan_and_takes_the_same_plan_again(tmp_path):
         (lambda: plan(ks=(1, 8, 32)), "--k [1, 8] there vs [1, 8, 32] now"),
         (lambda: plan(seeds=2), "--seeds 1 there vs 2 now"),
         (lambda: plan(np_=2), "--np 1 there vs 2 now"),
-        (lambda: plan(cfg=fashion("train.epochs=6")), "train.epochs 10 there vs 6 now"),
+        (lambda: plan(cfg=fashion("train.epochs=12")), "train.epochs 10 there vs 12 now"),
     ],
 )
 def test_a_different_plan_is_refused_and_nothing_is_overwritten(tmp_path, other, says):
@@ -667,7 +669,7 @@ def test_study_commands_do_not_import_tensorflow(tmp_path):
 TINY = ["--set", "data.image_size=8", "--set", "train.batch_size=16", "--set", "train.steps_per_epoch=4",
         "--set", "train.eval_steps=2", "--set", "train.epochs=2", "--set", "train.warmup_epochs=1",
         "--set", "data.cache=false", "--set", "data.shuffle_buffer=64", "--set", "run.tensorboard=false",
-        "--set", "run.log_every=1"]  # fmt: skip
+        "--set", "run.log_every=1", "--allow-small-budget"]  # fmt: skip
 
 
 def test_tiny_real_study_stopped_by_a_signal_continues_and_reports(tmp_path, tfds_dir):
@@ -741,3 +743,47 @@ def test_runs_in_different_precisions_are_a_warning(tmp_path):
     assert f"mixed_float16: {p.runs[-1].name})" in lines[-1]
     summary.write_text(json.dumps(data))
     assert not any("precisions" in line for line in study_report.warnings(study_report.collect(folder, p)))
+
+
+def test_a_plan_under_the_update_budget_is_refused_with_the_epochs_that_would_do(
+    tmp_path, monkeypatch, capsys
+):
+    """Issue 21, item 2: `make study`'s 4 epochs make 232 updates per run at k=8, where the calibration got
+    Goyal's order wrong: refused at plan time (one line, exit 2, nothing written) unless accepted, and then
+    every verdict says budget-limited."""
+    from app.study.large_batch import MIN_BUDGET_UPDATES
+
+    assert not plan(small=False).budget_limited  # the shipped 10 epochs: 580 updates at k=8
+    with pytest.raises(UsageError) as err:
+        plan(cfg=fashion("train.epochs=4"), small=False)
+    assert str(err.value) == (
+        f"at k=8 each run makes only 232 updates (4 epochs x 58): under the {MIN_BUDGET_UPDATES} a verdict needs "
+        "(docs/study.md, the update budget); train 9 or more epochs (--set train.epochs=9), use a smaller baseline "
+        "batch, or accept it with --allow-small-budget (the report then calls its verdicts budget-limited)"
+    )
+    assert plan(cfg=fashion("train.epochs=4")).budget_limited
+    assert not plan(examples=None, small=False).budget_limited  # a dataset not counted here is not judged
+    out = tmp_path / "studies"
+    args = ["study", "large-batch", "-c", FASHION, "--k", "1,8", "--set", "train.epochs=4", "--out", str(out)]
+    code, _, stderr = app_main([*args, "--dry-run"], monkeypatch, capsys)
+    assert (
+        code == 2 and stderr.startswith("Error: at k=8 each run makes only 232 updates") and not out.exists()
+    )
+    code, stdout, _ = app_main([*args, "--dry-run", "--allow-small-budget"], monkeypatch, capsys)
+    assert code == 0 and "the report calls its verdicts budget-limited" in stdout
+    assert (
+        "gradual-warmup-k8-s1: 1 worker(s) x 8 accumulation x 128 = 1024, LR 0.8, warmup gradual, 4 epochs, 232 updates"
+        in stdout
+    )
+
+
+def test_a_budget_limited_report_says_so_in_every_verdict(tmp_path):
+    folder, p = study_with_results(tmp_path, plan(seeds=2, cfg=fashion("train.epochs=4")))
+    console = Console(file=io.StringIO(), width=300)
+    study_report.write_report(folder, p, console)
+    md = (folder / "report" / "large_batch.md").read_text()
+    assert "- budget-limited: runs at k > 1 make fewer than 500 updates (--allow-small-budget)" in md
+    assert "k=8 (batch 1,024): " in md and " [budget-limited]" in md
+    with open(folder / "report" / "large_batch.csv", newline="") as f:
+        verdicts = {r["verdict"] for r in csv.DictReader(f)} - {""}
+    assert verdicts and all(v.endswith(" (budget-limited)") for v in verdicts)

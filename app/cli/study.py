@@ -34,14 +34,16 @@ class StudyGroup(click.Group):
         return super().resolve_command(ctx, args)
 
 
-def _again(configs, sets, ks, seeds, margin, name, np_, out, data_dir, threads, slurm) -> list[str]:
+def _again(
+    configs, sets, ks, seeds, margin, name, np_, out, data_dir, threads, slurm, small=False
+) -> list[str]:
     """The `app study large-batch` command that continues this study."""
     return ["app", "study", "large-batch", *(a for c in configs for a in ("-c", c)),
             *(a for s in sets for a in ("--set", s)), "--k", ",".join(map(str, ks)), "--seeds", str(seeds),
             *(["--margin", f"{margin:g}"] if margin != MARGIN_PP else []),
             "--name", name, "--np", str(np_), "--out", str(out),
             *(["--data-dir", data_dir] if data_dir else []), *(["--threads", str(threads)] if threads else []),
-            *slurm_words(slurm)]  # fmt: skip
+            *(["--allow-small-budget"] if small else []), *slurm_words(slurm)]  # fmt: skip
 
 
 def _margin(ctx, param, value: float) -> float:
@@ -122,9 +124,15 @@ def submit_study(folder: Path, plan, cfg, slurm: dict) -> None:
 @slurm_options("Submit each run as a Slurm job on this profile (jobs/clusters/), --np GPUs at most.",
                "Slurm time limit of each run's job; it requeues itself at the limit.")  # fmt: skip
 @click.option(
+    "--allow-small-budget",
+    is_flag=True,
+    help="Run even when runs at k > 1 make fewer than 500 updates; the report calls its verdicts budget-limited.",
+)
+@click.option(
     "--dry-run", is_flag=True, help="Print the plan and each run's `app train` command (or job); run nothing."
 )
-def study_large_batch(configs, sets, ks, seeds, margin, name, np_, out, data_dir, threads, dry_run, **slurm):
+def study_large_batch(configs, sets, ks, seeds, margin, name, np_, out, data_dir, threads, allow_small_budget,
+                      dry_run, **slurm):  # fmt: skip
     """RQ3: does accuracy hold at large batches? Goyal et al.'s Table 1 and Figure 2, locally or on Slurm.
 
     The config is the baseline (k = 1) on one worker. For each k > 1: k x its global batch at equal epochs,
@@ -160,9 +168,10 @@ def study_large_batch(configs, sets, ks, seeds, margin, name, np_, out, data_dir
         refuse_slurm_options(slurm, SLURM_KEYS, "is for runs on Slurm: add --cluster, or drop it")
         local.check_local_workers([np_], "--np")
     examples, where = dataset.train_examples(cfg)
-    plan = large_batch.plan_large_batch(cfg, ks, seeds, np_, name, examples, where)
+    plan = large_batch.plan_large_batch(cfg, ks, seeds, np_, name, examples, where, allow_small_budget)
     folder = out / name
-    command = _again(configs, sets, plan.ks, seeds, margin, name, np_, out, data_dir, threads, slurm)
+    command = _again(configs, sets, plan.ks, seeds, margin, name, np_, out, data_dir, threads, slurm,
+                     allow_small_budget)  # fmt: skip
     again = shlex.join(command)
     slurm = (
         {**slurm, "data_dir": data_dir, "margin": margin if margin != MARGIN_PP else None}
@@ -170,6 +179,9 @@ def study_large_batch(configs, sets, ks, seeds, margin, name, np_, out, data_dir
         else None
     )
     new = prepare_study(folder, plan, cfg, command, slurm, dry_run)
+    if plan.budget_limited:
+        click.echo(f"note: runs at k > 1 make fewer than {large_batch.MIN_BUDGET_UPDATES} updates "
+                   "(--allow-small-budget): the report calls its verdicts budget-limited")  # fmt: skip
     if examples is None:
         click.echo(
             f"note: the training examples could not be counted ({where}): k is not checked against them"
@@ -180,7 +192,8 @@ def study_large_batch(configs, sets, ks, seeds, margin, name, np_, out, data_dir
         for run in plan.runs:
             updates = "?" if run.updates is None else f"{run.updates:,}"
             click.echo(f"{run.name}: {run.workers} worker(s) x {run.accumulation_steps} accumulation x "
-                       f"{run.batch_size} = {run.global_batch}, LR {run.lr:g}, warmup {run.warmup}, {updates} updates")  # fmt: skip
+                       f"{run.batch_size} = {run.global_batch}, LR {run.lr:g}, warmup {run.warmup}, {run.epochs} "
+                       f"epochs, {updates} updates")  # fmt: skip
             click.echo("  " + shlex.join(["app", *large_batch.train_args(folder, run, data_dir, threads)]))
         left = len(plan.runs) if new else len(state.todo(folder, plan))
         if cluster:

@@ -27,7 +27,7 @@ from app.reports.tables import (
     write_csv,
     write_text,
 )
-from app.study.large_batch import LABELS, VARIANTS, RunPlan, StudyPlan
+from app.study.large_batch import LABELS, MIN_BUDGET_UPDATES, VARIANTS, RunPlan, StudyPlan
 
 # Verdicts: paired over seeds, on a margin (app.reports.paired).
 # The few-updates warning. Linear scaling says k small steps ~ one step k times larger; it cannot say
@@ -446,6 +446,15 @@ def write_report(folder: Path, plan: StudyPlan, console, margin: float = MARGIN_
     md_rows, csv_rows = table_rows(table, margin)
     runs = run_rows(results)
     lines, warns = verdicts(table, margin), warnings(results)
+    if plan.budget_limited:  # accepted at plan time with --allow-small-budget: every verdict says so
+        lines = [
+            f"budget-limited: runs at k > 1 make fewer than {MIN_BUDGET_UPDATES} updates (--allow-small-budget); "
+            "the verdicts measure the budget as much as the batch: train more epochs for verdicts that speak for "
+            "the batch",
+            *(f"{ln} [budget-limited]" if ln.startswith("k=") else ln for ln in lines),
+        ]
+        csv_rows = [[*r[:15], f"{r[15]} (budget-limited)" if r[15] else r[15], *r[16:]] for r in csv_rows]
+        md_rows = [[*r[:7], f"{r[7]} (budget-limited)" if r[7] != "-" else r[7], *r[8:]] for r in md_rows]
     with staged(out) as stage:
         write_text(stage / "large_batch.md", markdown(plan, md_rows, runs, lines, warns, margin, results))
         write_csv(stage / "large_batch.csv", CSV_COLUMNS, csv_rows)
