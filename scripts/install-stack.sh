@@ -343,7 +343,7 @@ if [[ -n $mpicxx ]]; then
     # Another wrapper: its name and a checksum of where it lives and what it compiles with (`-show`), so that two
     # MPIs' wrappers of the same name (/opt/mpich/bin/mpicxx, /opt/openmpi/bin/mpicxx) never share a wheel.
     if [[ -n ${SCALEOUT_MPICXX:-} ]]; then
-        sum=$({ readlink -f -- "$mpicxx"; "$mpicxx" -show 2>/dev/null || true; } | cksum | cut -d ' ' -f 1)
+        sum=$({ readlink -f -- "$mpicxx"; "$mpicxx" -show 2>/dev/null || "$mpicxx" --showme 2>/dev/null || true; } | cksum | cut -d ' ' -f 1)
         mpi_key="1-$(basename -- "$mpicxx")-$sum"
     fi
 fi
@@ -376,8 +376,11 @@ if [[ -z $wheel ]]; then
         ln -s "$mpicxx" "$build/mpi-bin/mpicxx"
         suffix=${mpicxx##*/mpicxx}
         for tool in mpiexec mpirun mpicc; do
-            found=$(command -v "$tool$suffix" || true)
-            [[ -z $suffix || -z $found ]] || ln -s "$found" "$build/mpi-bin/$tool"
+            # mpicxx.mpich -> mpiexec.mpich on PATH; /opt/mpich/bin/mpicxx -> /opt/mpich/bin/mpiexec beside it
+            found=""
+            if [[ -n $suffix ]]; then found=$(command -v "$tool$suffix" || true); fi
+            if [[ -z $found && -x $(dirname -- "$mpicxx")/$tool ]]; then found=$(dirname -- "$mpicxx")/$tool; fi
+            [[ -z $found ]] || ln -s "$found" "$build/mpi-bin/$tool"
         done
         export PATH="$build/mpi-bin:$PATH"
     fi

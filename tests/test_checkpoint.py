@@ -247,6 +247,8 @@ def test_a_resume_on_more_workers_numbers_new_checkpoints_lower_yet_they_win(tmp
         ('"metrics": {"loss": "low"}', "its metrics are not a mapping of numbers"),
         ('"metrics": {"epoch": 2.5}', "its metrics are of epoch 2.5, not 2"),
         ('"epoch": 3', "it says epoch 3 step 0, its folder's name another"),
+        ('"precision": "bf16"', "precision is 'bf16', not one of float32, mixed_float16, mixed_bfloat16"),
+        ('"precision": 1', "precision is '1', not one of float32, mixed_float16, mixed_bfloat16"),
         ("[]", "not a JSON object"),
     ],
 )

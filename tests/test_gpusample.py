@@ -25,6 +25,9 @@ def test_rocm_smis_json_per_card():
     })  # fmt: skip
     assert parse_rocm(text) == [(87.0, 2048.0)]
     assert parse_rocm("{not json") == [] and parse_rocm("[1, 2]") == [] and parse_rocm("[" * 100_000) == []
+    assert parse_rocm('{"card0": {"GPU use (%)": ' + "9" * 5000 + "}}") == []  # int() refuses 4,300+ digits
+    huge = {"card0": {"GPU use (%)": "50", "VRAM Total Used Memory (B)": "1e300"}}  # a misread, not a GPU
+    assert parse_rocm(json.dumps(huge)) == []
 
 
 def _tool(folder, name: str, body: str) -> None:
@@ -71,9 +74,26 @@ def test_a_tool_that_hangs_or_fails_gives_no_sample(tmp_path, monkeypatch):
     with GpuSampler(interval=0.05) as failing:
         time.sleep(0.2)
     assert failing.result() is None
-    _tool(tmp_path, "nvidia-smi", "sleep 30\n")
+    _tool(tmp_path, "nvidia-smi", "exec sleep 30\n")  # exec: the timeout's kill ends the sleep too
     monkeypatch.setattr(gpusample, "TIMEOUT_S", 0.2)
     started = time.monotonic()
     with GpuSampler(interval=0.05) as hanging:
         time.sleep(0.1)
     assert hanging.result() is None and time.monotonic() - started < 5
+
+
+def test_only_this_jobs_gpus_and_only_the_measured_steps(tmp_path, monkeypatch):
+    """A node shared with other jobs: the tool is asked for the visible GPUs only; samples from before the
+    measured steps (the warm-up's compilation) do not count; a rank other than a node's first samples nothing."""
+    args = tmp_path / "args"
+    _tool(tmp_path, "nvidia-smi", f'echo "$@" > {args}; echo "10, 100"\n')
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}/usr/bin:/bin")
+    assert gpusample.visible_gpus({"CUDA_VISIBLE_DEVICES": "2,3"}) == ["2", "3"]
+    assert gpusample.visible_gpus({"ROCR_VISIBLE_DEVICES": "GPU-1f2e"}) == []  # not indices: all
+    with GpuSampler(interval=0.05, env={"CUDA_VISIBLE_DEVICES": "2,3"}) as gpu:
+        time.sleep(0.2)
+    assert args.read_text().split()[-2:] == ["-i", "2,3"]
+    assert gpu.result(since=time.perf_counter()) is None and gpu.result()["samples"] >= 1
+    with GpuSampler(interval=0.05, enabled=False) as other_rank:
+        time.sleep(0.1)
+    assert other_rank.tool is None and other_rank.result() is None

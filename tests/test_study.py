@@ -464,15 +464,15 @@ def test_too_few_updates_are_warned_and_no_verdict_on_the_rule(tmp_path):
     warnings = study_report.warnings(results)
     assert warnings == [
         "warning: unscaled-k8-s1, no-warmup-k8-s1, constant-warmup-k8-s1, gradual-warmup-k8-s1 make only 60 "
-        "updates (fewer than 200): too few for any LR rule to converge, so the error measures the budget, not "
-        "the batch; train more epochs"
+        "updates (fewer than the 500 a verdict needs): the error measures the budget as much as the batch, so its "
+        "verdicts are budget-limited; train more epochs"
     ]
     lines = study_report.verdicts(study_report.cells(results))
-    assert lines[1].endswith("(only 60 updates per run: see the warning)")
+    assert lines[1].endswith("[budget-limited: only 60 updates per run, under 500]")
     assert lines[2].startswith("too few updates at every k to judge the linear scaling rule here")
-    # Enough updates, but a warmup of a quarter epoch is 8 updates: no ramp.
+    # Enough updates (50 an epoch at k=8, 500 in all), but a warmup of 0.15 epochs is 8 updates: no ramp.
     folder, p = study_with_results(
-        tmp_path / "w", plan(examples=30720, cfg=fashion("train.warmup_epochs=0.25"))
+        tmp_path / "w", plan(examples=51200, cfg=fashion("train.warmup_epochs=0.15"))
     )
     assert study_report.warnings(study_report.collect(folder, p)) == [
         "warning: the warmup of constant-warmup-k8-s1, gradual-warmup-k8-s1 is only 8 updates (fewer than 10): "
@@ -778,12 +778,17 @@ def test_a_plan_under_the_update_budget_is_refused_with_the_epochs_that_would_do
 
 
 def test_a_budget_limited_report_says_so_in_every_verdict(tmp_path):
-    folder, p = study_with_results(tmp_path, plan(seeds=2, cfg=fashion("train.epochs=4")))
+    """Judged per k from the updates its runs plan: at k=2 4 epochs make 936 (enough), at k=8 232 (not)."""
+    folder, p = study_with_results(tmp_path, plan(ks=(1, 2, 8), seeds=2, cfg=fashion("train.epochs=4")))
     console = Console(file=io.StringIO(), width=300)
     study_report.write_report(folder, p, console)
     md = (folder / "report" / "large_batch.md").read_text()
-    assert "- budget-limited: runs at k > 1 make fewer than 500 updates (--allow-small-budget)" in md
-    assert "k=8 (batch 1,024): " in md and " [budget-limited]" in md
+    assert "- budget-limited: the runs at k=8 make fewer than 500 updates" in md
+    k8 = next(line for line in md.splitlines() if line.startswith("- k=8 (batch 1,024): "))
+    k2 = next(line for line in md.splitlines() if line.startswith("- k=2 (batch 256): "))
+    assert k8.endswith("[budget-limited: only 232 updates per run, under 500]") and "budget-limited" not in k2
     with open(folder / "report" / "large_batch.csv", newline="") as f:
-        verdicts = {r["verdict"] for r in csv.DictReader(f)} - {""}
-    assert verdicts and all(v.endswith(" (budget-limited)") for v in verdicts)
+        rows = list(csv.DictReader(f))
+    assert {r["budget_limited"] for r in rows if r["k"] == "8"} == {"True"}
+    assert {r["budget_limited"] for r in rows if r["k"] in ("1", "2")} == {"False"}
+    assert all("budget" not in r["verdict"] for r in rows)  # the verdict column stays one of its words

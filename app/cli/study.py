@@ -93,10 +93,20 @@ def prepare_study(folder: Path, plan, cfg, command: list[str], slurm: dict | Non
     return prepare(folder, plan, cfg, command, write=not dry_run)
 
 
-def submit_study(folder: Path, plan, cfg, slurm: dict) -> None:
-    from app.study import slurm as slurm_stage
+def submit_study(folder: Path, plan, cfg, slurm: dict, new: bool = False) -> None:
+    """Submit the study's jobs; a ``new`` study folder of which nothing was submitted (every job refused, sbatch
+    failing) is removed again, so that a retry with other options is not refused as another study."""
+    import shutil
 
-    slurm_stage.submit_study(folder, plan, cfg, slurm, dry_run=False, echo=click.echo)
+    from app.study import slurm as slurm_stage
+    from app.study.state import JOBS_FILE
+
+    try:
+        slurm_stage.submit_study(folder, plan, cfg, slurm, dry_run=False, echo=click.echo)
+    except (UsageError, AppError):
+        if new and not (folder / JOBS_FILE).exists():
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
     click.echo(f"follow it with `app study status {folder}`; the report job writes {folder}/report/")
 
 
@@ -126,7 +136,8 @@ def submit_study(folder: Path, plan, cfg, slurm: dict) -> None:
 @click.option(
     "--allow-small-budget",
     is_flag=True,
-    help="Run even when runs at k > 1 make fewer than 500 updates; the report calls its verdicts budget-limited.",
+    help="Run even when runs at k > 1 make fewer updates than a verdict needs (app/study/large_batch.py: "
+    "MIN_BUDGET_UPDATES); the report calls their verdicts budget-limited.",
 )
 @click.option(
     "--dry-run", is_flag=True, help="Print the plan and each run's `app train` command (or job); run nothing."
@@ -204,7 +215,7 @@ def study_large_batch(configs, sets, ks, seeds, margin, name, np_, out, data_dir
         return
     click.echo(f"{'created' if new else 'continuing'} {folder}: {len(plan.runs)} runs ({again})")
     if cluster:
-        submit_study(folder, plan, cfg, slurm)
+        submit_study(folder, plan, cfg, slurm, new)
         return
     failed = local.run_local(folder, plan, data_dir, threads, click.echo, again)
     from app.reports import large_batch as study_report
@@ -413,7 +424,7 @@ def study_scaling(configs, sets, np_list, gpu_list, batch_sizes, steps, windows,
         return
     click.echo(f"{'created' if new else 'continuing'} {folder}: {len(plan.parts)} parts ({again})")
     if plan.cluster:
-        submit_study(folder, plan, cfg, slurm)
+        submit_study(folder, plan, cfg, slurm, new)
         return
     failed = run_scaling_local(folder, plan, data_dir, threads, click.echo, again)
     from app.reports import scaling as scaling_report

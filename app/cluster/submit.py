@@ -67,9 +67,10 @@ def sbatch(job: Job, test_only: bool = False) -> str:
             args, capture_output=True, text=True, errors="replace", timeout=SBATCH_TIMEOUT_S
         )
     except subprocess.TimeoutExpired:
+        queued = "" if test_only else f"; it may still have queued job {job.job_name}"
         raise AppError(
-            f"sbatch did not answer within {SBATCH_TIMEOUT_S} s (script: {path}); the controller may be busy or "
-            "down: check `squeue --me`, then try again"
+            f"sbatch did not answer within {SBATCH_TIMEOUT_S} s (script: {path}){queued}: check `squeue --me` "
+            "before you submit again"
         ) from None
     except OSError as exc:
         raise AppError(f"cannot run {exe}: {exc.strerror or exc}") from None

@@ -14,6 +14,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.core.iterables import zip_equal
 from app.reports.large_batch_runs import RUN_COLUMNS, RunResult, collect, run_rows
 from app.reports.paired import MARGIN_PP, Paired, compare, verdict_text
 from app.reports.tables import (
@@ -30,12 +31,14 @@ from app.reports.tables import (
 from app.study.large_batch import LABELS, MIN_BUDGET_UPDATES, VARIANTS, RunPlan, StudyPlan
 
 # Verdicts: paired over seeds, on a margin (app.reports.paired).
-# The few-updates warning. Linear scaling says k small steps ~ one step k times larger; it cannot say
-# anything when the large-batch run has too few steps to converge at all: then every variant fails and the
-# table measures the budget, not the batch. ~200 updates is where that starts for a ResNet from scratch
-# (the example: 84 updates at batch 4096 failed for every variant); a warmup needs enough steps to be
-# a ramp: under 10 updates it raises the LR by more than a tenth of the way at each one.
-MIN_UPDATES = 200
+# The update budget. Linear scaling says k small steps ~ one step k times larger; it cannot say anything when
+# the large-batch run has too few steps to converge: then the table measures the budget, not the batch. The
+# plan refuses runs at k > 1 under MIN_BUDGET_UPDATES (app/study/large_batch.py says where the number comes
+# from) unless --allow-small-budget; the report judges each k by the updates its runs actually plan (also
+# for a study whose dataset was not counted at plan time): under the budget, its verdicts are budget-limited
+# and the summary does not count it. A warmup needs enough steps to be a ramp: under 10 updates it raises
+# the LR by more than a tenth of the way at each one.
+MIN_UPDATES = MIN_BUDGET_UPDATES
 MIN_WARMUP_UPDATES = 10
 
 
@@ -106,7 +109,7 @@ COLUMNS = ("k", "global batch", "variant", "LR", "warmup", "top-1 error (%)",
 CSV_COLUMNS = ("k", "global_batch", "variant", "workers", "accumulation_steps", "lr", "warmup", "warmup_start_lr",
                "warmup_epochs", "top1_error_mean", "top1_error_std", "vs_baseline_pp", "ci95_low_pp",
                "ci95_high_pp", "paired_seeds", "verdict", "updates_min", "updates_max", "seeds_done",
-               "seeds_planned")  # fmt: skip
+               "seeds_planned", "budget_limited")  # fmt: skip
 
 
 def by_seed(cell: Cell) -> dict[int, float]:
@@ -183,7 +186,7 @@ def verdicts(table: list[Cell], margin: float = MARGIN_PP) -> list[str]:
                 held[k] = pair.verdict
         few = fewest_updates(at_k.values())
         tail = (
-            f" (only {few:,} updates per run: see the warning)"
+            f" [budget-limited: only {few:,} updates per run, under {MIN_UPDATES}]"
             if few is not None and few < MIN_UPDATES
             else ""
         )
@@ -251,8 +254,8 @@ def warnings(results: list[RunResult]) -> list[str]:
             short.setdefault((r.run.k, warm), []).append(r.run.name)
     lines = [
         f"warning: {', '.join(names)} make{'s' if len(names) == 1 else ''} only {updates:,} updates (fewer than "
-        f"{MIN_UPDATES}): too few for any LR rule to converge, so the error measures the budget, not the batch; "
-        "train more epochs"
+        f"the {MIN_UPDATES} a verdict needs): the error measures the budget as much as the batch, so its verdicts "
+        "are budget-limited; train more epochs"
         for (k, updates), names in few.items()
     ]
     lines += [
@@ -271,7 +274,7 @@ def warnings(results: list[RunResult]) -> list[str]:
             "warning: the runs trained in different precisions ("
             + "; ".join(f"{p}: {', '.join(names)}" for p, names in sorted(by_precision.items()))
             + "): their differences mix precision with the batch; set model.precision in the study's config "
-            "(mixed_bfloat16 or float32) and run them again"
+            "(mixed_bfloat16 or float32) and run the study again under a new --name"
         )
     return lines
 
@@ -291,8 +294,9 @@ def notes(plan: StudyPlan, margin: float = MARGIN_PP) -> list[str]:
         f"weights): the mean of the per-seed differences with its 95% t-interval; 'holds' when the whole "
         f"interval lies below +{margin:g} pp (not worse by more than the margin), 'worse' when it lies above, "
         "'cannot tell' otherwise (with the seeds that would tell); one seed gives no interval",
-        f"updates: optimizer steps per run; fewer than {MIN_UPDATES} gets a warning (the linear scaling rule "
-        "assumes many steps; with too few every variant fails, whatever its LR)",
+        f"updates: optimizer steps per run; a k whose runs make fewer than {MIN_UPDATES} is budget-limited (the "
+        "linear scaling rule assumes many steps; with too few the table measures the budget, not the batch): its "
+        "verdicts say so and the summary leaves it out",
         "the figure shows the training error: 100 - the training top-1 accuracy averaged over each epoch's "
         "steps (augmented data, batch norm in training mode), as `app train` logs it, mean over seeds",
         "momentum: Keras's SGD keeps the LR inside its velocity (v = m v - lr g) and no momentum correction is "
@@ -446,15 +450,17 @@ def write_report(folder: Path, plan: StudyPlan, console, margin: float = MARGIN_
     md_rows, csv_rows = table_rows(table, margin)
     runs = run_rows(results)
     lines, warns = verdicts(table, margin), warnings(results)
-    if plan.budget_limited:  # accepted at plan time with --allow-small-budget: every verdict says so
-        lines = [
-            f"budget-limited: runs at k > 1 make fewer than {MIN_BUDGET_UPDATES} updates (--allow-small-budget); "
-            "the verdicts measure the budget as much as the batch: train more epochs for verdicts that speak for "
-            "the batch",
-            *(f"{ln} [budget-limited]" if ln.startswith("k=") else ln for ln in lines),
-        ]
-        csv_rows = [[*r[:15], f"{r[15]} (budget-limited)" if r[15] else r[15], *r[16:]] for r in csv_rows]
-        md_rows = [[*r[:7], f"{r[7]} (budget-limited)" if r[7] != "-" else r[7], *r[8:]] for r in md_rows]
+    limited = {c.k for c in table if c.k > 1 and (fewest_updates([c]) or MIN_UPDATES) < MIN_UPDATES}
+    if limited:  # each such k's verdicts are budget-limited (lines, the table, a CSV column)
+        ks = ", ".join(f"k={k}" for k in sorted(limited))
+        lines = [f"budget-limited: the runs at {ks} make fewer than {MIN_UPDATES} updates: their verdicts measure "
+                 "the budget as much as the batch; train more epochs for verdicts that speak for the batch", *lines]  # fmt: skip
+        col = COLUMNS.index("verdict")
+        md_rows = [
+            [*r[:col], f"{r[col]} (budget-limited)", *r[col + 1:]] if c.k in limited and r[col] != "-" else r
+            for c, r in zip_equal(table, md_rows)
+        ]  # fmt: skip
+    csv_rows = [[*r, c.k in limited] for c, r in zip_equal(table, csv_rows)]
     with staged(out) as stage:
         write_text(stage / "large_batch.md", markdown(plan, md_rows, runs, lines, warns, margin, results))
         write_csv(stage / "large_batch.csv", CSV_COLUMNS, csv_rows)

@@ -141,7 +141,8 @@ def workers_for(micro_batches: int, max_workers: int) -> int:
 # one seed): at 4 epochs (232 updates per run at k=8) gradual warmup came out worse than no warmup (top-1 error
 # +4.33 vs +3.77 pp against the baseline), the reverse of Goyal et al.; at 10 epochs (580 updates) the order
 # was Goyal's (gradual warmup +0.46 pp, unscaled +1.12 pp, no warmup +13.27 pp). 500 lies between the budget
-# that was wrong and the one that was right; it is
+# that was wrong and the one that was right (the two also differ in warmup, 1 and 2 epochs, and are one seed
+# each); it is
 # not a measured point where quality stops depending on the budget (that calibration is still to do: docs/
 # study.md#the-update-budget). Goyal et al.'s k=32 runs (batch 8k, 90 epochs) made about 14,000 updates.
 MIN_BUDGET_UPDATES = 500

@@ -56,6 +56,7 @@ def _digest(path: Path) -> str:
 
 # What resuming reads from state.json, with the range each value must lie in: a valid-looking file with a wrong
 # value (a string for a number, 1e999, a negative step) is as damaged as an unreadable one, and is skipped.
+POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")  # what a run trains in (auto resolves to one)
 COUNT_LIMIT = 10**12  # epochs, steps and workers beyond this are no training anyone ran
 STATE_COUNTS = {"epoch": (0, True), "step": (0, False), "workers": (1, False), "global_batch": (1, False),
                 "steps_per_epoch": (1, False)}  # key: (smallest value, required)  # fmt: skip
@@ -89,6 +90,9 @@ def state_problem(state) -> str | None:
         "epoch" in metrics and metrics["epoch"] != state["epoch"]
     ):  # the row a resume puts back into metrics.jsonl
         return f"its metrics are of epoch {str(metrics['epoch'])[:40]}, not {state['epoch']}"
+    precision = state.get("precision")  # the policy it trained in (since 2026-12-04): a resume keeps it
+    if precision is not None and precision not in POLICIES:
+        return f"precision is {str(precision)[:40]!r}, not one of {', '.join(POLICIES)}"
     return None
 
 

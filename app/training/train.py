@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from app.core.config import MIN_IMAGE_SIZE, PRECISIONS, Config, checkpoint_interval, dump
+from app.core.config import MIN_IMAGE_SIZE, Config, checkpoint_interval, dump
 from app.core.errors import AppError, Preempted, UsageError
 from app.core.results import read_metrics
 from app.data.pipeline import eval_dataset, input_error, train_dataset
@@ -199,7 +199,7 @@ def resume_config(
     workers changed) by other accumulation steps, and the policy checked again for them."""
     accumulation = cfg.train.accumulation_steps
     saved = state.get("precision")  # checkpoints from before 2026-12-04 have none: nothing to compare
-    if isinstance(saved, str) and saved in PRECISIONS and saved != policy:
+    if saved is not None and saved != policy:  # a known policy: checkpoint.state_problem checked it
         # precision: auto picks per machine: a resume on other GPUs (fp16 after bf16) would change the run
         # half-way, and no table would show it.
         raise UsageError(
