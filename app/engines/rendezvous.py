@@ -26,8 +26,10 @@ itself between two ranks. This server is Horovod's store with three limits aroun
 - it admits connections only from the job's nodes (the addresses ``--hosts`` resolve to here; any loopback
   address when it listens on one), and from this node only sockets of its own user (their owner in
   /proc/net/tcp); it names each connection it turned away, once, on stderr;
-- it closes as soon as every rank has finished all three of Gloo's rendezvous (global, per node, across nodes:
-  each rank deletes its key in a scope when it is done there), seconds after the ranks start, not at the job's end.
+- it closes once every rank has finished all three of Gloo's rendezvous (global, per node, across nodes: each
+  rank deletes its key in a scope when it is done there) and no request has come for QUIET_S (5 s), seconds
+  after the ranks start, not at the job's end. (Closing at the last delete left a rank that still read a key,
+  as happened on a loaded machine, with Gloo's "HTTP GET request failed too many times".)
 
 A per-job secret (``SCALEOUT_RENDEZVOUS_TOKEN``, made fresh by the job script at each start, passed in the
 environment, never in argv) guards scaleout's own keys (the joins above): a rank without it is refused. Gloo's
@@ -60,6 +62,7 @@ _TOKEN = re.compile(r"[0-9a-f]{32,128}")
 OURS = "/scaleout-"  # the path prefix of scaleout's own keys (join), the ones the token guards
 DEFAULT_TIMEOUT_S = 300  # ranks start seconds to minutes apart (container start, TensorFlow's import)
 POLL_S = 0.5
+QUIET_S = 5.0  # once every rank is through, the server closes after this long without a request
 GRACE_S = 10  # ranks other than 0 wait this much longer, so that rank 0 reports who is missing
 MAPPED = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
           "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME")  # fmt: skip
@@ -147,8 +150,13 @@ class Server:
         )  # 127.0.1.1: clients come from 127.0.0.1
         local = local_addresses() | {host}
         lock, self.done = threading.Lock(), threading.Event()
+        self.last = time.monotonic()  # the last request's time: the server closes only after a quiet spell
 
         class Handler(RendezvousHandler):
+            def parse_request(self) -> bool:  # every request, whatever its method: the server is in use
+                self.server.server.last = time.monotonic()
+                return super().parse_request()
+
             def _refused(self) -> bool:
                 given = self.headers.get(TOKEN_HEADER, "").encode()
                 if self.path.startswith(OURS) and not hmac.compare_digest(given, secret.encode()):
@@ -289,7 +297,10 @@ def serve(hosts: list[str], spec: str, announce=_announce, env=None) -> None:
     # A timed wait: the handler runs in the main thread only, and a signal the kernel hands to the server's
     # thread would otherwise leave an untimed wait() asleep for good (seen: 1 hang in 5 starts).
     while not stop.wait(POLL_S):
-        if server.done.is_set():
+        # Through, and then no request for QUIET_S: a rank that reads a key after its last Finalize (seen under
+        # load: Gloo's "HTTP GET request failed too many times" when the server closed at the last DELETE)
+        # still finds the server.
+        if server.done.is_set() and time.monotonic() - server.last >= QUIET_S:
             _note(f"all {sum(counts)} ranks are through Gloo's rendezvous; closed")
             break
     server.stop()
