@@ -262,7 +262,17 @@ def test_a_dry_run_checks_every_slurm_option_before_it_prints_anything(tmp_path,
     """Issue 22, item 21: validate everything, then print: no plan lines before the error."""
     what = ["--gpus", "1,2", "--batch-sizes", "8"]
     if kind == "large-batch":
-        what = ["--k", "1,2", "--np", "1", "--set", "run.evaluate=true", "--set", "train.warmup_epochs=1"]
+        what = [
+            "--k",
+            "1,2",
+            "--np",
+            "1",
+            "--set",
+            "run.evaluate=true",
+            "--set",
+            "train.warmup_epochs=1",
+            "--allow-small-budget",
+        ]
     code, stdout, stderr = app_main(
         ["study", kind, "-c", SYNTHETIC, "--cluster", "local", *what, *option, "--out", str(tmp_path / "s"),
          "--dry-run"], monkeypatch, capsys,

@@ -110,6 +110,20 @@ def submit_study(folder: Path, plan, cfg, slurm: dict, new: bool = False) -> Non
     click.echo(f"follow it with `app study status {folder}`; the report job writes {folder}/report/")
 
 
+def _print_runs(folder: Path, plan, data_dir, threads: int) -> None:
+    """The dry run's line per run: its shape, LR, warmup, epochs and updates, and its `app train` command."""
+    import shlex
+
+    from app.study import large_batch
+
+    for run in plan.runs:
+        updates = "?" if run.updates is None else f"{run.updates:,}"
+        click.echo(f"{run.name}: {run.workers} worker(s) x {run.accumulation_steps} accumulation x "
+                   f"{run.batch_size} = {run.global_batch}, LR {run.lr:g}, warmup {run.warmup}, {run.epochs} "
+                   f"epochs, {updates} updates")  # fmt: skip
+        click.echo("  " + shlex.join(["app", *large_batch.train_args(folder, run, data_dir, threads)]))
+
+
 @study.command("large-batch")
 @click.option("-c", "--config", "configs", multiple=True, metavar="FILE",
               help="The baseline's experiment YAML (repeatable): k = 1, on one worker.")  # fmt: skip
@@ -200,12 +214,7 @@ def study_large_batch(configs, sets, ks, seeds, margin, name, np_, out, data_dir
     else:
         click.echo(f"{examples:,} training examples ({where})")
     if dry_run:
-        for run in plan.runs:
-            updates = "?" if run.updates is None else f"{run.updates:,}"
-            click.echo(f"{run.name}: {run.workers} worker(s) x {run.accumulation_steps} accumulation x "
-                       f"{run.batch_size} = {run.global_batch}, LR {run.lr:g}, warmup {run.warmup}, {run.epochs} "
-                       f"epochs, {updates} updates")  # fmt: skip
-            click.echo("  " + shlex.join(["app", *large_batch.train_args(folder, run, data_dir, threads)]))
+        _print_runs(folder, plan, data_dir, threads)
         left = len(plan.runs) if new else len(state.todo(folder, plan))
         if cluster:
             slurm_stage.submit_study(folder, plan, cfg, slurm, dry_run=True, echo=click.echo)

@@ -132,13 +132,7 @@ def run(
         )  # fmt: skip
         step_fn = None if model is None else tf.function(model.train_step, jit_compile=cfg.model.jit_compile)
         iterator = iter(ds)
-        # This node's GPUs while the steps run (CSC asks for utilization), by its first rank only.
-        with GpuSampler(enabled=world.local_rank == 0) as gpu:
-            started = time.perf_counter()
-            times, waits = time_steps(iterator, step_fn, steps)
-        measured_from = started + sum(
-            times[: warmup_steps(times)]
-        )  # the warm-up's compilation does not count
+        times, waits, gpu_samples = measure(iterator, step_fn, steps, world)
         timeline = None
         if timeline_steps and world.size == 1 and world.is_chief and batch == batch_sizes[0]:
             reporter.note("--timeline: one worker runs no collectives; nothing to record")
@@ -166,7 +160,7 @@ def run(
             **summarize_steps(times, waits, images_per_step, n_windows),
             "peak_memory_mb": peak_memory_mb(),
             "timeline": timeline,
-            "gpu_samples": gpu.result(since=measured_from),  # None without a tool (app/engines/gpusample.py)
+            "gpu_samples": gpu_samples,  # None without nvidia-smi or rocm-smi (app/engines/gpusample.py)
             "env": environment(world),  # where it was measured (app/engines/info.py)
         }
         result["images_per_s"]["per_worker"] = result["images_per_s"]["mean"] / world.size
@@ -176,6 +170,15 @@ def run(
             report(result, results, reporter, timeline_steps)
         out.append(result)
     return out
+
+
+def measure(iterator, step_fn, steps: int, world) -> tuple[list[float], list[float], dict | None]:
+    """:func:`time_steps`, with this node's GPUs sampled meanwhile (CSC asks for utilization) by its first
+    rank only, over the measured steps (the warm-up's compilation does not count)."""
+    with GpuSampler(enabled=world.local_rank == 0) as gpu:
+        started = time.perf_counter()
+        times, waits = time_steps(iterator, step_fn, steps)
+    return times, waits, gpu.result(since=started + sum(times[: warmup_steps(times)]))
 
 
 def time_steps(iterator, step_fn, steps: int) -> tuple[list[float], list[float]]:
