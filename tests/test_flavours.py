@@ -293,21 +293,16 @@ def test_lumi_extends_lumis_own_tensorflow_container():
     assert "--build-arg" not in make_dry_run("sif", "FLAVOR=lumi").stdout
 
 
+# The sections an Apptainer/Singularity definition of ours may hold (lumi.def, roihu.def), each at most once.
+DEF_SECTIONS = {"arguments", "files", "post", "environment", "runscript", "test", "labels", "help"}
+
+
 def test_lumi_def_is_a_well_formed_definition(tmp_path):
     """Sections Singularity knows, %files that exist, and %post (arguments filled in) that bash can parse.
     (spython, which tests/test_container.py uses for singularity.def, reads docker bootstraps only.)"""
     text, arguments = lumi_def()
     sections = re.findall(r"^%(\w+)", text, re.M)
-    assert set(sections) <= {
-        "arguments",
-        "files",
-        "post",
-        "environment",
-        "runscript",
-        "test",
-        "labels",
-        "help",
-    }
+    assert set(sections) <= DEF_SECTIONS
     assert len(sections) == len(set(sections))
     files = re.search(r"^%files\n(.*?)^%", text, re.M | re.S).group(1).split("\n")
     for line in filter(str.strip, files):
@@ -396,16 +391,7 @@ def test_roihu_def_is_the_ngc_flavour_from_ngcs_tensorflow_25_02():
 def test_roihu_def_is_a_well_formed_definition_that_runs_the_shared_script(tmp_path):
     text, arguments = roihu_def()
     sections = re.findall(r"^%(\w+)", text, re.M)
-    assert set(sections) <= {
-        "arguments",
-        "files",
-        "post",
-        "environment",
-        "runscript",
-        "test",
-        "labels",
-        "help",
-    }
+    assert set(sections) <= DEF_SECTIONS
     assert len(sections) == len(set(sections))
     files = re.search(r"^%files\n(.*?)^%", text, re.M | re.S).group(1)
     pairs = [line.split() for line in files.splitlines() if line.strip()]
