@@ -246,9 +246,14 @@ def test_one_heartbeat_file_per_node_in_the_run_dir_and_a_stopped_reporter_hands
     dogs = [Watchdog(tmp_path, r, 3, timeout=12, local_rank=r) for r in range(3)]
     reporter, others = dogs[0], dogs[1:]
     assert {d.local for d in dogs} == {reporter.local} and reporter.local.startswith("/dev/shm/")
-    for d in dogs:
-        d.start()
     try:
+        reporter.start()  # the reporter's first beat comes first, as a node's local rank 0 starts beating
+        for _ in range(100):  # before the other ranks look for it (else they write their own first beat)
+            if os.path.exists(os.path.join(reporter.local, "reporter")):
+                break
+            time.sleep(0.05)
+        for d in others:
+            d.start()
         time.sleep(2.5)
         assert os.listdir(tmp_path / ".heartbeat") == ["node-0"]  # ranks 1 and 2 are in it: one writer
         assert sorted(reporter._read()) == [0, 1, 2]
