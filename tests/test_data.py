@@ -69,6 +69,23 @@ def test_imagenet_ops_eager_and_in_map(imagenet_dir):
     eval_eager, eval_mapped = both_ways(lambda e: preprocess.imagenet_eval(e, 32), encoded)
     np.testing.assert_allclose(eval_eager, eval_mapped, rtol=1e-5, atol=1e-4)
     assert 0 <= int(label) < 3
+    assert eager.dtype == eval_eager.dtype == np.uint8  # the model casts and normalizes on the device
+
+
+def test_the_imagenet_model_sees_what_the_float_pipeline_gave_it_within_half_a_level(imagenet_dir):
+    # Before 2026-12-04 the pipeline resized to float32 and normalized the batch on the CPU; now it hands
+    # uint8 to the model's Pixels layer. The model's input may differ by the rounding only.
+    from app.training.models import Pixels
+
+    encoded, _, _ = preprocess.parse_imagenet(first_record(imagenet_dir / "validation-00000-of-00002"))
+    window = tf.image.decode_jpeg(encoded, channels=3)
+    float_image = tf.image.resize(window, [48, 48], method="bilinear")[None]
+    mean, std = np.array(preprocess.IMAGENET_MEAN), np.array(preprocess.IMAGENET_STD)
+    before = (float_image.numpy() - mean) / std
+    after = Pixels(mean, std)(preprocess.to_pixels(float_image)).numpy()
+    assert after.dtype == np.float32 and after.shape == before.shape
+    assert np.abs(after - before).max() <= 0.5 / std.min() + 1e-5
+    assert np.abs(after - before).max() > 0  # the resize gave fractions: the check above compared something
 
 
 # ----------------------------------------------------------------------------------- sharding

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from app.core.compat import import_tensorflow
@@ -70,3 +71,44 @@ def test_small_resnets_and_float32_logits_under_mixed_precision():
     assert 0.26e6 < count(model.trainable_variables) < 0.28e6
     assert 0.84e6 < count(create_model("resnet56", 10, (32, 32, 3)).trainable_variables) < 0.87e6
     assert set(ARCHITECTURES) >= {"resnet50", "resnet18", "resnet20"}
+
+
+PIXELS = ((120.0, 110.0, 100.0), (60.0, 55.0, 50.0))
+
+
+def test_a_uint8_model_normalizes_on_its_first_layer_under_mixed_precision():
+    tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        model = create_model("resnet20", 10, (16, 16, 3), pixels=PIXELS)
+        assert model.input.dtype == tf.uint8 and model.output.dtype == tf.float32
+        assert model.get_layer("pixels").compute_dtype == "float32"  # normalized in float32, then bf16 convs
+        assert model.get_layer("stem_conv").compute_dtype == "bfloat16"
+        images = np.random.default_rng(0).integers(0, 256, (2, 16, 16, 3), dtype=np.uint8)
+        assert np.isfinite(model(images, training=False).numpy()).all()
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+
+
+def test_a_checkpoint_of_a_float_model_restores_into_the_uint8_model_and_gives_the_same_logits(tmp_path):
+    # Runs from before 2026-12-04 normalized on the CPU and their models had no Pixels layer: their checkpoints
+    # must resume and evaluate in the models built today.
+    from app.training.checkpoint import restore
+
+    tf.keras.utils.set_random_seed(1)
+    old = create_model("resnet20", 10, (16, 16, 3))
+    old.compile(tf.keras.optimizers.SGD(0.1, momentum=0.9), "sparse_categorical_crossentropy")
+    images = np.random.default_rng(0).integers(0, 256, (4, 16, 16, 3), dtype=np.uint8)
+    old.fit(images, np.arange(4), epochs=1, verbose=0)  # momentum and moving statistics away from their init
+    tf.train.Checkpoint(model=old, optimizer=old.optimizer).write(str(tmp_path / "ckpt" / "ckpt"))
+    tf.keras.utils.set_random_seed(2)  # other initial weights: only the restore can make them equal
+    new = create_model("resnet20", 10, (16, 16, 3), pixels=PIXELS)
+    new.compile(tf.keras.optimizers.SGD(0.1, momentum=0.9), "sparse_categorical_crossentropy")
+    new.optimizer.build(new.trainable_variables)
+    assert not np.array_equal(old.weights[0].numpy(), new.weights[0].numpy())
+    restore(tf.train.Checkpoint(model=new, optimizer=new.optimizer), tmp_path / "ckpt")
+    for a, b in zip(
+        old.weights + old.optimizer.variables(), new.weights + new.optimizer.variables(), strict=True
+    ):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    normalized = (images.astype(np.float32) - PIXELS[0]) / PIXELS[1]
+    np.testing.assert_allclose(new(images).numpy(), old(normalized).numpy(), rtol=1e-4, atol=1e-4)

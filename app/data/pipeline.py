@@ -51,8 +51,7 @@ def train_dataset(
                 deterministic=deterministic,
             )
         )
-        ds = ds.batch(batch_size, drop_remainder=True).map(source.finish_batch, num_parallel_calls=AUTOTUNE)
-        return ds.take(steps_per_epoch - skip)
+        return ds.batch(batch_size, drop_remainder=True).take(steps_per_epoch - skip)
 
     # One dataset per epoch, concatenated: each epoch's shuffle seed is a plain int derived from (seed, rank,
     # epoch), which Dataset.shuffle needs (it cannot take a traced seed, so flat_map over epochs won't do).
@@ -85,7 +84,7 @@ def eval_dataset(source: Source, batch_size: int, steps: int = 0, threads: int =
     ds = source.eval_elements().map(
         lambda *el: source.preprocess_eval(el if len(el) > 1 else el[0]), num_parallel_calls=AUTOTUNE
     )
-    ds = ds.batch(batch_size).map(source.finish_batch, num_parallel_calls=AUTOTUNE)
+    ds = ds.batch(batch_size)
     if steps:
         ds = ds.take(steps)
     elif source.spec.name == "synthetic":

@@ -14,9 +14,10 @@ import tensorflow as tf
 
 from app.core.errors import AppError, UsageError
 from app.data.preprocess import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
     imagenet_eval,
     imagenet_train,
-    normalize_imagenet,
     parse_imagenet,
     small_image_eval,
     small_image_train,
@@ -39,6 +40,9 @@ class Spec:
     train_examples: int  # on this rank
     eval_examples: int  # on this rank
     sharding: str  # "file" or "example"
+    # None: float images ready for the model. (mean, std) per channel: uint8 pixels, which the model's first
+    # layer casts and normalizes on the accelerator (app.data.preprocess says why)
+    pixels: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
 
 class Source:
@@ -60,10 +64,6 @@ class Source:
 
     def preprocess_eval(self, element):
         raise NotImplementedError
-
-    def finish_batch(self, images, labels):
-        """Work done once per batch after preprocessing (vectorised over the batch)."""
-        return images, labels
 
 
 class ArraySource(Source):
@@ -252,7 +252,7 @@ class ImagenetSource(Source):
             else total_eval // workers + (rank < total_eval % workers)
         )
         self.spec = Spec("imagenet", cfg.num_classes or 1000, (self.size, self.size, 3), n_train, n_eval,
-                         "file" if self.file_level else "example")  # fmt: skip
+                         "file" if self.file_level else "example", (IMAGENET_MEAN, IMAGENET_STD))  # fmt: skip
 
     def _read(self, files, order_seed=None) -> tf.data.Dataset:
         names = tf.constant(files)
@@ -283,9 +283,6 @@ class ImagenetSource(Source):
     def preprocess_eval(self, record):
         encoded, label, _ = parse_imagenet(record)
         return imagenet_eval(encoded, self.size), label
-
-    def finish_batch(self, images, labels):
-        return normalize_imagenet(images, labels)
 
 
 def _file_counts(root: Path, files: list[str]) -> dict[str, int]:

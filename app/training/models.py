@@ -9,6 +9,12 @@ parameters or biases). Small ResNets (He et al. 2016's CIFAR ResNet-20/32/56, an
 serve 28-32 px data and CPU tests.
 
 Logits are float32 whatever the mixed-precision policy, so the loss and softmax stay numerically safe.
+
+Models of uint8 images (ImageNet's pipeline) start with :class:`Pixels`: the cast and the per-channel
+normalization the CPU did before, now on the accelerator. It has no weights, so checkpoints written before it
+existed (2026-12-04) restore into these models unchanged (TensorFlow matches a functional model's weights by
+the layers that hold weights), and such a run resumes and evaluates as before: the model sees the same
+normalized values, within the half level that rounding to uint8 moves a pixel.
 """
 
 from __future__ import annotations
@@ -85,6 +91,21 @@ class _Builder:
         return layers.Activation("linear", dtype="float32", name="logits_f32")(x)
 
 
+class Pixels(layers.Layer):
+    """uint8 images to ``(x - mean) / std`` per channel, in float32 (the next layer casts to the policy's
+    compute type, as it would any float input)."""
+
+    def __init__(self, mean, std, **kwargs):
+        super().__init__(dtype="float32", **kwargs)
+        self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
+
+    def call(self, images):
+        return (tf.cast(images, tf.float32) - self.mean) * tf.constant([1 / s for s in self.std], tf.float32)
+
+    def get_config(self):
+        return {**super().get_config(), "mean": self.mean, "std": self.std}
+
+
 # (block kind, filters per stage, blocks per stage, ImageNet stem?)
 ARCHITECTURES = {
     "resnet50": ("bottleneck", (64, 128, 256, 512), (3, 4, 6, 3), True),
@@ -101,16 +122,19 @@ def create_model(
     input_shape: tuple[int, int, int],
     weight_decay: float = 1e-4,
     zero_init_residual: bool = True,
+    pixels: tuple | None = None,
 ) -> tf.keras.Model:
-    """A ResNet by name (see ``ARCHITECTURES``) returning float32 logits for ``num_classes`` classes."""
+    """A ResNet by name (see ``ARCHITECTURES``) returning float32 logits for ``num_classes`` classes; of uint8
+    images normalized by ``pixels`` (mean, std per channel) when given, else of float images."""
     kind, filters, blocks, imagenet_stem = ARCHITECTURES[name]
     b = _Builder(weight_decay, zero_init_residual)
-    inputs = tf.keras.Input(shape=input_shape, name="images")
+    inputs = tf.keras.Input(shape=input_shape, name="images", dtype="uint8" if pixels else None)
+    x = Pixels(*pixels, name="pixels")(inputs) if pixels else inputs
     if imagenet_stem:  # 7x7/2 conv + 3x3/2 max-pool: 224 px -> 56 px
-        x = b.bn(b.conv(inputs, 64, 7, 2, name="stem_conv"), "stem_bn")
+        x = b.bn(b.conv(x, 64, 7, 2, name="stem_conv"), "stem_bn")
         x = layers.MaxPool2D(3, 2, padding="same", name="stem_pool")(x)
     else:  # small images keep their resolution: one 3x3 conv
-        x = b.bn(b.conv(inputs, filters[0], 3, name="stem_conv"), "stem_bn")
+        x = b.bn(b.conv(x, filters[0], 3, name="stem_conv"), "stem_bn")
     block = b.bottleneck if kind == "bottleneck" else b.basic
     for stage, (width, count) in enumerate(zip(filters, blocks, strict=True)):
         for i in range(count):

@@ -118,6 +118,7 @@ def build_model(cfg: Config, spec: Spec, world: World):
         spec.image_shape,
         cfg.model.weight_decay,
         cfg.model.zero_init_residual,
+        spec.pixels,
     )
     sgd = tf.keras.optimizers.SGD(
         learning_rate=make_schedule(cfg, world.size).lr(0.0),
