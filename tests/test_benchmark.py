@@ -106,9 +106,40 @@ def test_tiny_benchmark_on_two_workers_writes_one_line_per_batch_size(tmp_path):
 def test_pipeline_only_on_fashion_mnist(tmp_path, tfds_dir):
     results = tmp_path / "pipeline.jsonl"
     run_app(["benchmark", "-c", "configs/fashion_mnist.yaml", "--data-dir", str(tfds_dir), "--pipeline-only",
-             "--steps", "10", "--windows", "2", "--results", str(results)])  # fmt: skip
-    (line,) = [json.loads(x) for x in results.read_text().splitlines()]
-    assert line["kind"] == "pipeline" and line["model"] is None and line["images_per_s"]["mean"] > 0
+             "--steps", "10", "--windows", "2", "--results", str(results), "--threads", "1,2"])  # fmt: skip
+    lines = [json.loads(x) for x in results.read_text().splitlines()]
+    assert [line["threads_per_worker"] for line in lines] == [1, 2]  # one line per thread count
+    for line in lines:
+        ips = line["images_per_s"]
+        assert line["kind"] == "pipeline" and line["model"] is None and ips["mean"] > 0
+        assert line["input_threads"]["per_worker"] == line["threads_per_worker"]
+        assert line["input_threads"]["private_pool"] is True
+        assert ips["per_thread"] == pytest.approx(ips["mean"] / line["threads_per_worker"])
+
+
+@pytest.mark.parametrize(
+    "value, good",
+    [("1500", 1500.0), (" 2e3 ", 2000.0), ("", None), ("0", None), ("-5", None), ("inf", None), ("nan", None),
+     ("abc", None)],
+)  # fmt: skip
+def test_the_profiles_gpu_rate_is_a_positive_number_or_named_and_ignored(value, good):
+    from app.training.benchmark import expected_gpu_rate
+
+    rate, problem = expected_gpu_rate({"SCALEOUT_GPU_IMAGES_PER_S": value})
+    assert rate == good
+    assert (problem is None) == (good is not None or value == "")
+    if problem:
+        assert problem.startswith(f"SCALEOUT_GPU_IMAGES_PER_S={value.strip()!r} is not a positive number")
+
+
+def test_a_gpu_that_would_wait_for_its_pipeline_is_warned_about():
+    from app.training.train import starved
+
+    line = starved(900.0, 2500.0, 7, on_gpu=True)
+    assert line.startswith("Warning: the input pipeline delivered 900 images/s on 7 thread(s) per GPU, below")
+    assert starved(2600.0, 2500.0, 7, on_gpu=True) is None  # fast enough
+    assert starved(900.0, 2500.0, 7, on_gpu=False) is None  # CPU training: the CPU is the bottleneck anyway
+    assert starved(None, 2500.0, 7, on_gpu=True) is None and starved(900.0, None, 7, on_gpu=True) is None
 
 
 @pytest.mark.parametrize(
@@ -124,6 +155,14 @@ def test_pipeline_only_on_fashion_mnist(tmp_path, tfds_dir):
         ),
         (["--pipeline-only"], "Error: --pipeline-only measures an input pipeline; synthetic data has none"),
         (["--steps", "2"], "Invalid value for '--steps': 2 is not in the range x>=5."),
+        (["--threads", "1,x"], "Invalid value for '--threads': '1,x': expected comma-separated integers"),
+        (["--threads", "-1"], "Invalid value for '--threads': '-1': thread counts must be 0 (automatic) or"),
+        (
+            ["--threads", "0,2"],
+            "Invalid value for '--threads': '0,2': thread counts must be 0 (automatic) or",
+        ),
+        (["--threads", ""], "Invalid value for '--threads': '': thread counts must be 0 (automatic) or"),
+        (["--threads", "1,2"], "Error: --threads 1,2: a list of thread counts needs --pipeline-only"),
     ],
 )
 def test_bad_benchmark_input(args, message):

@@ -163,8 +163,11 @@ NP_OPTION = click.option("--np", "np_", type=Int(min=1), metavar="N",
                          help="Start N local workers through horovodrun --gloo (one workstation).")  # fmt: skip
 
 
-def config_options(func):
-    """--config/--set and the options every command that builds a config shares."""
+def config_options(func=None, *, threads=THREADS_OPTION):
+    """--config/--set and the options every command that builds a config shares (``threads``: a command's own
+    --threads, as `app benchmark`'s list of counts)."""
+    if func is None:
+        return lambda f: config_options(f, threads=threads)
     options = [
         click.option("-c", "--config", "configs", multiple=True, metavar="FILE",
                      help="Experiment YAML (repeatable; later files override earlier ones)."),
@@ -173,7 +176,7 @@ def config_options(func):
         click.option("--data-dir", help="TFDS data dir or ImageNet TFRecord folder (data.data_dir)."),
         click.option("--seed", type=Int(),
                      help="Seed for weights, data order and augmentation, 0..2147483647 (run.seed)."),
-        THREADS_OPTION,
+        threads,
         NP_OPTION,
     ]  # fmt: skip
     for option in reversed(options):

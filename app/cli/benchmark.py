@@ -27,11 +27,29 @@ def _batch_sizes(ctx, param, value: str | None) -> list[int] | None:
     return sizes
 
 
+def _thread_counts(ctx, param, value: str | None) -> list[int]:
+    if value is None:
+        return [0]
+    try:
+        counts = parse_int_list(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"{brief(value)}: expected comma-separated integers (ASCII digits), e.g. 1,2"
+        ) from None
+    if not counts or min(counts) < 0 or (len(counts) > 1 and min(counts) == 0):
+        raise click.BadParameter(f"{brief(value)}: thread counts must be 0 (automatic) or positive, e.g. 1,2")
+    return counts
+
+
+THREADS_OPTION = click.option("--threads", callback=_thread_counts, metavar="N[,N...]",
+                              help="CPU threads per worker (default 0: the node's cores shared among its workers; "
+                                   "SLURM_CPUS_PER_TASK first). With --pipeline-only, a list (1,2) measures the "
+                                   "pipeline at each count, with images/s per thread.")  # fmt: skip
 TIMELINE_STEPS = 5  # app benchmark --timeline: enough for every tensor's collective, a small trace file
 
 
 @cli.command()
-@config_options
+@config_options(threads=THREADS_OPTION)
 @click.option(
     "--batch-sizes",
     callback=_batch_sizes,
@@ -96,6 +114,11 @@ def benchmark(
     options, origins = option_values(data_dir=data_dir, seed=seed, precision=precision)
     cfg = config.build(configs, sets, options, origins=origins)
     timeline = timeline or worker_timeline
+    if len(threads) > 1 and not pipeline_only:
+        raise UsageError(
+            f"--threads {','.join(map(str, threads))}: a list of thread counts needs --pipeline-only; "
+            "for training, run one count at a time"
+        )
     if timeline and pipeline_only:
         raise UsageError(
             "--timeline records Horovod's collectives, which --pipeline-only has none of; drop one"

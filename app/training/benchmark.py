@@ -97,10 +97,11 @@ def run(
     n_windows: int,
     pipeline_only: bool,
     results: Path,
-    threads: int = 0,
+    threads: list[int] = (0,),
     timeline_steps: int = 0,
 ) -> list[dict]:
-    """Benchmark ``cfg`` at each per-worker batch size; rank 0 appends one JSON line per batch size."""
+    """Benchmark ``cfg`` at each per-worker batch size and each count of ``threads`` per worker (0: automatic;
+    several only with ``pipeline_only``); rank 0 appends one JSON line per (threads, batch size)."""
     import tensorflow as tf
 
     from app.data.pipeline import train_dataset
@@ -113,12 +114,12 @@ def run(
         raise UsageError(
             "--pipeline-only measures an input pipeline; synthetic data has none (use tfds or imagenet data)"
         )
-    world, reporter, policy = setup(cfg, threads)
-    inputs = input_threads(threads, world, reporter)
+    world, reporter, policy = setup(cfg, max(threads))
     source = open_source(cfg.data, world.rank, world.size, cfg.run.seed)
     model = None if pipeline_only else build_model(cfg, source.spec, world)
     out = []
-    for batch in batch_sizes:
+    for count, batch in [(count, batch) for count in threads for batch in batch_sizes]:
+        inputs = input_threads(count, world, reporter)
         # As many epochs of the real data as the steps need (a small dataset is simply cycled through).
         per_epoch = steps if synthetic else distributed.allreduce_min(source.spec.train_examples // batch)
         if per_epoch < 1:
@@ -151,7 +152,7 @@ def run(
             "global_batch": batch * world.size * cfg.train.accumulation_steps,
             "workers": world.size,
             "nodes": world.nodes,
-            "threads_per_worker": threads or None,
+            "threads_per_worker": count or None,
             "input_threads": {
                 "per_worker": inputs.count,
                 "from": inputs.source,
@@ -164,12 +165,48 @@ def run(
             "env": environment(world),  # where it was measured (app/engines/info.py)
         }
         result["images_per_s"]["per_worker"] = result["images_per_s"]["mean"] / world.size
+        # What one CPU thread of the input pipeline delivers: --pipeline-only's per-core figure (docs/performance.md)
+        result["images_per_s"]["per_thread"] = result["images_per_s"]["per_worker"] / inputs.count
         # [horovod] the slowest rank sets the pace: report the largest step time any rank saw.
         result["step_time_s"] = max(distributed.allgather_object(result["step_time_s"]))
         if world.is_chief:
             report(result, results, reporter, timeline_steps)
         out.append(result)
     return out
+
+
+GPU_RATE_VARIABLE = "SCALEOUT_GPU_IMAGES_PER_S"  # what one GPU consumes, from the cluster profile's env
+
+
+def pipeline_rate(cfg, source, batch: int, world, pool: int, steps: int = 12) -> float | None:
+    """Images/s this rank's input pipeline delivers on its ``pool`` threads (0: TensorFlow's shared pool),
+    measured over ``steps`` batches of its first epoch (warm-up excluded, as `app benchmark --pipeline-only`
+    measures it); None when the epoch is too short to measure (under 6 batches)."""
+    from app.data.pipeline import train_dataset
+
+    steps = min(steps, source.spec.train_examples // batch)
+    if steps < 6:
+        return None
+    ds = train_dataset(source, batch, steps, 1, 0, cfg.run.seed, world.rank, cfg.data.shuffle_buffer,
+                       deterministic=cfg.data.deterministic, threads=pool)  # fmt: skip
+    times, waits = time_steps(iter(ds), None, steps)
+    return summarize_steps(times, waits, batch, 3)["images_per_s"]["mean"]
+
+
+def expected_gpu_rate(env) -> tuple[float | None, str | None]:
+    """Images/s one GPU of the cluster is expected to consume (the profile's figure, docs/performance.md), or
+    None when the job does not say; with the one line to print when it says something else than a positive
+    number."""
+    text = env.get(GPU_RATE_VARIABLE, "").strip()
+    if not text:
+        return None, None
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if math.isfinite(value) and value > 0:
+        return value, None
+    return None, f"{GPU_RATE_VARIABLE}={text[:40]!r} is not a positive number of images/s; ignored"
 
 
 def measure(iterator, step_fn, steps: int, world) -> tuple[list[float], list[float], dict | None]:
@@ -232,9 +269,14 @@ def report(result: dict, results: Path, reporter, timeline_steps: int) -> None:
         f.write(json.dumps(finite(result), allow_nan=False) + "\n")
     ips = result["images_per_s"]
     ci = f" ± {ips['ci95']:,.1f}" if ips["ci95"] is not None else ""
+    per_thread = (
+        f", {ips['per_thread']:,.1f} per input thread of {result['input_threads']['per_worker']}"
+        if result["kind"] == "pipeline"
+        else ""
+    )
     reporter.note(
         f"{result['kind']} batch {result['batch_size']}/worker x {result['workers']}: {ips['mean']:,.1f}{ci} images/s "
-        f"({ips['per_worker']:,.1f} per worker), step {result['step_time_s'] * 1000:.0f} ms, "
+        f"({ips['per_worker']:,.1f} per worker{per_thread}), step {result['step_time_s'] * 1000:.0f} ms, "
         f"input wait {result['input_wait_fraction']:.0%}, warmup {result['warmup_steps']} steps excluded"
     )
     timeline = result["timeline"]

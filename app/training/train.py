@@ -7,11 +7,13 @@ checkpoint/metrics (rank 0 only). Lines that exist only because of distribution 
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
+from rich.markup import escape
 
 from app.core.config import MIN_IMAGE_SIZE, Config, checkpoint_interval, dump
 from app.core.errors import AppError, Preempted, UsageError
@@ -23,6 +25,7 @@ from app.engines import horovod as distributed
 from app.engines.info import environment
 from app.engines.world import RankThreads, World
 from app.training import checkpoint, runlock
+from app.training.benchmark import GPU_RATE_VARIABLE, expected_gpu_rate, pipeline_rate
 from app.training.callbacks import (
     CheckpointWriter,
     EvaluateEachEpoch,
@@ -43,7 +46,13 @@ from app.training.prepare import build_model, input_threads, restore, set_precis
 from app.training.schedule import make_schedule
 
 
-def header(reporter: Reporter, cfg: Config, spec: Spec, world: World, p: Plan, policy: str, inputs: RankThreads, run_dir, start_epoch: int, start_step: int = 0) -> None:  # fmt: skip
+def delivers(rate: float | None, inputs: RankThreads) -> str:
+    if rate is None:
+        return ""
+    return f"; delivered {rate:,.0f} images/s at start, {rate / inputs.count:,.0f} per thread"
+
+
+def header(reporter: Reporter, cfg: Config, spec: Spec, world: World, p: Plan, policy: str, inputs: RankThreads, run_dir, start_epoch: int, start_step: int = 0, rate: float | None = None) -> None:  # fmt: skip
     s = make_schedule(cfg, world.size)
     t = cfg.train
     if not t.warmup_epochs:
@@ -66,7 +75,7 @@ def header(reporter: Reporter, cfg: Config, spec: Spec, world: World, p: Plan, p
             ("model", f"{cfg.model.name}, {spec.image_shape[0]}x{spec.image_shape[1]}x{spec.image_shape[2]}, {spec.num_classes} classes"),
             ("data", f"{spec.name}: {spec.train_examples:,} train / {spec.eval_examples:,} eval examples per worker ({spec.sharding}-level shards)"),
             ("input", f"{inputs.count} thread{'s' if inputs.count > 1 else ''} per rank ({inputs.source}"
-                      + ("" if inputs.private else "; TensorFlow's shared pool") + ")"),
+                      + ("" if inputs.private else "; TensorFlow's shared pool") + ")" + delivers(rate, inputs)),
             ("batch", f"{t.batch_size} per worker x {world.size} workers x {t.accumulation_steps} accumulation = {p.global_batch} global"),
             ("learning rate", f"base {t.base_lr:g} per {t.reference_batch}" + (f" -> scaled {s.target_lr:.5g}" if t.scale_lr else " (not scaled)")),
             ("warmup", warmup),
@@ -99,7 +108,8 @@ def train_and_evaluate(
     p = plan(cfg, spec, world)
     start_epoch = found[0] if found else 0
     start_step = resume_step(state, p, reporter) if found else 0
-    header(reporter, cfg, spec, world, p, policy, inputs, run_dir, start_epoch, start_step)
+    rate = input_rate(cfg, source, world, inputs, reporter) if start_epoch < cfg.train.epochs else None
+    header(reporter, cfg, spec, world, p, policy, inputs, run_dir, start_epoch, start_step, rate)
     for why in skipped:
         reporter.note(f"skipping checkpoint {why}")
 
@@ -138,6 +148,34 @@ def train_and_evaluate(
     # the epoch end, so they must agree too.
     spread = distributed.replica_spread([v.numpy() for v in model.weights])
     return summarize(cfg, run_dir, world, p, policy, spread) if world.is_chief else {}
+
+
+def input_rate(
+    cfg: Config, source: Source, world: World, inputs: RankThreads, reporter: Reporter
+) -> float | None:
+    """What this rank's JPEG pipeline delivers on its threads, measured for a few seconds before training (every
+    rank at once, as in training; rank 0's figure is shown), with a warning when a GPU would consume more
+    than that (the profile's figure, app.training.benchmark.expected_gpu_rate). None for in-memory data."""
+    if source.spec.pixels is None:  # small images in memory: nothing to decode
+        return None
+    rate = pipeline_rate(cfg, source, cfg.train.batch_size, world, inputs.pool)
+    expected, problem = expected_gpu_rate(os.environ)
+    if problem:
+        reporter.note(escape(problem))
+    if warning := starved(rate, expected, inputs.count, bool(tf.config.list_logical_devices("GPU"))):
+        reporter.note(warning)
+    return rate
+
+
+def starved(rate: float | None, expected: float | None, threads: int, on_gpu: bool) -> str | None:
+    """The warning when a GPU would consume more images/s than its rank's pipeline delivers."""
+    if rate is None or expected is None or not on_gpu or rate >= expected:
+        return None
+    return (
+        f"Warning: the input pipeline delivered {rate:,.0f} images/s on {threads} thread(s) per GPU, below the "
+        f"{expected:,.0f} images/s a GPU here is expected to consume ({GPU_RATE_VARIABLE}): the GPU will wait "
+        "for data; give each task more CPUs (--cpus-per-task) where the node has them"
+    )
 
 
 def open_data(cfg: Config, world: World) -> Source:
