@@ -4,6 +4,7 @@ problems (exit 1, one line), NCCL's network read from its own log format, and ba
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -12,10 +13,22 @@ from conftest import run_app
 
 
 def test_two_workers_pass_every_check_and_time_a_correct_allreduce():
-    proc = run_app(["doctor", "--np", "2", "--megabytes", "1", "--iterations", "2", "--json"])
+    proc = run_app(
+        ["doctor", "--np", "2", "--megabytes", "1", "--iterations", "2", "--json"],
+        env={"SCALEOUT_GPU_IMAGES_PER_S": "1e9"},  # no CPU makes a billion crops/s: the warning shows
+    )
     report = json.loads(proc.stdout)
     checks = {c["name"]: c for c in report["checks"]}
-    assert list(checks) == ["build", "devices", "world", "allreduce", "transport"]
+    assert list(checks) == ["build", "devices", "world", "allreduce", "transport", "input"]
+    rate = re.fullmatch(
+        r"1 core makes ([\d,]+) ImageNet training crops/s \(a 400x400 JPEG photo\); x 1 core\(s\) per task = "
+        r"([\d,]+) images/s; warning: a GPU here consumes about 1,000,000,000 \(SCALEOUT_GPU_IMAGES_PER_S\): it "
+        r"would wait for data, give each task at least (\d+) cores if the node has them",
+        checks["input"]["detail"],
+    )
+    assert rate, checks["input"]["detail"]  # 2 workers on 2 CPUs: 1 core each
+    per_core = int(rate.group(1).replace(",", ""))
+    assert per_core > 0 and int(rate.group(3)) == pytest.approx(1e9 / per_core, rel=0.01)
     assert all(c["ok"] for c in checks.values()), checks
     assert report["size"] == 2 and [r["rank"] for r in report["ranks"]] == [0, 1]
     assert "Horovod size 2 (launcher: HOROVOD_SIZE=2)" in checks["world"]["detail"]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
@@ -42,6 +43,10 @@ def doctor(megabytes, iterations, threads, np_, as_json):
 
     report = doctor_stage.run(megabytes, iterations, threads)
     failed = any(not c["ok"] for c in report["checks"])  # the same on every rank: the checks are gathered
+    if report["rank"] == 0 and not report.get("stopped"):  # its node's input capacity: a warning at most
+        from app.training.benchmark import input_check
+
+        report["checks"].append(input_check(threads, os.environ, report.get("local_size", 1)))
     if report["rank"] == 0:  # rank 0 speaks for every rank
         if as_json:
             click.echo(json.dumps(report, indent=2, sort_keys=True))

@@ -199,6 +199,7 @@ def _run(megabytes: float, iterations: int, threads: int, nccl_dir: str | None, 
     return {
         "rank": world.rank,
         "size": world.size,
+        "local_size": world.local_size,
         "checks": [asdict(c) for c in checks],
         "ranks": ranks,
         "allreduce": allreduce,

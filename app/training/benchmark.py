@@ -139,33 +139,16 @@ def run(
             reporter.note("--timeline: one worker runs no collectives; nothing to record")
         if timeline_steps and world.size > 1:
             timeline = record_timeline(iterator, step_fn, timeline_steps, results, world, batch)
-        images_per_step = batch * world.size
         result = {
-            "kind": "pipeline" if pipeline_only else "train",
-            "model": None if pipeline_only else cfg.model.name,
-            "data": cfg.data.source if cfg.data.source != "tfds" else cfg.data.name,
-            "image_size": source.spec.image_shape[0],
-            "precision": policy,
-            "xla": cfg.model.jit_compile,
-            "batch_size": batch,
-            "accumulation_steps": cfg.train.accumulation_steps,
-            "global_batch": batch * world.size * cfg.train.accumulation_steps,
-            "workers": world.size,
-            "nodes": world.nodes,
-            "threads_per_worker": count or None,
-            "input_threads": {
-                "per_worker": inputs.count,
-                "from": inputs.source,
-                "private_pool": inputs.private,
-            },
-            **summarize_steps(times, waits, images_per_step, n_windows),
+            **describe(cfg, source, policy, batch, world, count, inputs, pipeline_only),
+            **summarize_steps(times, waits, batch * world.size, n_windows),
             "peak_memory_mb": peak_memory_mb(),
             "timeline": timeline,
             "gpu_samples": gpu_samples,  # None without nvidia-smi or rocm-smi (app/engines/gpusample.py)
             "env": environment(world),  # where it was measured (app/engines/info.py)
         }
         result["images_per_s"]["per_worker"] = result["images_per_s"]["mean"] / world.size
-        # What one CPU thread of the input pipeline delivers: --pipeline-only's per-core figure (docs/performance.md)
+        # What one CPU thread of the input pipeline delivers: --pipeline-only's per-core figure (docs/training.md)
         result["images_per_s"]["per_thread"] = result["images_per_s"]["per_worker"] / inputs.count
         # [horovod] the slowest rank sets the pace: report the largest step time any rank saw.
         result["step_time_s"] = max(distributed.allgather_object(result["step_time_s"]))
@@ -194,7 +177,7 @@ def pipeline_rate(cfg, source, batch: int, world, pool: int, steps: int = 12) ->
 
 
 def expected_gpu_rate(env) -> tuple[float | None, str | None]:
-    """Images/s one GPU of the cluster is expected to consume (the profile's figure, docs/performance.md), or
+    """Images/s one GPU of the cluster is expected to consume (the profile's figure, docs/training.md), or
     None when the job does not say; with the one line to print when it says something else than a positive
     number."""
     text = env.get(GPU_RATE_VARIABLE, "").strip()
@@ -207,6 +190,54 @@ def expected_gpu_rate(env) -> tuple[float | None, str | None]:
     if math.isfinite(value) and value > 0:
         return value, None
     return None, f"{GPU_RATE_VARIABLE}={text[:40]!r} is not a positive number of images/s; ignored"
+
+
+def input_check(threads: int, env, local_size: int) -> dict:
+    """`app doctor`'s input row: what one core of this node turns into ImageNet training crops, times the cores
+    each task gets, against what the profile says a GPU consumes; a warning (never a failure) when short."""
+    import os
+
+    from app.data.pipeline import per_core_rate
+    from app.engines.world import threads_per_rank
+
+    per_core = per_core_rate()
+    cores = threads_per_rank(threads, env, os.cpu_count(), local_size, "").count
+    expected, problem = expected_gpu_rate(env)
+    detail = (
+        f"1 core makes {per_core:,.0f} ImageNet training crops/s (a 400x400 JPEG photo); x {cores} core(s) per "
+        f"task = {per_core * cores:,.0f} images/s"
+    )
+    if problem:
+        detail += f"; {problem}"
+    elif expected is None:
+        detail += f"; the profile gives no GPU rate to compare ({GPU_RATE_VARIABLE})"
+    elif per_core * cores < expected:
+        detail += (
+            f"; warning: a GPU here consumes about {expected:,.0f} ({GPU_RATE_VARIABLE}): it would wait for "
+            f"data, give each task at least {math.ceil(expected / per_core)} cores if the node has them"
+        )
+    else:
+        detail += f", enough for the {expected:,.0f} a GPU here consumes ({GPU_RATE_VARIABLE})"
+    return {"name": "input", "ok": True, "detail": detail}
+
+
+def describe(cfg, source, policy: str, batch: int, world, count: int, inputs, pipeline_only: bool) -> dict:
+    """What a result line measured: the model and data, the batch, the workers and the input threads."""
+    return {
+        "kind": "pipeline" if pipeline_only else "train",
+        "model": None if pipeline_only else cfg.model.name,
+        "data": cfg.data.source if cfg.data.source != "tfds" else cfg.data.name,
+        "image_size": source.spec.image_shape[0],
+        "precision": policy,
+        "xla": cfg.model.jit_compile,
+        "batch_size": batch,
+        "accumulation_steps": cfg.train.accumulation_steps,
+        "global_batch": batch * world.size * cfg.train.accumulation_steps,
+        "workers": world.size,
+        "nodes": world.nodes,
+        "threads_per_worker": count or None,
+        "input_threads": {"per_worker": inputs.count, "from": inputs.source, "private_pool": inputs.private},
+    }
 
 
 def measure(iterator, step_fn, steps: int, world) -> tuple[list[float], list[float], dict | None]:

@@ -1,6 +1,7 @@
 """Input-pipeline peers on the same JPEGs and cores: raw decode of the records, and Keras' ImageDataGenerator.
 
-  python bench/peers/input.py raw RECORDS_DIR BATCH STEPS          (the input limit: parse + decode + resize)
+  python bench/peers/input.py raw RECORDS_DIR BATCH STEPS [THREADS] (the input limit: parse + decode + resize;
+                                                                    THREADS: a private pool, as app's --threads)
   python bench/peers/input.py keras RAW_TREE BATCH STEPS           (Horovod's Keras ResNet-50 example's loader)
 Prints one JSON object: images/s measured like `app benchmark` (warmup excluded, windows, 95% CI).
 """
@@ -15,6 +16,7 @@ from app.training.benchmark import summarize_steps
 
 tf = import_tensorflow()
 kind, path, batch, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+threads = int(sys.argv[5]) if len(sys.argv) > 5 else 0
 
 if kind == "raw":
     files = tf.io.gfile.glob(f"{path}/train-*")
@@ -26,6 +28,10 @@ if kind == "raw":
 
     ds = tf.data.TFRecordDataset(files, num_parallel_reads=tf.data.AUTOTUNE).repeat()
     ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE).batch(batch).prefetch(tf.data.AUTOTUNE)
+    if threads:
+        options = tf.data.Options()
+        options.threading.private_threadpool_size = threads
+        ds = ds.with_options(options)
     iterator = iter(ds)
 else:
     # Horovod's examples/keras/keras_imagenet_resnet50.py, its training generator verbatim.
