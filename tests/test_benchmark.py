@@ -119,8 +119,9 @@ def test_pipeline_only_on_fashion_mnist(tmp_path, tfds_dir):
 
 @pytest.mark.parametrize(
     "value, good",
-    [("1500", 1500.0), (" 2e3 ", 2000.0), ("", None), ("0", None), ("-5", None), ("inf", None), ("nan", None),
-     ("abc", None)],
+    [("1500", 1500.0), (" 2e3 ", 2000.0), ("931.5", 931.5), ("", None), ("0", None), ("-5", None), ("inf", None),
+     ("nan", None), ("abc", None), ("1_000", None), ("\u0661\u0665\u0660\u0660", None), ("1e400", None),
+     ("9" * 400, None)],
 )  # fmt: skip
 def test_the_profiles_gpu_rate_is_a_positive_number_or_named_and_ignored(value, good):
     from app.training.benchmark import expected_gpu_rate
@@ -129,7 +130,9 @@ def test_the_profiles_gpu_rate_is_a_positive_number_or_named_and_ignored(value, 
     assert rate == good
     assert (problem is None) == (good is not None or value == "")
     if problem:
-        assert problem.startswith(f"SCALEOUT_GPU_IMAGES_PER_S={value.strip()!r} is not a positive number")
+        assert problem.startswith(
+            f"SCALEOUT_GPU_IMAGES_PER_S={value.strip()[:40]!r} is not a positive number"
+        )
 
 
 def test_a_gpu_that_would_wait_for_its_pipeline_is_warned_about():
@@ -163,6 +166,11 @@ def test_a_gpu_that_would_wait_for_its_pipeline_is_warned_about():
         ),
         (["--threads", ""], "Invalid value for '--threads': '': thread counts must be 0 (automatic) or"),
         (["--threads", "1,2"], "Error: --threads 1,2: a list of thread counts needs --pipeline-only"),
+        (["--threads", "2,1,1"], "Invalid value for '--threads': '2,1,1': a thread count is given twice"),
+        (
+            ["--threads", "5000"],
+            "Invalid value for '--threads': '5000': at most 16 counts of at most 4096 threads",
+        ),
     ],
 )
 def test_bad_benchmark_input(args, message):
@@ -194,3 +202,13 @@ def test_one_window_is_refused(args, env, line):
         cli, ["benchmark", "-c", str(ROOT / "configs" / "synthetic.yaml"), *args], env=env
     )
     assert result.exit_code == 2 and result.output.strip().splitlines()[-1] == line
+
+
+def test_a_report_never_averages_pipeline_results_of_different_thread_counts():
+    from app.core.errors import UsageError
+    from app.reports.benchmarks import check_comparable
+
+    line = {"kind": "pipeline", "model": None, "image_size": 224, "precision": "float32", "xla": False}
+    check_comparable([{**line, "threads_per_worker": 2}, {**line, "threads_per_worker": 2}])
+    with pytest.raises(UsageError, match="results mix threads_per_worker 1 and 2; report one at a time"):
+        check_comparable([{**line, "threads_per_worker": 1}, {**line, "threads_per_worker": 2}])

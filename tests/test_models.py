@@ -83,6 +83,10 @@ def test_a_uint8_model_normalizes_on_its_first_layer_under_mixed_precision():
         assert model.input.dtype == tf.uint8 and model.output.dtype == tf.float32
         assert model.get_layer("pixels").compute_dtype == "float32"  # normalized in float32, then bf16 convs
         assert model.get_layer("stem_conv").compute_dtype == "bfloat16"
+        again = type(model.get_layer("pixels")).from_config(model.get_layer("pixels").get_config())
+        assert (
+            again.compute_dtype == "float32" and again.mean == PIXELS[0]
+        )  # clone_model and saving need this
         images = np.random.default_rng(0).integers(0, 256, (2, 16, 16, 3), dtype=np.uint8)
         assert np.isfinite(model(images, training=False).numpy()).all()
     finally:

@@ -123,7 +123,9 @@ def test_missing_data_dir(tmp_path):
 def test_corrupt_tfrecord_mid_training_names_the_file_and_keeps_checkpoints(tmp_path):
     from app.data.convert import convert
 
-    raw = make_tree(tmp_path / "raw", classes=2, per_class=8, val=4)
+    # 32 images in batches of 4: 8 batches, enough for the input measurement before training to read the
+    # damaged file too (it must leave the naming to training, not end in a traceback)
+    raw = make_tree(tmp_path / "raw", classes=2, per_class=16, val=4)
     records = tmp_path / "records"
     convert(raw, records, train_shards=2, validation_shards=1, workers=1, labels_file=raw / "val_labels.txt")
     run = tmp_path / "run"

@@ -27,6 +27,9 @@ def _batch_sizes(ctx, param, value: str | None) -> list[int] | None:
     return sizes
 
 
+MAX_THREADS = 4096  # more than any node's cores
+
+
 def _thread_counts(ctx, param, value: str | None) -> list[int]:
     if value is None:
         return [0]
@@ -38,6 +41,10 @@ def _thread_counts(ctx, param, value: str | None) -> list[int]:
         ) from None
     if not counts or min(counts) < 0 or (len(counts) > 1 and min(counts) == 0):
         raise click.BadParameter(f"{brief(value)}: thread counts must be 0 (automatic) or positive, e.g. 1,2")
+    if len(set(counts)) < len(counts):
+        raise click.BadParameter(f"{brief(value)}: a thread count is given twice; give each once")
+    if max(counts) > MAX_THREADS or len(counts) > 16:
+        raise click.BadParameter(f"{brief(value)}: at most 16 counts of at most {MAX_THREADS} threads each")
     return counts
 
 

@@ -46,7 +46,12 @@ def doctor(megabytes, iterations, threads, np_, as_json):
     if report["rank"] == 0 and not report.get("stopped"):  # its node's input capacity: a warning at most
         from app.training.benchmark import input_check
 
-        report["checks"].append(input_check(threads, os.environ, report.get("local_size", 1)))
+        local_size, launcher = report.get("local_size", 1), report.get("launcher", "")
+        report["checks"].append(
+            doctor_stage.guarded_input_check(
+                report, lambda: input_check(threads, os.environ, local_size, launcher)
+            )
+        )
     if report["rank"] == 0:  # rank 0 speaks for every rank
         if as_json:
             click.echo(json.dumps(report, indent=2, sort_keys=True))

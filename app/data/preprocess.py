@@ -3,11 +3,11 @@ JPEGs, evaluation crops, and the parsing of ImageNet's TFRecord examples.
 
 ImageNet images leave the pipeline as uint8, neither cast nor normalized: the model's first layer does that on
 the accelerator (app.training.models, with :data:`IMAGENET_MEAN` and :data:`IMAGENET_STD`). Measured on the
-2-core development machine (2026-12-04, batch 64, bench/out/records): float32 crops normalized per batch on the
-CPU delivered 1,200-1,340 images/s, uint8 crops 2,120-2,330, and a batch is a quarter of the bytes to copy to
-the device. The random flip stays here, per image on uint8, where it is a pure function of the example's
-seed (so a resume sees the same flips); it cost 0-7% of the pipeline's rate in the same run (a vectorised flip
-of the whole batch cost 40%)."""
+2-core development machine (`bench/input_variants.py`, 2026-12-05, batch 64, 3 turns): float32 crops
+normalized per batch on the CPU delivered 1,104-1,181 images/s, uint8 crops 2,188-2,247 (619-638 and
+1,166-1,199 on one thread), and a batch is a quarter of the bytes to copy to the device. The random flip stays
+here, per image on uint8, where it is a pure function of the example's seed (so a resume sees the same flips):
+without it, one thread made 1,205-1,227 images/s; flipping the whole batch at once made 673-694."""
 
 from __future__ import annotations
 

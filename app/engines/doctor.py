@@ -170,6 +170,19 @@ def run(megabytes: float, iterations: int, threads: int = 0) -> dict:
     return report
 
 
+def guarded_input_check(report: dict, measure) -> dict:
+    """Rank 0's input row, made by ``measure()`` (app.training.benchmark.input_check, passed in by the CLI:
+    engines import no training code): never a failure, and a stop signal or an error while it measures becomes
+    its detail instead of a traceback that would leave the other ranks waiting in :func:`finish`."""
+    try:
+        return measure()
+    except Stopped as exc:
+        report["stopped"] = True
+        return asdict(Check("input", False, f"stopped by {exc} while measuring the input pipeline"))
+    except Exception as exc:  # a warning row at most: the checks above stand
+        return asdict(Check("input", True, f"not measured ({type(exc).__name__}: {str(exc)[:160]})"))
+
+
 def finish(failed: bool) -> None:
     """[horovod] Every rank waits here until rank 0 has printed, then all exit with the same status: a rank
     that left first with status 1 would make srun --kill-on-bad-exit end rank 0 before its table."""
@@ -200,6 +213,7 @@ def _run(megabytes: float, iterations: int, threads: int, nccl_dir: str | None, 
         "rank": world.rank,
         "size": world.size,
         "local_size": world.local_size,
+        "launcher": world.launcher,
         "checks": [asdict(c) for c in checks],
         "ranks": ranks,
         "allreduce": allreduce,
@@ -366,6 +380,7 @@ def check_transport(
 
 
 def render(report: dict, console) -> None:
+    from rich.markup import escape  # details quote values from the environment ([/] is markup to Rich)
     from rich.table import Table
 
     table = Table(title=f"scaleout doctor: {report['size']} rank(s)", title_justify="left")
@@ -373,7 +388,14 @@ def render(report: dict, console) -> None:
     table.add_column("")
     table.add_column("detail", overflow="fold")
     for c in report["checks"]:
-        table.add_row(c["name"], "[green]ok[/]" if c["ok"] else "[red]PROBLEM[/]", c["detail"])
+        status = (
+            "[red]PROBLEM[/]"
+            if not c["ok"]
+            else "[yellow]warning[/]"
+            if "warning:" in c["detail"]
+            else "[green]ok[/]"
+        )
+        table.add_row(c["name"], status, escape(c["detail"]))
     console.print(table)
 
 

@@ -85,7 +85,7 @@ class Point:
 
 def check_comparable(results: list[dict]) -> None:
     """One table compares one model, image size, precision and kind: anything else is a mix-up."""
-    for key in ("kind", "model", "image_size", "precision", "xla"):
+    for key in ("kind", "model", "image_size", "precision", "xla", "threads_per_worker"):
         values = sorted({str(r.get(key)) for r in results})
         if len(values) > 1:
             raise UsageError(

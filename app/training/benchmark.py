@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import resource
 import statistics
 import time
@@ -164,15 +165,23 @@ GPU_RATE_VARIABLE = "SCALEOUT_GPU_IMAGES_PER_S"  # what one GPU consumes, from t
 def pipeline_rate(cfg, source, batch: int, world, pool: int, steps: int = 12) -> float | None:
     """Images/s this rank's input pipeline delivers on its ``pool`` threads (0: TensorFlow's shared pool),
     measured over ``steps`` batches of its first epoch (warm-up excluded, as `app benchmark --pipeline-only`
-    measures it); None when the epoch is too short to measure (under 6 batches)."""
+    measures it), with a shuffle buffer of one batch (filling training's would cost a gigabyte of ImageNet
+    records per rank and measure the reading, not the decoding). None when the epoch is too short to measure
+    (under 6 batches) or the data fails: training then meets the failure and names it (app.data.pipeline's
+    input_error)."""
+    import tensorflow as tf
+
     from app.data.pipeline import train_dataset
 
     steps = min(steps, source.spec.train_examples // batch)
     if steps < 6:
         return None
-    ds = train_dataset(source, batch, steps, 1, 0, cfg.run.seed, world.rank, cfg.data.shuffle_buffer,
-                       deterministic=cfg.data.deterministic, threads=pool)  # fmt: skip
-    times, waits = time_steps(iter(ds), None, steps)
+    try:
+        ds = train_dataset(source, batch, steps, 1, 0, cfg.run.seed, world.rank, batch,
+                           deterministic=cfg.data.deterministic, threads=pool)  # fmt: skip
+        times, waits = time_steps(iter(ds), None, steps)
+    except tf.errors.OpError:
+        return None
     return summarize_steps(times, waits, batch, 3)["images_per_s"]["mean"]
 
 
@@ -183,16 +192,15 @@ def expected_gpu_rate(env) -> tuple[float | None, str | None]:
     text = env.get(GPU_RATE_VARIABLE, "").strip()
     if not text:
         return None, None
-    try:
+    # ASCII digits only (float() would also take "1_000" and other scripts' digits), at most 1e12
+    if re.fullmatch(r"[0-9]{1,12}(\.[0-9]{1,6})?|[0-9](\.[0-9]{1,6})?[eE]\+?[0-9]{1,2}", text):
         value = float(text)
-    except ValueError:
-        value = float("nan")
-    if math.isfinite(value) and value > 0:
-        return value, None
+        if 0 < value <= 1e12:
+            return value, None
     return None, f"{GPU_RATE_VARIABLE}={text[:40]!r} is not a positive number of images/s; ignored"
 
 
-def input_check(threads: int, env, local_size: int) -> dict:
+def input_check(threads: int, env, local_size: int, launcher: str = "") -> dict:
     """`app doctor`'s input row: what one core of this node turns into ImageNet training crops, times the cores
     each task gets, against what the profile says a GPU consumes; a warning (never a failure) when short."""
     import os
@@ -201,7 +209,7 @@ def input_check(threads: int, env, local_size: int) -> dict:
     from app.engines.world import threads_per_rank
 
     per_core = per_core_rate()
-    cores = threads_per_rank(threads, env, os.cpu_count(), local_size, "").count
+    cores = threads_per_rank(threads, env, os.cpu_count(), local_size, launcher).count
     expected, problem = expected_gpu_rate(env)
     detail = (
         f"1 core makes {per_core:,.0f} ImageNet training crops/s (a 400x400 JPEG photo); x {cores} core(s) per "
@@ -305,10 +313,14 @@ def report(result: dict, results: Path, reporter, timeline_steps: int) -> None:
         if result["kind"] == "pipeline"
         else ""
     )
+    step = (
+        f"a batch every {result['step_time_s'] * 1000:.0f} ms"  # no model: the wait is the whole step
+        if result["kind"] == "pipeline"
+        else f"step {result['step_time_s'] * 1000:.0f} ms, input wait {result['input_wait_fraction']:.0%}"
+    )
     reporter.note(
         f"{result['kind']} batch {result['batch_size']}/worker x {result['workers']}: {ips['mean']:,.1f}{ci} images/s "
-        f"({ips['per_worker']:,.1f} per worker{per_thread}), step {result['step_time_s'] * 1000:.0f} ms, "
-        f"input wait {result['input_wait_fraction']:.0%}, warmup {result['warmup_steps']} steps excluded"
+        f"({ips['per_worker']:,.1f} per worker{per_thread}), {step}, warmup {result['warmup_steps']} steps excluded"
     )
     timeline = result["timeline"]
     if timeline:

@@ -96,6 +96,7 @@ class Pixels(layers.Layer):
     compute type, as it would any float input)."""
 
     def __init__(self, mean, std, **kwargs):
+        kwargs.pop("dtype", None)  # always float32 (from_config passes the saved one back)
         super().__init__(dtype="float32", **kwargs)
         self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
 

@@ -161,7 +161,7 @@ def input_rate(
     rate = pipeline_rate(cfg, source, cfg.train.batch_size, world, inputs.pool)
     expected, problem = expected_gpu_rate(os.environ)
     if problem:
-        reporter.note(escape(problem))
+        reporter.note(escape(f"note: {problem}"))
     if warning := starved(rate, expected, inputs.count, bool(tf.config.list_logical_devices("GPU"))):
         reporter.note(warning)
     return rate
