@@ -166,6 +166,11 @@ def test_a_gpu_that_would_wait_for_its_pipeline_is_warned_about():
         ),
         (["--threads", ""], "Invalid value for '--threads': '': thread counts must be 0 (automatic) or"),
         (["--threads", "1,2"], "Error: --threads 1,2: a list of thread counts needs --pipeline-only"),
+        (
+            ["--images", "40", "--steps", "10"],
+            "Error: --images 40 sets the steps per batch size; drop --steps 10",
+        ),
+        (["--images", "0"], "Invalid value for '--images': 0 is not in the range x>=1."),
         (["--threads", "2,1,1"], "Invalid value for '--threads': '2,1,1': a thread count is given twice"),
         (
             ["--threads", "5000"],
@@ -212,3 +217,17 @@ def test_a_report_never_averages_pipeline_results_of_different_thread_counts():
     check_comparable([{**line, "threads_per_worker": 2}, {**line, "threads_per_worker": 2}])
     with pytest.raises(UsageError, match="results mix threads_per_worker 1 and 2; report one at a time"):
         check_comparable([{**line, "threads_per_worker": 1}, {**line, "threads_per_worker": 2}])
+
+
+def test_images_set_the_steps_of_each_batch_size_and_the_wall_time_is_recorded(tmp_path):
+    results = tmp_path / "results.jsonl"
+    args = ["benchmark", *TINY, "--images", "40", "--windows", "2", "--results", str(results)]
+    run_app([*args, "--batch-sizes", "2,5"])
+    lines = [json.loads(x) for x in results.read_text().splitlines()]
+    assert [(r["batch_size"], r["steps"], r["images_target"]) for r in lines] == [(2, 20, 40), (5, 8, 40)]
+    for r in lines:  # every step's time, warm-up included: at least what the measured steps took
+        assert r["wall_s"] >= r["step_time_s"] * r["measured_steps"] * 0.99 > 0
+    proc = run_app([*args, "--batch-sizes", "10"], expect=2)
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "Error: --images 40: only 4 step(s) at batch 10 on 1 worker(s); give at least 50 (5 steps, and one per window)"
+    )

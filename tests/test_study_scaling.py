@@ -501,6 +501,8 @@ def test_a_trace_horovod_did_not_close_is_read_up_to_its_last_event(tmp_path):
         (["--np", "1,2", "--name", "$(touch pwned)"], "cannot name a study folder"),
         (["--gpus", "1,2", "--cluster", "local", "--time", "0:30"], "too short"),
         (["--np", "1,4096"], "--np 4096: more local workers than this machine holds"),
+        (["--np", "1,2", "--images", "400", "--steps", "9"], "--images 400 sets the steps of every point; drop --steps 9"),
+        (["--np", "1,2", "--images", "40"], "--images 40: too few steps at batch 64 on 2 workers; give at least 640"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_exit_2_and_nothing_is_written(tmp_path, monkeypatch, capsys, args, message):
@@ -822,7 +824,7 @@ def test_the_csc_section_passes_a_case_that_meets_cscs_rule_and_names_what_fails
     assert "1->2 nodes 1.90x ±0.02" in lines[0] and "4->8 nodes 1.60x ±0.01" in lines[0]
     rows = csc.rows(table, csc.gpu_samples(results))
     assert [r[1] for r in rows] == [1, 2, 4, 8] and rows[0][5] is None and rows[3][5] == 1.6
-    assert rows[3][7] == round(5472 / 8 / 1000, 4) and rows[3][9:] == [91.5, 60000.0]
+    assert rows[3][7] == round(5472 / 8 / 1000, 4) and rows[3][9:] == [None, None, None, 91.5, 60000.0]
     slow = [
         result(64, 4 * n, v, ci=10.0, gpus=4, nodes=n) for n, v in {1: 1000.0, 2: 1400.0, 4: 2660.0}.items()
     ]
@@ -865,6 +867,43 @@ def test_the_csc_section_passes_a_case_that_meets_cscs_rule_and_names_what_fails
     lines = csc.verdict(bench.scaling(one), gpus=True)
     assert "±" not in lines[0] and "some points have no interval (one window)" in lines[-1]
     assert csc.gpu_samples([{**results[0], "gpu_samples": {"utilization_pct": float("nan")}}]) == {}
+
+
+def test_the_csc_section_gives_wall_times_and_cscs_efficiency_only_for_the_same_input():
+    """CSC's report wants wall-times per node count for the same input, and its efficiency is (GPUs x time) at
+    the baseline over (GPUs x time): from `--images` runs; runs of --steps get their wall-times, no efficiency."""
+    from app.reports import benchmarks as bench
+    from app.reports import csc
+
+    images = 64 * 4 * 40  # 40 steps on 1 node of 4 GPUs, 20 on 2, 10 on 4
+    results = []
+    for n, seconds in ((1, 100.0), (2, 55.0), (4, 32.0)):
+        steps = images // (64 * 4 * n)
+        row = result(64, 4 * n, 64 * 4 * n * steps / seconds, ci=10.0, gpus=4, nodes=n)
+        results.append({**row, "steps": steps, "images_target": images, "wall_s": seconds})
+    rows = csc.rows(bench.scaling(results), {}, csc.wall_times(results))
+    assert [r[9] for r in rows] == [images] * 3 and [r[10] for r in rows] == [100.0, 55.0, 32.0]
+    assert [r[11] for r in rows] == [1.0, round(4 * 100 / (8 * 55), 4), round(4 * 100 / (16 * 32), 4)]
+    steps_runs = [{**r, "images_target": None} for r in results]  # --steps: other work at each node count
+    rows = csc.rows(bench.scaling(steps_runs), {}, csc.wall_times(steps_runs))
+    assert [r[10] for r in rows] == [100.0, 55.0, 32.0] and [r[11] for r in rows] == [None] * 3
+    bad = [{**results[0], "wall_s": float("nan")}, {**results[1], "steps": "20"}]  # unreadable: left out
+    assert csc.wall_times(bad) == {}
+
+
+def test_images_give_every_point_the_same_work_or_are_refused(tmp_path):
+    from app.core.errors import UsageError
+    from app.study.scaling import benchmark_args, plan_scaling
+
+    p = plan_scaling(cfg(), [1, 2], [4, 8], 50, 2, False, "s", images=1000)
+    args = benchmark_args(tmp_path, p, p.parts[0], [4], "results/workers-1.jsonl")
+    assert args[args.index("--images") + 1] == "1000" and "--steps" not in args
+    assert p.identity()["images"] == 1000
+    assert "images" not in plan_scaling(cfg(), [1, 2], [4], 50, 2, False, "s").identity()  # old folders match
+    with pytest.raises(
+        UsageError, match=r"--images 50: too few steps at batch 8 on 2 workers; give at least 80 "
+    ):
+        plan_scaling(cfg(), [1, 2], [4, 8], 50, 2, False, "s", images=50)
 
 
 def test_a_study_whose_every_job_is_refused_leaves_no_folder(gated, monkeypatch, capsys, tmp_path):

@@ -71,6 +71,13 @@ TIMELINE_STEPS = 5  # app benchmark --timeline: enough for every tensor's collec
     help="Steps per batch size, warmup included.",
 )
 @click.option(
+    "--images",
+    type=Int(min=1),
+    metavar="N",
+    help="Instead of --steps: about N images in all per batch size (steps = N / (batch x workers), rounded up), "
+    "the same work at every worker count: CSC's scalability test wants wall-times for the same input.",
+)
+@click.option(
     "--windows",
     type=Int(min=2),
     default=5,
@@ -98,6 +105,7 @@ def benchmark(
     np_,
     batch_sizes,
     steps,
+    images,
     windows,
     pipeline_only,
     results,
@@ -118,6 +126,8 @@ def benchmark(
     """
     from app.core import config
 
+    if images and click.get_current_context().get_parameter_source("steps").name == "COMMANDLINE":
+        raise UsageError(f"--images {images} sets the steps per batch size; drop --steps {steps}")
     options, origins = option_values(data_dir=data_dir, seed=seed, precision=precision)
     cfg = config.build(configs, sets, options, origins=origins)
     timeline = timeline or worker_timeline
@@ -139,7 +149,7 @@ def benchmark(
     from app.training.benchmark import run
 
     run(cfg, batch_sizes or [cfg.train.batch_size], steps, windows, pipeline_only, results, threads,
-        TIMELINE_STEPS if timeline else 0)  # fmt: skip
+        TIMELINE_STEPS if timeline else 0, images or 0)  # fmt: skip
 
 
 @cli.command()

@@ -336,6 +336,8 @@ def print_scaling_plan(folder: Path, plan, cfg, slurm: dict | None, new: bool) -
     from app.study import slurm as slurm_stage
     from app.study.scaling import missing
 
+    if plan.images:
+        click.echo(f"every batch size: about {plan.images:,} images at every worker count (--images)")
     for part in plan.parts:
         left = plan.batch_sizes if new else missing(folder, plan, part)
         what = f"{part.workers} independent processes" if part.independent else f"{part.workers} worker(s)"
@@ -359,6 +361,9 @@ def print_scaling_plan(folder: Path, plan, cfg, slurm: dict | None, new: bool) -
 @click.option(
     "--steps", type=Int(min=5), default=50, show_default=True, help="Steps per batch size, warmup included."
 )
+@click.option("--images", type=Int(min=1), metavar="N",
+              help="Instead of --steps: about N images per batch size at every worker count (the same input: "
+                   "CSC's gpularge test wants wall-times for it).")  # fmt: skip
 @click.option(
     "--windows", type=Int(min=2), default=5, show_default=True, help="Measurement windows (95% interval)."
 )
@@ -378,8 +383,8 @@ def print_scaling_plan(folder: Path, plan, cfg, slurm: dict | None, new: bool) -
 @click.option(
     "--dry-run", is_flag=True, help="Print the plan (and on a cluster every job script); run nothing."
 )
-def study_scaling(configs, sets, np_list, gpu_list, batch_sizes, steps, windows, timeline, independent, name, out,
-                  data_dir, threads, dry_run, **slurm):  # fmt: skip
+def study_scaling(configs, sets, np_list, gpu_list, batch_sizes, steps, images, windows, timeline, independent, name,
+                  out, data_dir, threads, dry_run, **slurm):  # fmt: skip
     """RQ1 + RQ2: throughput per batch size and speedup as workers are added, measured and reported.
 
     Every per-worker batch size is measured (app benchmark) at every worker count: locally with --np one count
@@ -405,6 +410,8 @@ def study_scaling(configs, sets, np_list, gpu_list, batch_sizes, steps, windows,
     from app.study.scaling import plan_scaling
 
     refuse_scaling_request(np_list, gpu_list, independent, dry_run, slurm)
+    if images and click.get_current_context().get_parameter_source("steps").name == "COMMANDLINE":
+        raise UsageError(f"--images {images} sets the steps of every point; drop --steps {steps}")
     cluster = slurm["cluster"]
     options = {"data.data_dir": data_dir} if data_dir else {}
     cfg = config.build(configs, sets, options)
@@ -416,12 +423,13 @@ def study_scaling(configs, sets, np_list, gpu_list, batch_sizes, steps, windows,
         independent = np_list is not None and not gpu_device_nodes()
     plan = plan_scaling(cfg, workers, batch_sizes or [cfg.train.batch_size], steps, windows, timeline,
                         name, cluster if gpu_list is not None else None, independent,
-                        train_examples(cfg)[0])  # fmt: skip
+                        train_examples(cfg)[0], images or 0)  # fmt: skip
     folder = out / name
     command = ["app", "study", "scaling", *(a for c in configs for a in ("-c", c)),
                *(a for s in sets for a in ("--set", s)),
                "--gpus" if gpu_list is not None else "--np", ",".join(map(str, workers)),
-               "--batch-sizes", ",".join(map(str, plan.batch_sizes)), "--steps", str(steps), "--windows", str(windows),
+               "--batch-sizes", ",".join(map(str, plan.batch_sizes)),
+               *(["--images", str(images)] if images else ["--steps", str(steps)]), "--windows", str(windows),
                *(["--timeline"] if timeline else []), "--independent" if independent else "--no-independent",
                *slurm_words(slurm), "--name", name, "--out", str(out), *(["--data-dir", data_dir] if data_dir else []),
                *(["--threads", str(threads)] if threads else [])]  # fmt: skip

@@ -41,6 +41,9 @@ COLUMNS = (
     Col("±95%", "speedup_per_doubling_ci95", fixed(2), missing="-"),
     Col("efficiency per GPU vs fewest nodes", "efficiency_per_gpu_vs_fewest_nodes", percent),
     Col("ImageNet-1k epoch (min)", "imagenet_epoch_minutes", fixed(1)),
+    Col("images", "images_processed", missing="-"),
+    Col("wall-time (s)", "wall_time_s", fixed(1), missing="-"),
+    Col("efficiency from wall-times", "efficiency_from_wall_times", percent, missing="-"),
     Col("GPU utilization (%)", "gpu_utilization_pct", _optional, missing="not sampled"),
     Col("peak GPU memory (MiB)", "gpu_memory_peak_mib", _optional, missing="not sampled"),
 )
@@ -75,14 +78,22 @@ def chain(points: list[benchmarks.Point]) -> list[benchmarks.Point]:
     return out
 
 
-def rows(table: dict[int, list[benchmarks.Point]], gpu: dict[tuple[int, int, int], dict]) -> list[list]:
+def rows(
+    table: dict[int, list[benchmarks.Point]], gpu: dict[tuple[int, int, int], dict], walls: dict | None = None
+) -> list[list]:
     """The section's table: per batch size and node count (``gpu``: sampled utilization and memory by
-    (batch, workers, nodes), from :func:`gpu_samples`)."""
-    out = []
+    (batch, workers, nodes), from :func:`gpu_samples`; ``walls``: the measured work and its wall-time, from
+    :func:`wall_times`)."""
+    out, walls = [], walls or {}
     for batch, points in table.items():
         by_nodes = per_node_count(points)
         first = by_nodes[0]
+        base = walls.get((batch, first.workers, first.nodes))
         for p in by_nodes:
+            wall = walls.get((batch, p.workers, p.nodes))
+            # CSC's parallel efficiency, (GPUs_b x T_b) / (GPUs_N x T_N), only for the same input
+            same = wall and base and wall["same_input"] and wall["images_target"] == base["images_target"]
+            from_walls = first.workers * base["wall_s"] / (p.workers * wall["wall_s"]) if same else None
             half = next((q for q in by_nodes if q.nodes * 2 == p.nodes), None)
             speedup, width, _ = doubling(half, p) if half else (None, None, None)
             efficiency = (p.images_per_s / p.workers) / (first.images_per_s / first.workers)  # per GPU
@@ -91,8 +102,30 @@ def rows(table: dict[int, list[benchmarks.Point]], gpu: dict[tuple[int, int, int
                 batch, p.nodes, p.workers, round(p.images_per_s, 3), round(p.ci95, 3) if p.ci95 > 0 else None,
                 None if speedup is None else round(speedup, 4), None if width is None else round(width, 4),
                 round(efficiency, 4), round(IMAGENET_TRAIN_EXAMPLES / p.images_per_s / 60, 3),
+                wall["images"] if wall else None, round(wall["wall_s"], 3) if wall else None,
+                None if from_walls is None else round(from_walls, 4),
                 sampled.get("utilization_pct"), sampled.get("memory_peak_mib"),
             ])  # fmt: skip
+    return out
+
+
+def wall_times(results: list[dict]) -> dict[tuple[int, int, int], dict]:
+    """Per cell (batch, workers, nodes): the images its benchmark processed, the wall-time of all its steps
+    (app benchmark's ``wall_s``, warm-up included) and its --images target (None: run with --steps). A cell
+    measured more than once keeps its last line; results from before 2026-12-05 have no wall-time."""
+    out: dict[tuple[int, int, int], dict] = {}
+    for r in results:
+        wall, steps = r.get("wall_s"), r.get("steps")
+        if not (
+            isinstance(wall, (int, float)) and math.isfinite(wall) and wall > 0 and isinstance(steps, int)
+        ):
+            continue
+        batch, workers = int(r["batch_size"]), int(r["workers"])
+        target = r.get("images_target") if isinstance(r.get("images_target"), int) else None
+        out[(batch, workers, int(r.get("nodes") or 1))] = {
+            "wall_s": float(wall), "images": steps * batch * workers, "images_target": target,
+            "same_input": target is not None,
+        }  # fmt: skip
     return out
 
 
@@ -172,8 +205,10 @@ def notes(sampled: bool) -> list[str]:
         "(75% parallel efficiency against half the nodes), wall-times per node count, GPU utilization, and a "
         "representative batch script (https://docs.csc.fi/accounts/how-to-access-roihu-large-partition/, read "
         "2026-12-04)",
-        "wall-time: the minutes an ImageNet-1k epoch takes at each row's throughput (a projection from the "
-        "benchmark's steps, not a timed epoch)",
+        "wall-time: the seconds each benchmark's steps took, warm-up included, for the images it processed; with "
+        "`app study scaling --images N` every node count processes the same images (CSC's same input) and the "
+        "efficiency from wall-times is CSC's formula, (GPUs x time) at the fewest nodes / (GPUs x time); the "
+        "ImageNet-1k epoch minutes are a projection from the throughput, not a timed epoch",
         "GPU utilization and peak memory: "
         + (
             "sampled with nvidia-smi or rocm-smi while the benchmark ran"

@@ -214,7 +214,10 @@ def markdown(
     out = [f"# Scaling study {plan.name}", "",
            f"{what}, "
            f"workers {', '.join(map(str, plan.workers))} ({where}), batch sizes per worker "
-           f"{', '.join(map(str, plan.batch_sizes))}, {plan.steps} steps each (warmup excluded), mean of "
+           f"{', '.join(map(str, plan.batch_sizes))}, "
+           + (f"about {plan.images:,} images each at every worker count (the same input)" if plan.images
+              else f"{plan.steps} steps each")
+           + " (the first steps, until step times settle, excluded), mean of "
            f"{plan.windows} windows with a 95% confidence interval.", ""]  # fmt: skip
     for title, columns, rows in sections:
         if not rows:
@@ -240,7 +243,7 @@ def write_report(folder: Path, plan: ScalingPlan, console) -> list[Path]:
     lines = verdicts(table, independent, traces)
     gpus, sampled = on_gpus(results), csc.gpu_samples(results)
     cost_cols = cost_columns(gpus)
-    csc_rows, csc_lines = csc.rows(table, sampled), csc.verdict(table, gpus)
+    csc_rows, csc_lines = csc.rows(table, sampled, csc.wall_times(results)), csc.verdict(table, gpus)
     sections = [("Throughput, speedup and efficiency", benchmarks.SCALING_COLUMNS, rows),
                 (f"What an ImageNet-1k epoch costs ({IMAGENET_TRAIN_EXAMPLES:,} images at the throughput measured "
                  f"here: {measured_what(results)}; a projection)", cost_cols,

@@ -65,6 +65,7 @@ class ScalingPlan:
     timeline: bool
     cluster: str | None  # the Slurm profile, or None for local processes
     parts: tuple[PartPlan, ...]
+    images: int = 0  # app benchmark --images: the same work at every worker count (0: --steps each)
 
     def identity(self) -> dict:
         cfg = {k: v for k, v in self.config.items() if k != "data.data_dir"}
@@ -72,7 +73,8 @@ class ScalingPlan:
                 "batch-sizes": list(self.batch_sizes), "steps": self.steps, "windows": self.windows,
                 "timeline": self.timeline, "cluster": self.cluster,
                 "independent": any(p.independent for p in self.parts),
-                "parts": [dataclasses.astuple(p) for p in self.parts]}  # fmt: skip
+                "parts": [dataclasses.astuple(p) for p in self.parts],
+                **({"images": self.images} if self.images else {})}  # fmt: skip
 
     def to_json(self) -> dict:
         out = dataclasses.asdict(self)
@@ -90,6 +92,7 @@ class ScalingPlan:
 def plan_scaling(
     cfg, workers: list[int], batch_sizes: list[int], steps: int, windows: int, timeline: bool,
     name: str, cluster: str | None = None, independent: bool = False, train_examples: int | None = None,
+    images: int = 0,
 ) -> ScalingPlan:  # fmt: skip
     """The benchmarks of RQ1 + RQ2: pure, no I/O. One part per worker count, each measuring every per-worker
     batch size; with ``independent`` (workers sharing one machine's CPU cores) also N one-worker processes
@@ -105,6 +108,13 @@ def plan_scaling(
         raise UsageError(
             f"--steps {steps} --windows {windows}: need at least 5 steps and 2 to --steps windows "
             "(the confidence interval needs 2)"
+        )
+    few = [(b, n) for b in batch_sizes for n in workers if images and images < max(5, windows) * b * n]
+    if few:  # every point must be measurable: app benchmark's own rule (app.training.benchmark.steps_for)
+        b, n = max(few, key=lambda bn: bn[0] * bn[1])
+        raise UsageError(
+            f"--images {images}: too few steps at batch {b} on {n} workers; give at least "
+            f"{max(5, windows) * b * n} (5 steps, and one per window, at every point)"
         )
     if (
         train_examples is not None and cfg.data.source != "synthetic"
@@ -124,7 +134,7 @@ def plan_scaling(
             parts.append(PartPlan(f"independent-{n}", n, independent=True))
     return ScalingPlan(
         "scaling", name, config_mod.flat(cfg), tuple(workers), tuple(batch_sizes), steps, windows, timeline,
-        cluster, tuple(parts),
+        cluster, tuple(parts), images,
     )  # fmt: skip
 
 
@@ -134,7 +144,8 @@ def benchmark_args(
 ) -> list[str]:  # fmt: skip
     """The arguments of `app` that measure ``batch_sizes`` of ``part`` into ``results`` (a list for exec)."""
     args = ["benchmark", "-c", str(Path(folder) / "config.yaml")] if config else ["benchmark"]
-    args += ["--batch-sizes", ",".join(map(str, batch_sizes)), "--steps", str(plan.steps),
+    work = ["--images", str(plan.images)] if plan.images else ["--steps", str(plan.steps)]
+    args += ["--batch-sizes", ",".join(map(str, batch_sizes)), *work,
              "--windows", str(plan.windows), "--results", str(Path(folder) / results)]  # fmt: skip
     if plan.timeline and not part.independent:
         args.append("--timeline")

@@ -100,6 +100,7 @@ def run(
     results: Path,
     threads: list[int] = (0,),
     timeline_steps: int = 0,
+    images: int = 0,
 ) -> list[dict]:
     """Benchmark ``cfg`` at each per-worker batch size and each count of ``threads`` per worker (0: automatic;
     several only with ``pipeline_only``); rank 0 appends one JSON line per (threads, batch size)."""
@@ -121,6 +122,7 @@ def run(
     out = []
     for count, batch in [(count, batch) for count in threads for batch in batch_sizes]:
         inputs = input_threads(count, world, reporter)
+        steps = steps_for(images, batch, world.size, n_windows) if images else steps
         # As many epochs of the real data as the steps need (a small dataset is simply cycled through).
         per_epoch = steps if synthetic else distributed.allreduce_min(source.spec.train_examples // batch)
         if per_epoch < 1:
@@ -148,6 +150,8 @@ def run(
             "gpu_samples": gpu_samples,  # None without nvidia-smi or rocm-smi (app/engines/gpusample.py)
             "env": environment(world),  # where it was measured (app/engines/info.py)
         }
+        # The wall-time of this much work, every step (warm-up too): CSC's scalability test compares these.
+        result |= {"steps": steps, "images_target": images or None, "wall_s": sum(times)}
         result["images_per_s"]["per_worker"] = result["images_per_s"]["mean"] / world.size
         # What one CPU thread of the input pipeline delivers: --pipeline-only's per-core figure (docs/training.md)
         result["images_per_s"]["per_thread"] = result["images_per_s"]["per_worker"] / inputs.count
@@ -157,6 +161,19 @@ def run(
             report(result, results, reporter, timeline_steps)
         out.append(result)
     return out
+
+
+def steps_for(images: int, batch: int, workers: int, n_windows: int) -> int:
+    """The steps that process ``images`` (at least) in batches of ``batch`` on ``workers`` workers, or the one
+    line that says they are too few to measure."""
+    steps = math.ceil(images / (batch * workers))
+    least = max(5, n_windows)
+    if steps < least:
+        raise UsageError(
+            f"--images {images}: only {steps} step(s) at batch {batch} on {workers} worker(s); give at least "
+            f"{least * batch * workers} (5 steps, and one per window)"
+        )
+    return steps
 
 
 GPU_RATE_VARIABLE = "SCALEOUT_GPU_IMAGES_PER_S"  # what one GPU consumes, from the cluster profile's env
