@@ -171,6 +171,7 @@ def test_a_gpu_that_would_wait_for_its_pipeline_is_warned_about():
             "Error: --images 40 sets the steps per batch size; drop --steps 10",
         ),
         (["--images", "0"], "Invalid value for '--images': 0 is not in the range x>=1."),
+        (["--images", "100000000000"], "Error: --images 100000000000: at most 10,000,000,000"),
         (["--threads", "2,1,1"], "Invalid value for '--threads': '2,1,1': a thread count is given twice"),
         (
             ["--threads", "5000"],

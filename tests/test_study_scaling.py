@@ -891,6 +891,19 @@ def test_the_csc_section_gives_wall_times_and_cscs_efficiency_only_for_the_same_
     assert csc.wall_times(bad) == {}
 
 
+def test_a_dry_run_with_images_prints_the_steps_of_every_point(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "studies"
+    code, stdout, stderr = app_main(
+        ["study", "scaling", "-c", SYNTHETIC, "--cluster", "local", "--gpus", "1,2", "--batch-sizes", "8,16",
+         "--images", "1600", "--windows", "2", "--out", str(out), "--name", "t", "--dry-run"],
+        monkeypatch, capsys,
+    )  # fmt: skip
+    assert code == 0, stderr
+    assert "every batch size: about 1,600 images at every worker count (--images); steps:\n" in stdout
+    assert "  batch 8: 200 on 1, 100 on 2\n  batch 16: 100 on 1, 50 on 2\n" in stdout
+    assert "--batch-sizes 8,16 --images 1600 --windows 2 " in stdout and "--steps" not in stdout
+
+
 def test_images_give_every_point_the_same_work_or_are_refused(tmp_path):
     from app.core.errors import UsageError
     from app.study.scaling import benchmark_args, plan_scaling
@@ -904,6 +917,15 @@ def test_images_give_every_point_the_same_work_or_are_refused(tmp_path):
         UsageError, match=r"--images 50: too few steps at batch 8 on 2 workers; give at least 80 "
     ):
         plan_scaling(cfg(), [1, 2], [4, 8], 50, 2, False, "s", images=50)
+    with pytest.raises(UsageError, match=r"--images 100000000000: at most 10,000,000,000"):
+        plan_scaling(cfg(), [1, 2], [4], 50, 2, False, "s", images=10**11)
+    many = plan_scaling(cfg(), [1, 2], [4], 50, 60, False, "s", images=10**6)  # --steps is not the limit then
+    assert many.windows == 60
+    # N independent processes share the part's work, as its N workers do: 3 x ceil(1000 / 3) images in all
+    solo = plan_scaling(cfg(), [1, 3], [4], 50, 2, False, "s", independent=True, images=1000)
+    part = next(q for q in solo.parts if q.independent)
+    args = benchmark_args(tmp_path, solo, part, [4], "results/x.jsonl")
+    assert args[args.index("--images") + 1] == "334"
 
 
 def test_a_study_whose_every_job_is_refused_leaves_no_folder(gated, monkeypatch, capsys, tmp_path):

@@ -28,6 +28,7 @@ def _batch_sizes(ctx, param, value: str | None) -> list[int] | None:
 
 
 MAX_THREADS = 4096  # more than any node's cores
+MAX_IMAGES = 10**10
 
 
 def _thread_counts(ctx, param, value: str | None) -> list[int]:
@@ -126,8 +127,10 @@ def benchmark(
     """
     from app.core import config
 
-    if images and click.get_current_context().get_parameter_source("steps").name == "COMMANDLINE":
+    if images and click.get_current_context().get_parameter_source("steps").name != "DEFAULT":
         raise UsageError(f"--images {images} sets the steps per batch size; drop --steps {steps}")
+    if images and images > MAX_IMAGES:
+        raise UsageError(f"--images {images}: at most {MAX_IMAGES:,} (about 8,000 ImageNet epochs)")
     options, origins = option_values(data_dir=data_dir, seed=seed, precision=precision)
     cfg = config.build(configs, sets, options, origins=origins)
     timeline = timeline or worker_timeline

@@ -336,8 +336,11 @@ def print_scaling_plan(folder: Path, plan, cfg, slurm: dict | None, new: bool) -
     from app.study import slurm as slurm_stage
     from app.study.scaling import missing
 
-    if plan.images:
-        click.echo(f"every batch size: about {plan.images:,} images at every worker count (--images)")
+    if plan.images:  # the steps of each point, to judge whether the most workers still run long enough
+        click.echo(f"every batch size: about {plan.images:,} images at every worker count (--images); steps:")
+        for b in plan.batch_sizes:
+            each = ", ".join(f"{-(-plan.images // (b * n)):,} on {n}" for n in plan.workers)
+            click.echo(f"  batch {b}: {each}")
     for part in plan.parts:
         left = plan.batch_sizes if new else missing(folder, plan, part)
         what = f"{part.workers} independent processes" if part.independent else f"{part.workers} worker(s)"
@@ -410,7 +413,7 @@ def study_scaling(configs, sets, np_list, gpu_list, batch_sizes, steps, images, 
     from app.study.scaling import plan_scaling
 
     refuse_scaling_request(np_list, gpu_list, independent, dry_run, slurm)
-    if images and click.get_current_context().get_parameter_source("steps").name == "COMMANDLINE":
+    if images and click.get_current_context().get_parameter_source("steps").name != "DEFAULT":
         raise UsageError(f"--images {images} sets the steps of every point; drop --steps {steps}")
     cluster = slurm["cluster"]
     options = {"data.data_dir": data_dir} if data_dir else {}

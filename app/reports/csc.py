@@ -91,9 +91,15 @@ def rows(
         base = walls.get((batch, first.workers, first.nodes))
         for p in by_nodes:
             wall = walls.get((batch, p.workers, p.nodes))
-            # CSC's parallel efficiency, (GPUs_b x T_b) / (GPUs_N x T_N), only for the same input
+            # CSC's parallel efficiency, (GPUs_b x T_b) / (GPUs_N x T_N), only for the same input; per image, as
+            # rounding the steps up gives each count a few images more or less
             same = wall and base and wall["same_input"] and wall["images_target"] == base["images_target"]
-            from_walls = first.workers * base["wall_s"] / (p.workers * wall["wall_s"]) if same else None
+            from_walls = (
+                (first.workers * base["wall_s"] / base["images"])
+                / (p.workers * wall["wall_s"] / wall["images"])
+                if same
+                else None
+            )
             half = next((q for q in by_nodes if q.nodes * 2 == p.nodes), None)
             speedup, width, _ = doubling(half, p) if half else (None, None, None)
             efficiency = (p.images_per_s / p.workers) / (first.images_per_s / first.workers)  # per GPU
@@ -205,10 +211,12 @@ def notes(sampled: bool) -> list[str]:
         "(75% parallel efficiency against half the nodes), wall-times per node count, GPU utilization, and a "
         "representative batch script (https://docs.csc.fi/accounts/how-to-access-roihu-large-partition/, read "
         "2026-12-04)",
-        "wall-time: the seconds each benchmark's steps took, warm-up included, for the images it processed; with "
-        "`app study scaling --images N` every node count processes the same images (CSC's same input) and the "
-        "efficiency from wall-times is CSC's formula, (GPUs x time) at the fewest nodes / (GPUs x time); the "
-        "ImageNet-1k epoch minutes are a projection from the throughput, not a timed epoch",
+        "wall-time: the seconds all of a benchmark's steps took on rank 0 for the images it processed, the first "
+        "step (which compiles) included, the start of the job not; with `app study scaling --images N` every "
+        "node count processes the same images (CSC's same input) and the efficiency from wall-times is CSC's "
+        "formula, (GPUs x time) at the fewest nodes / (GPUs x time), per image; give N so that the most nodes "
+        "still run a few minutes, or the compilation weighs on it; the ImageNet-1k epoch minutes are a "
+        "projection from the throughput, not a timed epoch",
         "GPU utilization and peak memory: "
         + (
             "sampled with nvidia-smi or rocm-smi while the benchmark ran"

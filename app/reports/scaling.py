@@ -215,9 +215,9 @@ def markdown(
            f"{what}, "
            f"workers {', '.join(map(str, plan.workers))} ({where}), batch sizes per worker "
            f"{', '.join(map(str, plan.batch_sizes))}, "
-           + (f"about {plan.images:,} images each at every worker count (the same input)" if plan.images
+           + (f"about {plan.images:,} images each at every worker count, the same input" if plan.images
               else f"{plan.steps} steps each")
-           + " (the first steps, until step times settle, excluded), mean of "
+           + "; throughput leaves out the first steps, until step times settle: the mean of "
            f"{plan.windows} windows with a 95% confidence interval.", ""]  # fmt: skip
     for title, columns, rows in sections:
         if not rows:

@@ -104,13 +104,16 @@ def plan_scaling(
         raise UsageError(
             f"{flag} {','.join(map(str, workers))}: give at least two worker counts to see scaling, e.g. {flag} 1,2"
         )
-    if steps < 5 or windows < 2 or windows > steps:
+    if images > 10**10:
+        raise UsageError(f"--images {images}: at most 10,000,000,000 (about 8,000 ImageNet epochs)")
+    if not images and (steps < 5 or windows < 2 or windows > steps):
         raise UsageError(
             f"--steps {steps} --windows {windows}: need at least 5 steps and 2 to --steps windows "
             "(the confidence interval needs 2)"
         )
-    few = [(b, n) for b in batch_sizes for n in workers if images and images < max(5, windows) * b * n]
-    if few:  # every point must be measurable: app benchmark's own rule (app.training.benchmark.steps_for)
+    # app benchmark's own rule (app.training.benchmark.steps_for): ceil(images / (b x n)) steps, 5 and windows
+    few = [(b, n) for b in batch_sizes for n in workers if images and -(-images // (b * n)) < max(5, windows)]
+    if few:  # every point must be measurable
         b, n = max(few, key=lambda bn: bn[0] * bn[1])
         raise UsageError(
             f"--images {images}: too few steps at batch {b} on {n} workers; give at least "
@@ -144,7 +147,9 @@ def benchmark_args(
 ) -> list[str]:  # fmt: skip
     """The arguments of `app` that measure ``batch_sizes`` of ``part`` into ``results`` (a list for exec)."""
     args = ["benchmark", "-c", str(Path(folder) / "config.yaml")] if config else ["benchmark"]
-    work = ["--images", str(plan.images)] if plan.images else ["--steps", str(plan.steps)]
+    # An independent part's n processes share the part's work: n x ceil(N / n) images, as n workers do.
+    images = -(-plan.images // part.workers) if part.independent else plan.images
+    work = ["--images", str(images)] if plan.images else ["--steps", str(plan.steps)]
     args += ["--batch-sizes", ",".join(map(str, batch_sizes)), *work,
              "--windows", str(plan.windows), "--results", str(Path(folder) / results)]  # fmt: skip
     if plan.timeline and not part.independent:

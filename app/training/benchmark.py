@@ -120,9 +120,10 @@ def run(
     source = open_source(cfg.data, world.rank, world.size, cfg.run.seed)
     model = None if pipeline_only else build_model(cfg, source.spec, world)
     out = []
+    planned = {b: steps_for(images, b, world.size, n_windows) if images else steps for b in batch_sizes}
     for count, batch in [(count, batch) for count in threads for batch in batch_sizes]:
         inputs = input_threads(count, world, reporter)
-        steps = steps_for(images, batch, world.size, n_windows) if images else steps
+        steps = planned[batch]
         # As many epochs of the real data as the steps need (a small dataset is simply cycled through).
         per_epoch = steps if synthetic else distributed.allreduce_min(source.spec.train_examples // batch)
         if per_epoch < 1:
@@ -150,7 +151,8 @@ def run(
             "gpu_samples": gpu_samples,  # None without nvidia-smi or rocm-smi (app/engines/gpusample.py)
             "env": environment(world),  # where it was measured (app/engines/info.py)
         }
-        # The wall-time of this much work, every step (warm-up too): CSC's scalability test compares these.
+        # The wall-time of this much work on rank 0, every step (the first, which compiles, too; not the start
+        # of the process): CSC's scalability test compares these.
         result |= {"steps": steps, "images_target": images or None, "wall_s": sum(times)}
         result["images_per_s"]["per_worker"] = result["images_per_s"]["mean"] / world.size
         # What one CPU thread of the input pipeline delivers: --pipeline-only's per-core figure (docs/training.md)
@@ -166,7 +168,7 @@ def run(
 def steps_for(images: int, batch: int, workers: int, n_windows: int) -> int:
     """The steps that process ``images`` (at least) in batches of ``batch`` on ``workers`` workers, or the one
     line that says they are too few to measure."""
-    steps = math.ceil(images / (batch * workers))
+    steps = -(-images // (batch * workers))  # integer ceiling: exact for any size
     least = max(5, n_windows)
     if steps < least:
         raise UsageError(
