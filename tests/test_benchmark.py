@@ -232,3 +232,17 @@ def test_images_set_the_steps_of_each_batch_size_and_the_wall_time_is_recorded(t
     assert proc.stderr.strip().splitlines()[-1] == (
         "Error: --images 40: only 4 step(s) at batch 10 on 1 worker(s); give at least 50 (5 steps, and one per window)"
     )
+
+
+def test_only_jpeg_data_is_measured_before_training():
+    # Synthetic batches are uint8 like ImageNet's (the same Pixels model) but need no decoding: no measurement.
+    from app.core import config
+    from app.data.sources import open_source
+    from app.engines.world import RankThreads, World
+    from app.training.output import Reporter
+    from app.training.train import input_rate
+
+    cfg = config.build([str(ROOT / "configs" / "synthetic.yaml")], ["data.image_size=32"])
+    source = open_source(cfg.data)
+    assert source.spec.pixels is not None
+    assert input_rate(cfg, source, World(), RankThreads(1, "--threads"), Reporter(0)) is None

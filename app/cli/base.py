@@ -184,6 +184,13 @@ def config_options(func=None, *, threads=THREADS_OPTION):
     return func
 
 
+def refuse_steps_with_images(images: int | None, steps: int, sets: str) -> None:
+    """--images sets the steps (`app benchmark`, `app study scaling`): a --steps from anywhere but its default
+    (the command line, an APP_ variable) is a contradiction, said in one line."""
+    if images and click.get_current_context().get_parameter_source("steps").name != "DEFAULT":
+        raise UsageError(f"--images {images} sets {sets}; drop --steps {steps}")
+
+
 def relaunch(np_: int | None, extra: list[str] = ()) -> None:
     """With --np N > 1 and no launcher around us, run this same command line (without --np) on N local
     workers through horovodrun, and exit with their status."""

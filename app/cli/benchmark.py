@@ -8,9 +8,19 @@ from pathlib import Path
 
 import click
 
-from app.cli.base import Fraction, Int, cli, config_options, option_values, parse_int_list, relaunch
+from app.cli.base import (
+    Fraction,
+    Int,
+    cli,
+    config_options,
+    option_values,
+    parse_int_list,
+    refuse_steps_with_images,
+    relaunch,
+)
 from app.core.compat import import_tensorflow
 from app.core.errors import UsageError, brief
+from app.core.results import check_images
 
 
 def _batch_sizes(ctx, param, value: str | None) -> list[int] | None:
@@ -28,7 +38,6 @@ def _batch_sizes(ctx, param, value: str | None) -> list[int] | None:
 
 
 MAX_THREADS = 4096  # more than any node's cores
-MAX_IMAGES = 10**10
 
 
 def _thread_counts(ctx, param, value: str | None) -> list[int]:
@@ -127,10 +136,8 @@ def benchmark(
     """
     from app.core import config
 
-    if images and click.get_current_context().get_parameter_source("steps").name != "DEFAULT":
-        raise UsageError(f"--images {images} sets the steps per batch size; drop --steps {steps}")
-    if images and images > MAX_IMAGES:
-        raise UsageError(f"--images {images}: at most {MAX_IMAGES:,} (about 8,000 ImageNet epochs)")
+    refuse_steps_with_images(images, steps, "the steps per batch size")
+    check_images(images or 0)
     options, origins = option_values(data_dir=data_dir, seed=seed, precision=precision)
     cfg = config.build(configs, sets, options, origins=origins)
     timeline = timeline or worker_timeline

@@ -9,7 +9,15 @@ from pathlib import Path
 
 import click
 
-from app.cli.base import SLURM_KEYS, Int, cli, refuse_slurm_options, slurm_options, slurm_words
+from app.cli.base import (
+    SLURM_KEYS,
+    Int,
+    cli,
+    refuse_slurm_options,
+    refuse_steps_with_images,
+    slurm_options,
+    slurm_words,
+)
 from app.core.errors import AppError, UsageError, brief, one_line
 from app.core.iterables import zip_equal
 from app.engines.world import joined_launcher
@@ -333,13 +341,14 @@ def refuse_scaling_request(np_list, gpu_list, independent, dry_run: bool, slurm:
 
 def print_scaling_plan(folder: Path, plan, cfg, slurm: dict | None, new: bool) -> None:
     """`app study scaling --dry-run`: each part and the batch sizes it has left (on Slurm, every job script)."""
+    from app.core.results import steps_for_images
     from app.study import slurm as slurm_stage
     from app.study.scaling import missing
 
     if plan.images:  # the steps of each point, to judge whether the most workers still run long enough
         click.echo(f"every batch size: about {plan.images:,} images at every worker count (--images); steps:")
         for b in plan.batch_sizes:
-            each = ", ".join(f"{-(-plan.images // (b * n)):,} on {n}" for n in plan.workers)
+            each = ", ".join(f"{steps_for_images(plan.images, b, n):,} on {n}" for n in plan.workers)
             click.echo(f"  batch {b}: {each}")
     for part in plan.parts:
         left = plan.batch_sizes if new else missing(folder, plan, part)
@@ -413,8 +422,7 @@ def study_scaling(configs, sets, np_list, gpu_list, batch_sizes, steps, images, 
     from app.study.scaling import plan_scaling
 
     refuse_scaling_request(np_list, gpu_list, independent, dry_run, slurm)
-    if images and click.get_current_context().get_parameter_source("steps").name != "DEFAULT":
-        raise UsageError(f"--images {images} sets the steps of every point; drop --steps {steps}")
+    refuse_steps_with_images(images, steps, "the steps of every point")
     cluster = slurm["cluster"]
     options = {"data.data_dir": data_dir} if data_dir else {}
     cfg = config.build(configs, sets, options)

@@ -1,7 +1,8 @@
 """Reading what runs and benchmarks leave behind: JSON-lines files (a torn last line from an interrupted write is
 skipped with a note), a run's per-epoch metrics, and the rule that keeps every written number valid JSON.
 
-The one place both sides use: training appends metrics and checks them on resume, reports read them.
+The one place both sides use: training appends metrics and checks them on resume, reports read them. Also the
+rule of `app benchmark --images`, which the scaling study plans with.
 """
 
 from __future__ import annotations
@@ -70,6 +71,25 @@ def json_lines(path: Path, what: str, note, skip_bad: bool = False) -> list[tupl
             (note or note_to_stderr)(f"{exc}; left out")
             continue
     return out
+
+
+# `app benchmark --images N` and the scaling study that passes it on: the same images at every worker count.
+MAX_IMAGES = 10**10  # about 8,000 ImageNet epochs
+
+
+def check_images(images: int) -> None:
+    if images > MAX_IMAGES:
+        raise UsageError(f"--images {images}: at most {MAX_IMAGES:,} (about 8,000 ImageNet epochs)")
+
+
+def steps_for_images(images: int, batch: int, workers: int) -> int:
+    """The steps that process ``images`` (at least) in batches of ``batch`` on ``workers`` workers."""
+    return -(-images // (batch * workers))  # integer ceiling: exact for any size
+
+
+def fewest_steps(windows: int) -> int:
+    """The fewest steps a benchmark measures: 5, and one per window."""
+    return max(5, windows)
 
 
 def is_number(value) -> bool:

@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from app.core.errors import AppError
-from app.data.preprocess import IMAGENET_FEATURES, example_seed, imagenet_train
+from app.data.preprocess import IMAGENET_FEATURES, example_seed
 from app.data.sources import AUTOTUNE, ImagenetSource, Source, count_records
 
 
@@ -76,24 +76,6 @@ def on_threads(ds: tf.data.Dataset, threads: int) -> tf.data.Dataset:
 # A 400x400 JPEG (quality 90) of a photograph, the size of an average ImageNet image: scikit-image's
 # "astronaut" (Eileen Collins, NASA; public domain), resized. Noise would decode at another speed than photos.
 SAMPLE_JPEG = Path(__file__).with_name("sample.jpg")
-
-
-def per_core_rate(size: int = 224, batch: int = 32, steps: int = 12) -> float:
-    """Images/s one CPU thread turns into training crops: ImageNet's training preprocessing (random crop
-    decoded in one fused op, resize, uint8, flip) of :data:`SAMPLE_JPEG`, on a private pool of one thread,
-    the first batch (tracing) not counted. Used by `app doctor` where no dataset is at hand."""
-    import time
-
-    encoded, bbox = tf.constant(SAMPLE_JPEG.read_bytes()), tf.zeros([1, 0, 4])
-    ds = tf.data.Dataset.range((steps + 1) * batch).map(
-        lambda i: imagenet_train(encoded, bbox, size, example_seed(0, 0, 0, i)), num_parallel_calls=AUTOTUNE
-    )
-    iterator = iter(on_threads(ds.batch(batch), 1))
-    next(iterator)
-    start = time.perf_counter()
-    for _ in range(steps):
-        next(iterator).numpy()
-    return steps * batch / (time.perf_counter() - start)
 
 
 def epoch_seed(seed: int, rank: int, epoch: int) -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 from app.core.iterables import pairwise
+from app.core.results import is_number, is_positive_int
 from app.reports import benchmarks
 from app.reports.tables import Col, fixed, percent, times
 from app.study.dataset import IMAGENET_TRAIN_EXAMPLES
@@ -93,7 +94,12 @@ def rows(
             wall = walls.get((batch, p.workers, p.nodes))
             # CSC's parallel efficiency, (GPUs_b x T_b) / (GPUs_N x T_N), only for the same input; per image, as
             # rounding the steps up gives each count a few images more or less
-            same = wall and base and wall["same_input"] and wall["images_target"] == base["images_target"]
+            same = (
+                wall
+                and base
+                and wall["images_target"] is not None
+                and wall["images_target"] == base["images_target"]
+            )
             from_walls = (
                 (first.workers * base["wall_s"] / base["images"])
                 / (p.workers * wall["wall_s"] / wall["images"])
@@ -121,16 +127,13 @@ def wall_times(results: list[dict]) -> dict[tuple[int, int, int], dict]:
     measured more than once keeps its last line; results from before 2026-12-05 have no wall-time."""
     out: dict[tuple[int, int, int], dict] = {}
     for r in results:
-        wall, steps = r.get("wall_s"), r.get("steps")
-        if not (
-            isinstance(wall, (int, float)) and math.isfinite(wall) and wall > 0 and isinstance(steps, int)
-        ):
+        wall, steps, target = r.get("wall_s"), r.get("steps"), r.get("images_target")
+        if not (is_number(wall) and wall > 0 and is_positive_int(steps)):
             continue
         batch, workers = int(r["batch_size"]), int(r["workers"])
-        target = r.get("images_target") if isinstance(r.get("images_target"), int) else None
         out[(batch, workers, int(r.get("nodes") or 1))] = {
-            "wall_s": float(wall), "images": steps * batch * workers, "images_target": target,
-            "same_input": target is not None,
+            "wall_s": float(wall), "images": steps * batch * workers,
+            "images_target": target if is_positive_int(target) else None,
         }  # fmt: skip
     return out
 

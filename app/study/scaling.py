@@ -13,6 +13,7 @@ from pathlib import Path
 
 from app.core import config as config_mod
 from app.core.errors import UsageError, brief, read_regular, show
+from app.core.results import check_images, fewest_steps, steps_for_images
 from app.study.files import STUDY_FILE_LIMIT
 from app.study.state import INTERRUPTED, RunState, attempts, running_run, slurm_states, with_job
 
@@ -104,20 +105,20 @@ def plan_scaling(
         raise UsageError(
             f"{flag} {','.join(map(str, workers))}: give at least two worker counts to see scaling, e.g. {flag} 1,2"
         )
-    if images > 10**10:
-        raise UsageError(f"--images {images}: at most 10,000,000,000 (about 8,000 ImageNet epochs)")
+    check_images(images)
     if not images and (steps < 5 or windows < 2 or windows > steps):
         raise UsageError(
             f"--steps {steps} --windows {windows}: need at least 5 steps and 2 to --steps windows "
             "(the confidence interval needs 2)"
         )
-    # app benchmark's own rule (app.training.benchmark.steps_for): ceil(images / (b x n)) steps, 5 and windows
-    few = [(b, n) for b in batch_sizes for n in workers if images and -(-images // (b * n)) < max(5, windows)]
+    # app benchmark's own rule (app.training.benchmark.steps_for), at every point
+    least = fewest_steps(windows)
+    few = [(b, n) for b in batch_sizes for n in workers if images and steps_for_images(images, b, n) < least]
     if few:  # every point must be measurable
         b, n = max(few, key=lambda bn: bn[0] * bn[1])
         raise UsageError(
             f"--images {images}: too few steps at batch {b} on {n} workers; give at least "
-            f"{max(5, windows) * b * n} (5 steps, and one per window, at every point)"
+            f"{least * b * n} (5 steps, and one per window, at every point)"
         )
     if (
         train_examples is not None and cfg.data.source != "synthetic"

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from app.core.errors import UsageError
-from app.core.results import finite
+from app.core.results import fewest_steps, finite, steps_for_images
 from app.engines.gpusample import GpuSampler
 from app.engines.info import environment
 
@@ -168,8 +168,7 @@ def run(
 def steps_for(images: int, batch: int, workers: int, n_windows: int) -> int:
     """The steps that process ``images`` (at least) in batches of ``batch`` on ``workers`` workers, or the one
     line that says they are too few to measure."""
-    steps = -(-images // (batch * workers))  # integer ceiling: exact for any size
-    least = max(5, n_windows)
+    steps, least = steps_for_images(images, batch, workers), fewest_steps(n_windows)
     if steps < least:
         raise UsageError(
             f"--images {images}: only {steps} step(s) at batch {batch} on {workers} worker(s); give at least "
@@ -219,12 +218,31 @@ def expected_gpu_rate(env) -> tuple[float | None, str | None]:
     return None, f"{GPU_RATE_VARIABLE}={text[:40]!r} is not a positive number of images/s; ignored"
 
 
+def per_core_rate(size: int = 224, batch: int = 32, steps: int = 12) -> float:
+    """Images/s one CPU thread turns into training crops: ImageNet's training preprocessing (random crop
+    decoded in one fused op, resize, uint8, flip) of app.data.pipeline's SAMPLE_JPEG, on a private pool of one
+    thread, the first batch (tracing) not counted. `app doctor`'s figure where no dataset is at hand."""
+    import tensorflow as tf
+
+    from app.data.pipeline import SAMPLE_JPEG, on_threads
+    from app.data.preprocess import example_seed, imagenet_train
+
+    encoded, bbox = tf.constant(SAMPLE_JPEG.read_bytes()), tf.zeros([1, 0, 4])
+    ds = tf.data.Dataset.range(
+        (steps + 1) * batch
+    ).map(  # (image, index): the (images, labels) time_steps reads
+        lambda i: (imagenet_train(encoded, bbox, size, example_seed(0, 0, 0, i)), i),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
+    times, _ = time_steps(iter(on_threads(ds.batch(batch), 1)), None, steps + 1)
+    return steps * batch / sum(times[1:])
+
+
 def input_check(threads: int, env, local_size: int, launcher: str = "") -> dict:
     """`app doctor`'s input row: what one core of this node turns into ImageNet training crops, times the cores
     each task gets, against what the profile says a GPU consumes; a warning (never a failure) when short."""
     import os
 
-    from app.data.pipeline import per_core_rate
     from app.engines.world import threads_per_rank
 
     per_core = per_core_rate()

@@ -19,7 +19,7 @@ from app.core.config import MIN_IMAGE_SIZE, Config, checkpoint_interval, dump
 from app.core.errors import AppError, Preempted, UsageError
 from app.core.results import read_metrics
 from app.data.pipeline import eval_dataset, input_error, train_dataset
-from app.data.sources import Source, Spec, open_source
+from app.data.sources import ImagenetSource, Source, Spec, open_source
 from app.engines import faults
 from app.engines import horovod as distributed
 from app.engines.info import environment
@@ -155,8 +155,9 @@ def input_rate(
 ) -> float | None:
     """What this rank's JPEG pipeline delivers on its threads, measured for a few seconds before training (every
     rank at once, as in training; rank 0's figure is shown), with a warning when a GPU would consume more
-    than that (the profile's figure, app.training.benchmark.expected_gpu_rate). None for in-memory data."""
-    if source.spec.pixels is None:  # small images in memory: nothing to decode
+    than that (the profile's figure, app.training.benchmark.expected_gpu_rate). None for in-memory data (small
+    images, synthetic batches: nothing to decode)."""
+    if not isinstance(source, ImagenetSource):
         return None
     rate = pipeline_rate(cfg, source, cfg.train.batch_size, world, inputs.pool)
     expected, problem = expected_gpu_rate(os.environ)
