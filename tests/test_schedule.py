@@ -54,11 +54,17 @@ def test_step_decay_boundaries():
     assert s.lr(89.9) == pytest.approx(0.0004)
 
 
-def test_cosine_after_warmup():
-    s = make_schedule(cfg(batch_size=256, warmup_epochs=2, epochs=12, schedule="cosine"), 2)  # target 0.2
-    assert s.lr(2.0) == pytest.approx(0.2)
-    assert s.lr(7.0) == pytest.approx(0.2 * 0.5 * (1 + math.cos(math.pi * 0.5)))
-    assert s.lr(12.0) == pytest.approx(0.0, abs=1e-12)
+def test_cosine_spans_the_whole_run_whatever_the_warmup():
+    # Issue 21's confound: the curve after the warmup is the same with and without one (the warmup replaces
+    # its first epochs); the gradual ramp ends on the curve, so the LR has no jump.
+    warm = make_schedule(cfg(batch_size=256, warmup_epochs=2, epochs=12, schedule="cosine"), 2)  # target 0.2
+    none = make_schedule(cfg(batch_size=256, warmup_epochs=0, epochs=12, schedule="cosine"), 2)
+    at_2 = 0.2 * 0.5 * (1 + math.cos(math.pi * 2 / 12))
+    assert warm.lr(2.0) == pytest.approx(at_2) and warm.lr(1.0) == pytest.approx(0.1 + (at_2 - 0.1) / 2)
+    assert warm.lr(6.0) == pytest.approx(0.2 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert warm.lr(12.0) == pytest.approx(0.0, abs=1e-12)
+    assert all(warm.lr(e / 4) == pytest.approx(none.lr(e / 4)) for e in range(8, 49))
+    assert all(warm.step_lr(i, 7) == pytest.approx(none.step_lr(i, 7)) for i in range(14, 84))
 
 
 def test_small_global_batch_needs_no_warmup():
@@ -108,10 +114,10 @@ def test_warmup_ends_on_the_target_exactly_at_its_last_step(spe, monkeypatch):
 def test_cosine_last_step_trains_above_zero(spe, monkeypatch):
     s = make_schedule(cfg(batch_size=256, warmup_epochs=1, epochs=4, schedule="cosine"), 2)  # target 0.2
     lrs = horovod_lrs(s, spe, 4, monkeypatch)
-    span = 3 * spe  # the cosine steps after one epoch of warmup
-    assert lrs[spe - 1] == pytest.approx(0.2) and lrs[spe] == pytest.approx(0.2)  # warmup ends, cosine starts
-    expected = [0.2 * 0.5 * (1 + math.cos(math.pi * i / span)) for i in range(span)]
-    assert lrs[spe:] == pytest.approx(expected)
+    total = 4 * spe  # the cosine of the whole run; the warmup replaces its first epoch
+    expected = [0.2 * 0.5 * (1 + math.cos(math.pi * i / total)) for i in range(total)]
+    assert lrs[spe - 1] == pytest.approx(expected[spe])  # the warmup ends on the curve: no jump
+    assert lrs[spe:] == pytest.approx(expected[spe:])
     assert lrs[-1] > 0 and all(a > b for a, b in zip(lrs[spe:-1], lrs[spe + 1 :], strict=True))
 
 

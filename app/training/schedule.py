@@ -11,13 +11,20 @@ function of the step alone, so a resumed run continues exactly where it stopped.
 ``multiplier(epoch)`` is the curve over continuous training time. What a step trains at is decided in
 integers, by ``step_multiplier(step, steps_per_epoch)``, so that no float rounding moves a boundary:
 warmup takes the curve at the step's *end* (progress ``(step + 1) / steps_per_epoch``, as Horovod's warmup
-does), so the last warmup step trains at exactly the target LR; step decay and cosine take it at the step's
-*start*, so a decay at epoch ``d`` begins with the first step of epoch ``d + 1`` (step ``d x
+does), so the last warmup step trains at exactly the curve's LR where the warmup ends (the target LR for step
+decay); step decay and cosine take it at the step's *start*, so a decay at epoch ``d`` begins with the first step of epoch ``d + 1`` (step ``d x
 steps_per_epoch``, counting from 0), and cosine's last step trains at a small LR above 0, not at 0.
 
-Goyal et al.'s two warmups (``train.warmup``): ``gradual`` (the default) ramps linearly from the reference LR
-to the scaled one; ``constant`` trains at the reference LR for the whole warmup and then jumps to the scaled
-LR at its first step after it. Both end at the same step, so everything after the warmup is the same.
+The curve after the warmup (step decay, cosine or constant) is a function of the whole run's time, the same
+with or without a warmup: the warmup replaces the curve's first epochs and never moves or compresses what
+follows. So the variants of a study (no warmup, a constant or a gradual one) train on one curve after the
+warmup, and only the warmup differs (issue 21; before 2026-12-05 cosine ran from the warmup's end to the
+run's end, so a warmup variant's cosine was a compressed one). Cosine is 1 at the run's start and 0 at its
+end, as timm's ``CosineLRScheduler`` with ``warmup_prefix=False``. Goyal et al.'s two warmups
+(``train.warmup``): ``gradual`` (the default) ramps linearly from the reference LR to the curve's value where
+the warmup ends (the scaled LR itself for step decay; a little below it for cosine, so that the LR has no
+jump); ``constant`` trains at the reference LR for the whole warmup and then jumps to the curve at its first
+step after it. Both end at the same step, so everything after the warmup is the same.
 """
 
 from __future__ import annotations
@@ -37,34 +44,41 @@ class Schedule:
     epochs: int
     warmup: str = "gradual"  # gradual: linear ramp start_lr -> target_lr; constant: start_lr, then a jump
 
+    def _curve(self, epoch: float) -> float:
+        """The schedule after warmup, as LR / target_lr at ``epoch`` of the whole run."""
+        if self.kind == "step":
+            return self.decay_factor ** sum(1 for d in self.decay_epochs if epoch >= d)
+        if self.kind == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, epoch / max(self.epochs, 1e-9))))
+        return 1.0
+
     def multiplier(self, epoch: float) -> float:
         """LR / target_lr at fractional ``epoch`` (progress after the step)."""
         w = self.warmup_epochs
         if w > 0 and epoch < w:
             start = self.start_lr / self.target_lr
-            return start if self.warmup == "constant" else start + (1.0 - start) * epoch / w
-        if self.kind == "step":
-            return self.decay_factor ** sum(1 for d in self.decay_epochs if epoch >= d)
-        if self.kind == "cosine":
-            span = max(self.epochs - w, 1e-9)
-            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (epoch - w) / span)))
-        return 1.0
+            return start if self.warmup == "constant" else start + (self._curve(w) - start) * epoch / w
+        return self._curve(epoch)
 
     def lr(self, epoch: float) -> float:
         return self.target_lr * self.multiplier(epoch)
+
+    def _curve_step(self, step: int, steps_per_epoch: int) -> float:
+        if self.kind == "step":
+            return self.decay_factor ** sum(1 for d in self.decay_epochs if step >= d * steps_per_epoch)
+        if self.kind == "cosine":  # steps 0 .. total - 1 follow the cosine from their start: the last one > 0
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, step / max(self.epochs * steps_per_epoch, 1))))
+        return 1.0
 
     def step_multiplier(self, step: int, steps_per_epoch: int) -> float:
         """LR / target_lr of global step ``step`` (0-based) with ``steps_per_epoch`` steps per epoch."""
         warm = round(self.warmup_epochs * steps_per_epoch)
         if step < warm:
             start = self.start_lr / self.target_lr
-            return start if self.warmup == "constant" else start + (1.0 - start) * (step + 1) / warm
-        if self.kind == "step":
-            return self.decay_factor ** sum(1 for d in self.decay_epochs if step >= d * steps_per_epoch)
-        if self.kind == "cosine":
-            span = self.epochs * steps_per_epoch - warm  # steps warm .. warm + span - 1 follow the cosine
-            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warm) / max(span, 1))))
-        return 1.0
+            if self.warmup == "constant":
+                return start
+            return start + (self._curve_step(warm, steps_per_epoch) - start) * (step + 1) / warm
+        return self._curve_step(step, steps_per_epoch)
 
     def step_lr(self, step: int, steps_per_epoch: int) -> float:
         return self.target_lr * self.step_multiplier(step, steps_per_epoch)
