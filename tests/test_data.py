@@ -49,6 +49,21 @@ def test_small_image_ops_eager_and_in_map():
     np.testing.assert_array_equal(eval_eager, eval_mapped)
 
 
+def test_a_smaller_image_size_resizes_the_whole_image():
+    # data.image_size 14 on 28 px images: the whole image, halved (each output pixel averages a 2x2 block);
+    # before 2026-12-05 it was the centre 14 x 14, and a border stripe vanished from every image.
+    image = np.zeros((28, 28, 1), np.uint8)
+    image[:, :2] = 255  # a stripe along the left edge
+    out = preprocess.small_image_eval(tf.constant(image), 14).numpy()
+    assert out.shape == (14, 14, 1)
+    np.testing.assert_allclose(out[:, 0, 0], 1.0, atol=1e-6)  # the stripe, still there at full strength
+    np.testing.assert_allclose(out[:, 1:, 0], -1.0, atol=1e-6)
+    train = preprocess.small_image_train(tf.constant(image), 14, SEED).numpy()
+    assert train.shape == (14, 14, 1) and train.max() == pytest.approx(
+        1.0
+    )  # padded crop of the resized image
+
+
 @pytest.fixture(scope="module")
 def imagenet_dir(tmp_path_factory):
     root = make_tree(tmp_path_factory.mktemp("raw"))

@@ -27,9 +27,20 @@ def example_seed(seed: int, rank: int, epoch, index) -> tf.Tensor:
     )
 
 
+def _resized(image: tf.Tensor, size: int) -> tf.Tensor:
+    """A float image of ``size`` x ``size``: resized (area-averaged when smaller) if the dataset's own size
+    differs. Before 2026-12-05 a ``data.image_size`` below the dataset's cropped its centre instead."""
+    h, w = image.shape[0], image.shape[1]
+    if h == size and w == size:
+        return image
+    smaller = h is not None and w is not None and h >= size and w >= size
+    return tf.image.resize(image, [size, size], method="area" if smaller else "bilinear", antialias=True)
+
+
 def small_image_train(image: tf.Tensor, size: int, seed: tf.Tensor) -> tf.Tensor:
-    """Fashion-MNIST/CIFAR augmentation: pad 4 px, random crop back, random horizontal flip, scale to [-1, 1]."""
-    image = tf.image.convert_image_dtype(image, tf.float32)
+    """Fashion-MNIST/CIFAR augmentation: pad 4 px, random crop back, random horizontal flip, scale to [-1, 1]
+    (resized to ``size`` first when the dataset's images have another size)."""
+    image = _resized(tf.image.convert_image_dtype(image, tf.float32), size)
     image = tf.image.resize_with_crop_or_pad(image, size + 8, size + 8)
     crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
     image = tf.image.stateless_random_crop(image, [size, size, tf.shape(image)[-1]], seed=crop_seed)
@@ -38,8 +49,7 @@ def small_image_train(image: tf.Tensor, size: int, seed: tf.Tensor) -> tf.Tensor
 
 
 def small_image_eval(image: tf.Tensor, size: int) -> tf.Tensor:
-    image = tf.image.convert_image_dtype(image, tf.float32)
-    image = tf.image.resize_with_crop_or_pad(image, size, size)
+    image = _resized(tf.image.convert_image_dtype(image, tf.float32), size)
     return (image - 0.5) / 0.5
 
 
