@@ -15,6 +15,7 @@ from app.core import results as core_results
 from app.core.errors import UsageError
 from app.reports import app_report
 from app.reports import benchmarks as report
+from app.reports import runs as runs_mod
 
 
 def result(batch, workers, ips, wait=0.01, model="resnet50", **kw):
@@ -119,6 +120,24 @@ def test_report_files_plots_and_time_to_accuracy(tmp_path):
     # Target = the lowest best accuracy (0.70): "scaled" reaches it at epoch 2 (200 s), "naive" at epoch 3.
     assert training[0].split(",")[-2:] == ["train_seconds", "seconds_to_target"]
     assert float(training[1].split(",")[-1]) == 200 and float(training[2].split(",")[-1]) == 300
+
+
+def test_time_to_accuracy_by_worker_count(tmp_path):
+    # RQ2 in time to a target: 1 worker reaches 0.70 after 3 epochs of 100 s, 2 workers after 3 of 60 s
+    # (the faster of its two runs), 4 workers never; one worker count alone gives no line.
+    runs = [
+        runs_mod.load_run(make_run(tmp_path, name, accs, t, workers))
+        for name, accs, t, workers in (
+            ("w1", [0.5, 0.6, 0.71], 100.0, 1),
+            ("w2-slow", [0.5, 0.6, 0.65, 0.72], 60.0, 2),
+            ("w2", [0.5, 0.6, 0.70], 60.0, 2),
+            ("w4", [0.5, 0.6, 0.69], 30.0, 4),
+        )
+    ]
+    (line,) = runs_mod.time_to_accuracy_by_workers(runs, 0.70)
+    assert line.endswith("1 worker(s) 5.0 min (w1); 2 worker(s) 3.0 min (w2, 1.67x)")
+    assert runs_mod.time_to_accuracy_by_workers(runs[:1] + runs[3:], 0.70) == []
+    assert line in runs_mod.training_verdicts(runs, 0.70)
 
 
 def test_plot_has_the_expected_series(tmp_path, monkeypatch):

@@ -172,4 +172,25 @@ def training_verdicts(runs: list[Run], target: float) -> list[str]:
     if reached:
         t, name = min(reached)
         lines.append(f"fastest to {target:.2%}: {name} in {t / 60:,.1f} min")
-    return lines
+    return lines + time_to_accuracy_by_workers(runs, target)
+
+
+def time_to_accuracy_by_workers(runs: list[Run], target: float) -> list[str]:
+    """RQ2 in time to a target (issue 21): per worker count, the fastest run's training time to ``target``
+    and its speedup over the fewest workers'. Only when runs of two or more worker counts reached it."""
+    fastest: dict[int, tuple[float, str]] = {}
+    for run in runs:
+        workers, t = run.summary.get("workers"), time_to_accuracy(run, target)
+        if isinstance(workers, int) and not isinstance(workers, bool) and workers > 0 and t is not None:
+            fastest[workers] = min(fastest.get(workers, (t, run.name)), (t, run.name))
+    if len(fastest) < 2:
+        return []
+    counts = sorted(fastest)
+    first = fastest[counts[0]][0]
+    parts = [
+        f"{n} worker(s) {fastest[n][0] / 60:,.1f} min ({fastest[n][1]}"
+        + (f", {first / fastest[n][0]:.2f}x)" if n != counts[0] and fastest[n][0] > 0 else ")")
+        for n in counts
+    ]
+    return [f"time to {target:.2%} by worker count (training epochs only, the fastest run of each): "
+            + "; ".join(parts)]  # fmt: skip
