@@ -33,7 +33,7 @@ from app.study.large_batch import (
     workers_for,
 )
 from app.study.local import _record, run_local
-from app.study.state import INTERRUPTED, RunState, states, todo
+from app.study.state import INTERRUPTED, RunState, running_run, states, todo
 from conftest import ROOT, run_app
 
 FASHION = str(ROOT / "configs" / "study_fashion_mnist.yaml")
@@ -589,6 +589,9 @@ def test_report_files_table_csv_and_figure(tmp_path):
         (["--k", "1,8", "--margin", "nan"], "Invalid value for '--margin': nan: a positive number of percentage"),
         (["--k", "1,8", "--margin", "1e999"], "Invalid value for '--margin': inf: a positive number of"),
         (["--k", "1,8", "--name", "../x"], "--name ../x: cannot name a study folder; use letters, digits"),
+        (["--k", "1,8", "--parallel", "0"], "Invalid value for '--parallel': 0 is not in the range x>=1"),
+        (["--k", "1,8", "--parallel", "2", "--cluster", "local"], "--parallel is for runs on this machine; on"),
+        (["--k", "1,8", "--parallel", "100", "--np", "2"], "--parallel x --np = 200: more local workers than"),
         (["--k", "1,8", "--set", "data.source=synthetic", "--set", "data.num_classes=10",
           "--set", "data.synthetic_examples=1000"], "--k 8: a global batch of 1,024 (8 x 128) is more than"),
     ],
@@ -600,6 +603,17 @@ def test_bad_input_is_one_line_exit_2_and_nothing_is_written(tmp_path, monkeypat
     assert code == 2, stderr
     assert stderr.count("\n") == 1 and stderr.startswith("Error: ") and message in stderr, stderr
     assert not out.exists()
+
+
+def test_parallel_runs_are_refused_where_there_are_gpus(tmp_path, monkeypatch, capsys):
+    # Every run would train on the first GPU (no GPU here: the device listing is replaced, nothing else).
+    import app.engines.world as world
+
+    monkeypatch.setattr(world, "gpu_device_nodes", lambda: ["/dev/nvidia0", "/dev/nvidia1"])
+    out = tmp_path / "studies"
+    code, _, stderr = app_main(["study", "large-batch", "-c", FASHION, "--k", "1,8", "--parallel", "2",
+                                "--out", str(out)], monkeypatch, capsys)  # fmt: skip
+    assert code == 2 and stderr.startswith("Error: --parallel 2: this machine has GPUs") and not out.exists()
 
 
 def test_unknown_study_kind(monkeypatch, capsys):
@@ -730,6 +744,49 @@ def test_tiny_real_study_stopped_by_a_signal_continues_and_reports(tmp_path, tfd
         assert len((run_dir(folder, run) / "metrics.jsonl").read_text().splitlines()) == 2
     saved = config.load_yaml(run_dir(folder, p.runs[3]) / "config.yaml")
     assert (saved["train.warmup"], saved["train.accumulation_steps"]) == ("constant", 2)
+
+
+def test_two_runs_at_once_share_the_cores_stop_together_and_continue(tmp_path, tfds_dir):
+    # --parallel 2: two `app train` processes at a time, each with 1 of the 2 cores' threads (or its share) and
+    # its output in logs/<run>.log. SIGTERM to the study reaches both: each checkpoints or finishes, no third
+    # starts, the study exits 3; the same command then trains the rest, again two at a time.
+    out = tmp_path / "studies"
+    args = ["study", "large-batch", "-c", FASHION, "--k", "1,2", "--seeds", "1", "--name", "two", "--out",
+            str(out), "--data-dir", str(tfds_dir), *TINY, "--set", "train.steps_per_epoch=100",
+            "--parallel", "2"]  # fmt: skip
+    folder = out / "two"
+    proc = subprocess.Popen([sys.executable, "-m", "app", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    logs = [folder / "logs" / "baseline-k1-s1.log", folder / "logs" / "unscaled-k2-s1.log"]
+    deadline = time.monotonic() + 240
+    together = set()  # what `app study status` reads: the runs the study's lock names as training now
+    while not all(p.is_file() and "epoch 1/2 step 1/100" in p.read_text() for p in logs):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        together.add(running_run(folder))
+        time.sleep(0.1)
+    assert "baseline-k1-s1,unscaled-k2-s1" in together, together
+    proc.send_signal(signal.SIGTERM)
+    stdout, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 3, stdout
+    assert "study stopped by SIGTERM: the run(s) in progress checkpointed" in stdout
+    assert "(output: " in stdout
+    # Every run that started either finished before the signal or checkpointed at it; those that had not
+    # started have no run directory; the two in progress at the signal (at least one) stopped.
+    p = load_plan(folder)
+    first = states(folder, p)
+    started = [s for r, s in zip(p.runs, first, strict=True) if run_dir(folder, r).is_dir()]
+    assert first[: len(started)] == started and all(s.state == "pending" for s in first[len(started) :]), (
+        first
+    )
+    assert all(s.state == "done" or (s.state, s.detail) == ("partial", "stopped") for s in started), first
+    assert sum(s.state == "partial" for s in started) >= 1, first
+    started_lines = stdout.count("+ app train ")
+    assert stdout.count(f"--threads {max(1, (os.cpu_count() or 1) // 2)}  (output: ") == started_lines >= 2
+
+    proc = run_app(args, timeout=900)
+    assert [s.state for s in states(folder, p)] == ["done"] * 5, proc.stdout
+    assert sorted(x.name for x in (folder / "logs").iterdir()) == sorted(f"{r.name}.log" for r in p.runs)
+    assert (folder / "report" / "large_batch.md").stat().st_size > 0
 
 
 def test_runs_in_different_precisions_are_a_warning(tmp_path):

@@ -43,7 +43,7 @@ class StudyGroup(click.Group):
 
 
 def _again(
-    configs, sets, ks, seeds, margin, name, np_, out, data_dir, threads, slurm, small=False
+    configs, sets, ks, seeds, margin, name, np_, out, data_dir, threads, slurm, small=False, parallel=1
 ) -> list[str]:
     """The `app study large-batch` command that continues this study."""
     return ["app", "study", "large-batch", *(a for c in configs for a in ("-c", c)),
@@ -51,6 +51,7 @@ def _again(
             *(["--margin", f"{margin:g}"] if margin != MARGIN_PP else []),
             "--name", name, "--np", str(np_), "--out", str(out),
             *(["--data-dir", data_dir] if data_dir else []), *(["--threads", str(threads)] if threads else []),
+            *(["--parallel", str(parallel)] if parallel > 1 else []),
             *(["--allow-small-budget"] if small else []), *slurm_words(slurm)]  # fmt: skip
 
 
@@ -153,6 +154,9 @@ def _print_runs(folder: Path, plan, data_dir, threads: int) -> None:
 @click.option("--data-dir", help="TFDS data dir or ImageNet TFRecord folder (data.data_dir) of every run.")
 @click.option("--threads", type=Int(min=0), default=0, show_default=True,
               help="CPU threads per worker of each run (0: the node's cores shared among its workers).")  # fmt: skip
+@click.option("--parallel", type=Int(min=1), default=1, show_default=True, metavar="N",
+              help="Train up to N runs at once on this machine, each with its share of the cores and its output "
+                   "in logs/<run>.log (small models on a few cores: 1.8x on 2 cores, docs/study.md).")  # fmt: skip
 @slurm_options("Submit each run as a Slurm job on this profile (jobs/clusters/), --np GPUs at most.",
                "Slurm time limit of each run's job; it requeues itself at the limit.")  # fmt: skip
 @click.option(
@@ -164,8 +168,8 @@ def _print_runs(folder: Path, plan, data_dir, threads: int) -> None:
 @click.option(
     "--dry-run", is_flag=True, help="Print the plan and each run's `app train` command (or job); run nothing."
 )
-def study_large_batch(configs, sets, ks, seeds, margin, name, np_, out, data_dir, threads, allow_small_budget,
-                      dry_run, **slurm):  # fmt: skip
+def study_large_batch(configs, sets, ks, seeds, margin, name, np_, out, data_dir, threads, parallel,
+                      allow_small_budget, dry_run, **slurm):  # fmt: skip
     """RQ3: does accuracy hold at large batches? Goyal et al.'s Table 1 and Figure 2, locally or on Slurm.
 
     The config is the baseline (k = 1) on one worker. For each k > 1: k x its global batch at equal epochs,
@@ -200,11 +204,12 @@ def study_large_batch(configs, sets, ks, seeds, margin, name, np_, out, data_dir
     if not cluster:
         refuse_slurm_options(slurm, SLURM_KEYS, "is for runs on Slurm: add --cluster, or drop it")
         local.check_local_workers([np_], "--np")
+    local.check_parallel(parallel, np_, bool(cluster))
     examples, where = dataset.train_examples(cfg)
     plan = large_batch.plan_large_batch(cfg, ks, seeds, np_, name, examples, where, allow_small_budget)
     folder = out / name
     command = _again(configs, sets, plan.ks, seeds, margin, name, np_, out, data_dir, threads, slurm,
-                     allow_small_budget)  # fmt: skip
+                     allow_small_budget, parallel)  # fmt: skip
     again = shlex.join(command)
     slurm = (
         {**slurm, "data_dir": data_dir, "margin": margin if margin != MARGIN_PP else None}
@@ -234,7 +239,7 @@ def study_large_batch(configs, sets, ks, seeds, margin, name, np_, out, data_dir
     if cluster:
         submit_study(folder, plan, cfg, slurm, new)
         return
-    failed = local.run_local(folder, plan, data_dir, threads, click.echo, again)
+    failed = local.run_local(folder, plan, data_dir, threads, click.echo, again, parallel)
     from app.reports import large_batch as study_report
 
     study_report.write_report(folder, plan, Console(width=None if sys.stdout.isatty() else 120), margin)

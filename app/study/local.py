@@ -39,6 +39,23 @@ def check_local_workers(counts: list[int], flag: str) -> None:
         )
 
 
+def check_parallel(parallel: int, workers: int, cluster: bool) -> None:
+    """Runs at once share this machine's CPU cores: refused on Slurm (every run is its own job there), where
+    the machine has GPUs (every run would train on the first one) and beyond what check_local_workers allows."""
+    from app.engines.world import gpu_device_nodes
+
+    if parallel == 1:
+        return
+    if cluster:
+        raise UsageError("--parallel is for runs on this machine; on Slurm every run is its own job: drop it")
+    if gpu_device_nodes():
+        raise UsageError(
+            f"--parallel {parallel}: this machine has GPUs, and every run would train on the first; drop --parallel "
+            "(one run at a time, or --np N for N GPUs per run)"
+        )
+    check_local_workers([parallel * workers], "--parallel x --np =")
+
+
 class Interrupted(AppError):
     """Ctrl-C during a study: the run in progress ended as `app train` ends on Ctrl-C."""
 
@@ -72,10 +89,13 @@ class _Forward:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(child.pid, signum)
 
-    def start(self, argv: list[str], env: dict, together: bool = False) -> subprocess.Popen:
-        """Start ``argv``; ``together`` keeps the processes started before it (they run at the same time)."""
-        self.child = subprocess.Popen(argv, env=env)
-        self.children = [*self.children, self.child] if together else [self.child]
+    def start(self, argv: list[str], env: dict, together: bool = False, log=None) -> subprocess.Popen:
+        """Start ``argv``; ``together`` keeps the processes started before it that still run (they run at the
+        same time); ``log``, an open file, takes its output instead of the terminal."""
+        out = {"stdout": log, "stderr": subprocess.STDOUT} if log is not None else {}
+        self.child = subprocess.Popen(argv, env=env, **out)
+        alive = [c for c in self.children if c.poll() is None] if together else []
+        self.children = [*alive, self.child]
         if self.signum:  # came while it was being started
             self._note(self.signum, None)
         return self.child
@@ -89,11 +109,13 @@ def child_env() -> tuple[dict, list[str]]:
 
 
 def run_local(
-    folder: Path, plan: StudyPlan, data_dir: str | None, threads: int, echo, again: str
+    folder: Path, plan: StudyPlan, data_dir: str | None, threads: int, echo, again: str, parallel: int = 1
 ) -> list[str]:
-    """Train the plan's runs one after another as `python -m app train` subprocesses; returns the runs that
-    failed. Done runs are skipped, others resume. A stop signal or Ctrl-C ends the study after the run in
-    progress stopped; ``again`` is the command that continues it, for the messages."""
+    """Train the plan's runs as `python -m app train` subprocesses, ``parallel`` at a time (one after another
+    by default); returns the runs that failed. Done runs are skipped, others resume. A stop signal or Ctrl-C
+    ends the study once the runs in progress stopped; ``again`` is the command that continues it, for the
+    messages. With ``parallel`` > 1 each run's output goes to logs/<run>.log in the study folder and each run
+    gets its share of the cores (unless ``threads``)."""
     folder = Path(folder)
     if not (folder / "config.yaml").is_file():
         raise UsageError(
@@ -109,55 +131,106 @@ def run_local(
         echo(f"note: ignoring {', '.join(dropped)} in the runs: the study's plan sets their values")
     failed, stopped = [], False
     with _Lock(folder) as lock, _Forward() as forward:
-        last, jobs = attempts(folder), slurm_states(folder)
-        for i, run in enumerate(plan.runs, 1):
-            state = run_state(folder, run, last.get(run.name))
-            head = f"[{i}/{len(plan.runs)}] {run.name}"
-            if state.state == "done":
-                echo(f"{head}: done, skipped")
-                continue
-            job = jobs.get(run.name)
-            if (
-                job and job[1] in ACTIVE
-            ):  # a Slurm job of this study trains it: never two in one run directory
-                echo(f"{head}: its Slurm job {job[0]} is {job[1].lower()}; skipped here")
-                failed.append(run.name)
-                continue
-            if forward.signum:
-                stopped = True
-                break
-            what = (f"resuming after epoch {state.epochs_done}/{run.epochs}" if state.epochs_done
-                    else "starting" if state.state == "pending" else "starting again")  # fmt: skip
-            argv = [sys.executable, "-m", "app", *train_args(folder, run, data_dir, threads)]
-            echo(f"{head}: {what}: k={run.k}, {run.workers} worker(s) x {run.accumulation_steps} accumulation "
-                 f"x {run.batch_size} = {run.global_batch}, LR {run.lr:g}, warmup {run.warmup}")  # fmt: skip
-            echo("+ " + shlex.join(["app", *argv[3:]]))
-            lock.current(run.name)
-            try:
-                code = forward.start(argv, env).wait()
-            except KeyboardInterrupt:
-                _end_after_ctrl_c(forward.child)
+        queue = _runs_to_train(folder, plan, echo, failed)
+        active: dict[subprocess.Popen, tuple[str, object, object]] = {}  # child -> (head, run, its log file)
+        try:
+            while queue or active:
+                while queue and len(active) < parallel and not (forward.signum or stopped):
+                    head, run, what = queue.pop(0)
+                    child, log = _start_run(
+                        folder, run, head, what, data_dir, threads, parallel, env, forward, echo
+                    )
+                    active[child] = (head, run, log)
+                    lock.current(",".join(r.name for _, r, _ in active.values()))
+                if not active:
+                    break
+                child, code = _wait_any(active)
+                head, run, log = active.pop(child)
+                if log is not None:
+                    log.close()
+                _record(folder, run.name, code)
+                lock.current(",".join(r.name for _, r, _ in active.values()) or None)
+                if code == 3 or (forward.signum and code < 0):
+                    stopped = True  # the others in progress got the same signal; none starts after them
+                elif code != 0:
+                    where = f"logs/{run.name}.log" if log is not None else "above"
+                    echo(
+                        f"{head}: failed with exit status {code}; its output is {where}. Going on with the next run"
+                    )
+                    failed.append(run.name)
+                elif log is not None:
+                    echo(f"{head}: done")
+            stopped = stopped or bool(forward.signum and queue)
+        except KeyboardInterrupt:
+            names = [run.name for _, run, _ in active.values()]
+            for child, (_, run, log) in active.items():
+                _end_after_ctrl_c(child)
                 _record(folder, run.name, INTERRUPTED)
-                raise Interrupted(
-                    f"interrupted during run {run.name}; `{again}` continues the study (finished runs are kept, "
-                    "this one from its last checkpoint, if it wrote one)"
-                ) from None
-            _record(folder, run.name, code)
-            if code == 3 or (forward.signum and code < 0):
-                stopped = True
-                break
-            if code != 0:
-                echo(
-                    f"{head}: failed with exit status {code}; its output is above. Going on with the next run"
-                )
-                failed.append(run.name)
+                if log is not None:
+                    log.close()
+            raise Interrupted(
+                f"interrupted during run(s) {', '.join(names) or '-'}; `{again}` continues the study (finished runs "
+                "are kept, these from their last checkpoints, where they wrote one)"
+            ) from None
         lock.current(None)
     if stopped:
         from app.core.errors import Preempted
 
         why = f"by {signal.Signals(forward.signum).name}" if forward.signum else "as its run stopped"
-        raise Preempted(f"study stopped {why}: the run in progress checkpointed; `{again}` continues it")
+        raise Preempted(f"study stopped {why}: the run(s) in progress checkpointed; `{again}` continues it")
     return failed
+
+
+def _runs_to_train(folder: Path, plan: StudyPlan, echo, failed: list[str]) -> list[tuple[str, object, str]]:
+    """(head, run, what) of each run still to train, in the plan's order; done runs and runs a Slurm job of
+    this study trains are said and left out (the latter counted as failed here)."""
+    last, jobs, queue = attempts(folder), slurm_states(folder), []
+    for i, run in enumerate(plan.runs, 1):
+        state = run_state(folder, run, last.get(run.name))
+        head = f"[{i}/{len(plan.runs)}] {run.name}"
+        job = jobs.get(run.name)
+        if state.state == "done":
+            echo(f"{head}: done, skipped")
+        elif job and job[1] in ACTIVE:  # a Slurm job of this study trains it: never two in one run directory
+            echo(f"{head}: its Slurm job {job[0]} is {job[1].lower()}; skipped here")
+            failed.append(run.name)
+        else:
+            what = (f"resuming after epoch {state.epochs_done}/{run.epochs}" if state.epochs_done
+                    else "starting" if state.state == "pending" else "starting again")  # fmt: skip
+            queue.append((head, run, what))
+    return queue
+
+
+def _start_run(folder, run, head, what, data_dir, threads, parallel, env, forward, echo):
+    """Start one run's `app train`: (the child, its open log file or None)."""
+    if parallel > 1 and not threads:  # the machine's cores shared among the runs and their workers
+        threads = max(1, (os.cpu_count() or 1) // (parallel * run.workers))
+    argv = [sys.executable, "-m", "app", *train_args(folder, run, data_dir, threads)]
+    echo(f"{head}: {what}: k={run.k}, {run.workers} worker(s) x {run.accumulation_steps} accumulation "
+         f"x {run.batch_size} = {run.global_batch}, LR {run.lr:g}, warmup {run.warmup}")  # fmt: skip
+    log = None
+    if parallel > 1:
+        (folder / "logs").mkdir(exist_ok=True)
+        log = open(folder / "logs" / f"{run.name}.log", "a", encoding="utf-8")  # noqa: SIM115 (open while it runs)
+        echo(
+            "+ "
+            + shlex.join(["app", *argv[3:]])
+            + f"  (output: {show(folder / 'logs' / (run.name + '.log'))})"
+        )
+    else:
+        echo("+ " + shlex.join(["app", *argv[3:]]))
+    return forward.start(argv, env, together=True, log=log), log
+
+
+def _wait_any(children) -> tuple[subprocess.Popen, int]:
+    """The first of ``children`` to end, and its exit status. Polled: os.wait() would also reap processes
+    that are not these (their Popen would lose its status), and a study's runs take minutes, not 0.2 s."""
+    while True:
+        for child in children:
+            code = child.poll()
+            if code is not None:
+                return child, code
+        time.sleep(0.2)
 
 
 def _end_after_ctrl_c(child: subprocess.Popen | None) -> int:

@@ -43,7 +43,8 @@ def attempts(folder: Path) -> dict[str, int]:
 
 
 def running_run(folder: Path) -> str | None:
-    """The run an `app study` process is training right now in ``folder`` (it holds the lock), else None."""
+    """The run(s) an `app study` process is training right now in ``folder`` (it holds the lock; several are
+    joined by commas), else None."""
     import fcntl
 
     path = Path(folder) / ".lock"
@@ -84,7 +85,9 @@ def run_state(folder: Path, run: RunPlan, last_exit: int | None = None, running:
 def states(folder: Path, plan: StudyPlan) -> list[RunState]:
     last, current, jobs = attempts(folder), running_run(folder), slurm_states(folder)
     return [
-        with_job(run_state(folder, r, last.get(r.name), r.name == current), jobs.get(r.name))
+        with_job(
+            run_state(folder, r, last.get(r.name), r.name in (current or "").split(",")), jobs.get(r.name)
+        )
         for r in plan.runs
     ]
 
