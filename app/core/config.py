@@ -50,7 +50,7 @@ class DataConfig:
     # TFDS data dir or ImageNet TFRecord dir; None: TFDS_DATA_DIR or TFDS default
     train_split: str = "train"
     eval_split: str = "test"
-    image_size: int = 0  # 0: the dataset's own size (28 for Fashion-MNIST, 224 for ImageNet); else resized to it
+    image_size: int = 0  # 0: the dataset's own size (28 for Fashion-MNIST, 224 for ImageNet), else resized
     num_classes: int = 0  # 0: from the dataset; required for synthetic data
     channels: int = 0  # 0: from the dataset (synthetic: 3)
     synthetic_examples: int = 1281167  # the epoch length of synthetic data (ImageNet-1k's train split)
