@@ -51,8 +51,8 @@ def _again(
             *(["--margin", f"{margin:g}"] if margin != MARGIN_PP else []),
             "--name", name, "--np", str(np_), "--out", str(out),
             *(["--data-dir", data_dir] if data_dir else []), *(["--threads", str(threads)] if threads else []),
-            *(["--parallel", str(parallel)] if parallel > 1 else []),
-            *(["--allow-small-budget"] if small else []), *slurm_words(slurm)]  # fmt: skip
+            *(["--parallel", str(parallel)] if parallel > 1 else []), *(["--allow-small-budget"] if small else []),
+            *slurm_words(slurm)]  # fmt: skip
 
 
 def _margin(ctx, param, value: float) -> float:
@@ -119,18 +119,19 @@ def submit_study(folder: Path, plan, cfg, slurm: dict, new: bool = False) -> Non
     click.echo(f"follow it with `app study status {folder}`; the report job writes {folder}/report/")
 
 
-def _print_runs(folder: Path, plan, data_dir, threads: int) -> None:
+def _print_runs(folder: Path, plan, data_dir, threads: int, parallel: int = 1) -> None:
     """The dry run's line per run: its shape, LR, warmup, epochs and updates, and its `app train` command."""
     import shlex
 
-    from app.study import large_batch
+    from app.study import large_batch, local
 
     for run in plan.runs:
         updates = "?" if run.updates is None else f"{run.updates:,}"
         click.echo(f"{run.name}: {run.workers} worker(s) x {run.accumulation_steps} accumulation x "
                    f"{run.batch_size} = {run.global_batch}, LR {run.lr:g}, warmup {run.warmup}, {run.epochs} "
                    f"epochs, {updates} updates")  # fmt: skip
-        click.echo("  " + shlex.join(["app", *large_batch.train_args(folder, run, data_dir, threads)]))
+        each = local.run_threads(threads, parallel, run.workers)
+        click.echo("  " + shlex.join(["app", *large_batch.train_args(folder, run, data_dir, each)]))
 
 
 @study.command("large-batch")
@@ -211,11 +212,8 @@ def study_large_batch(configs, sets, ks, seeds, margin, name, np_, out, data_dir
     command = _again(configs, sets, plan.ks, seeds, margin, name, np_, out, data_dir, threads, slurm,
                      allow_small_budget, parallel)  # fmt: skip
     again = shlex.join(command)
-    slurm = (
-        {**slurm, "data_dir": data_dir, "margin": margin if margin != MARGIN_PP else None}
-        if cluster
-        else None
-    )
+    slurm = ({**slurm, "data_dir": data_dir, "margin": margin if margin != MARGIN_PP else None}
+             if cluster else None)  # fmt: skip
     new = prepare_study(folder, plan, cfg, command, slurm, dry_run)
     if plan.budget_limited:
         click.echo(f"note: runs at k > 1 make fewer than {large_batch.MIN_BUDGET_UPDATES} updates "
@@ -227,7 +225,7 @@ def study_large_batch(configs, sets, ks, seeds, margin, name, np_, out, data_dir
     else:
         click.echo(f"{examples:,} training examples ({where})")
     if dry_run:
-        _print_runs(folder, plan, data_dir, threads)
+        _print_runs(folder, plan, data_dir, threads, parallel)
         left = len(plan.runs) if new else len(state.todo(folder, plan))
         if cluster:
             slurm_stage.submit_study(folder, plan, cfg, slurm, dry_run=True, echo=click.echo)

@@ -203,9 +203,12 @@ def _runs_to_train(folder: Path, plan: StudyPlan, echo, failed: list[str]) -> li
 
 def _start_run(folder, run, head, what, data_dir, threads, parallel, env, forward, echo):
     """Start one run's `app train`: (the child, its open log file or None)."""
-    if parallel > 1 and not threads:  # the machine's cores shared among the runs and their workers
-        threads = max(1, (os.cpu_count() or 1) // (parallel * run.workers))
-    argv = [sys.executable, "-m", "app", *train_args(folder, run, data_dir, threads)]
+    argv = [
+        sys.executable,
+        "-m",
+        "app",
+        *train_args(folder, run, data_dir, run_threads(threads, parallel, run.workers)),
+    ]
     echo(f"{head}: {what}: k={run.k}, {run.workers} worker(s) x {run.accumulation_steps} accumulation "
          f"x {run.batch_size} = {run.global_batch}, LR {run.lr:g}, warmup {run.warmup}")  # fmt: skip
     log = None
@@ -220,6 +223,14 @@ def _start_run(folder, run, head, what, data_dir, threads, parallel, env, forwar
     else:
         echo("+ " + shlex.join(["app", *argv[3:]]))
     return forward.start(argv, env, together=True, log=log), log
+
+
+def run_threads(threads: int, parallel: int, workers: int) -> int:
+    """--threads of a run's `app train`: ``threads`` if given; with runs in parallel the machine's cores
+    shared among them and their workers; else 0 (app train shares the cores among its workers itself)."""
+    if parallel > 1 and not threads:
+        return max(1, (os.cpu_count() or 1) // (parallel * workers))
+    return threads
 
 
 def _wait_any(children) -> tuple[subprocess.Popen, int]:
