@@ -136,15 +136,12 @@ def workers_for(micro_batches: int, max_workers: int) -> int:
 
 
 # The fewest updates a run at k > 1 may plan before the study is refused at plan time (--allow-small-budget
-# overrides it; the report then calls its verdicts budget-limited). Where it comes from: the calibration on
-# the 2-core development machine that issue 21 reports (ResNet-20, Fashion-MNIST, batch 128 x k=8, cosine,
-# one seed): at 4 epochs (232 updates per run at k=8) gradual warmup came out worse than no warmup (top-1 error
-# +4.33 vs +3.77 pp against the baseline), the reverse of Goyal et al.; at 10 epochs (580 updates) the order
-# was Goyal's (gradual warmup +0.46 pp, unscaled +1.12 pp, no warmup +13.27 pp). 500 lies between the budget
-# that was wrong and the one that was right (the two also differ in warmup, 1 and 2 epochs, and are one seed
-# each); it is
-# not a measured point where quality stops depending on the budget (that calibration is still to do: docs/
-# study.md#the-update-budget). Goyal et al.'s k=32 runs (batch 8k, 90 epochs) made about 14,000 updates.
+# overrides it; the report then calls its verdicts budget-limited). From calibration runs on the 2-core
+# development machine (ResNet-20, Fashion-MNIST, one seed each; the table is in docs/study.md#the-update-budget):
+# at 232 updates per run (batch 128 x k=8) gradual warmup was 4.33 pp behind the baseline and worse than no
+# warmup, the reverse of Goyal et al.; at 580, 585 and 702 updates (three settings) it was within 0.3-0.6 pp.
+# 500 is the round number under the smallest budget that worked: a floor, not the point where quality stops
+# depending on the budget (not measured). Goyal et al.'s k=32 runs (batch 8k, 90 epochs) made about 14,000.
 MIN_BUDGET_UPDATES = 500
 
 
