@@ -805,10 +805,13 @@ def test_runs_in_different_precisions_are_a_warning(tmp_path):
 def test_a_plan_under_the_update_budget_is_refused_with_the_epochs_that_would_do(
     tmp_path, monkeypatch, capsys
 ):
-    """Issue 21, item 2: `make study`'s 4 epochs make 232 updates per run at k=8, where the calibration got
-    Goyal's order wrong: refused at plan time (one line, exit 2, nothing written) unless accepted, and then
-    every verdict says budget-limited."""
+    """Issue 21, item 2: 4 epochs of batch 128 make 232 updates per run at k=8 (the make study of 2026-12-03),
+    where the calibration got Goyal's order wrong: refused at plan time (one line, exit 2, nothing written)
+    unless accepted, and then every verdict says budget-limited. make study's own config plans enough."""
     from app.study.large_batch import MIN_BUDGET_UPDATES
+
+    two_core = config.build([str(ROOT / "configs" / "study_fashion_mnist_2core.yaml")], [])
+    assert {r.updates for r in plan(cfg=two_core, seeds=3, small=False).runs if r.k == 8} == {936}
 
     assert not plan(small=False).budget_limited  # the shipped 10 epochs: 580 updates at k=8
     with pytest.raises(UsageError) as err:
