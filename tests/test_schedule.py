@@ -67,6 +67,27 @@ def test_cosine_spans_the_whole_run_whatever_the_warmup():
     assert all(warm.step_lr(i, 7) == pytest.approx(none.step_lr(i, 7)) for i in range(14, 84))
 
 
+@pytest.mark.parametrize("schedule", ["cosine", "step", "constant"])
+def test_a_warmup_with_nothing_to_warm_up_to_is_the_curve_itself(schedule):
+    # Global batch 128 < 256: start = target, so the gradual warmup is the curve (no straight line under it).
+    c = dict(batch_size=64, warmup_epochs=1, epochs=3, schedule=schedule, decay_epochs="[2]")
+    warm, none = make_schedule(cfg(**c), 2), make_schedule(cfg(**{**c, "warmup_epochs": 0}), 2)
+    assert [warm.step_lr(i, 5) for i in range(15)] == pytest.approx([none.step_lr(i, 5) for i in range(15)])
+    assert [warm.lr(i / 5) for i in range(15)] == pytest.approx([none.lr(i / 5) for i in range(15)])
+
+
+def test_a_warmup_never_ramps_down_and_never_ends_the_run_at_zero():
+    # A cosine warmup of 3.9 of 4 epochs, one step per epoch (rounded to all 4 steps): the ramp ends on the
+    # cosine at the last step, above 0. One so long that the cosine falls under the reference LR is the cosine.
+    s = make_schedule(cfg(batch_size=256, warmup_epochs=3.9, epochs=4, schedule="cosine"), 8)  # 0.1 -> 0.8
+    lrs = [s.step_lr(i, 1) for i in range(4)]
+    last = 0.8 * 0.5 * (1 + math.cos(math.pi * 3 / 4))
+    assert lrs == pytest.approx([0.1 + (last - 0.1) * (i + 1) / 4 for i in range(4)]) and lrs[-1] > 0
+    s = make_schedule(cfg(batch_size=256, warmup_epochs=3.9, epochs=4, schedule="cosine"), 2)  # 0.1 -> 0.2
+    assert [s.step_lr(i, 1) for i in range(4)] == pytest.approx([0.2 * 0.5 * (1 + math.cos(math.pi * i / 4))
+                                                                 for i in range(4)])  # fmt: skip
+
+
 def test_small_global_batch_needs_no_warmup():
     # Global batch 128 < 256: the target (0.05) is below the reference LR; warmup holds it flat.
     s = make_schedule(cfg(batch_size=64, warmup_epochs=1, epochs=3, schedule="constant"), 2)

@@ -20,10 +20,12 @@ with or without a warmup: the warmup replaces the curve's first epochs and never
 follows. So the variants of a study (no warmup, a constant or a gradual one) train on one curve after the
 warmup, and only the warmup differs (issue 21; before 2026-12-05 cosine ran from the warmup's end to the
 run's end, so a warmup variant's cosine was a compressed one). Cosine is 1 at the run's start and 0 at its
-end, as timm's ``CosineLRScheduler`` with ``warmup_prefix=False``. Goyal et al.'s two warmups
+end (timm's ``CosineLRScheduler`` with ``warmup_prefix=False`` places its cosine the same way). Goyal et al.'s two warmups
 (``train.warmup``): ``gradual`` (the default) ramps linearly from the reference LR to the curve's value where
-the warmup ends (the scaled LR itself for step decay; a little below it for cosine, so that the LR has no
-jump); ``constant`` trains at the reference LR for the whole warmup and then jumps to the curve at its first
+the warmup ends (the scaled LR itself for step decay, unless a decay comes inside the warmup; a little below
+it for cosine, so that the LR has no jump), and is the curve itself when that value is not above the reference
+LR (nothing to warm up to: the global batch is at most the reference batch, or ``scale_lr`` is off, or a
+cosine warmup so long that the curve has fallen under the reference LR); ``constant`` trains at the reference LR for the whole warmup and then jumps to the curve at its first
 step after it. Both end at the same step, so everything after the warmup is the same.
 """
 
@@ -35,14 +37,14 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Schedule:
-    target_lr: float  # the LR after warmup: base_lr * k with linear scaling, else base_lr
+    target_lr: float  # the curve's peak: base_lr * k with linear scaling, else base_lr
     start_lr: float  # the LR warmup starts from: the reference LR (base_lr), at most target_lr
     warmup_epochs: float
     kind: str  # step | cosine | constant
     decay_epochs: tuple[int, ...]
     decay_factor: float
     epochs: int
-    warmup: str = "gradual"  # gradual: linear ramp start_lr -> target_lr; constant: start_lr, then a jump
+    warmup: str = "gradual"  # gradual: linear ramp start_lr -> the curve; constant: start_lr, then a jump
 
     def _curve(self, epoch: float) -> float:
         """The schedule after warmup, as LR / target_lr at ``epoch`` of the whole run."""
@@ -56,8 +58,11 @@ class Schedule:
         """LR / target_lr at fractional ``epoch`` (progress after the step)."""
         w = self.warmup_epochs
         if w > 0 and epoch < w:
-            start = self.start_lr / self.target_lr
-            return start if self.warmup == "constant" else start + (self._curve(w) - start) * epoch / w
+            start, end = self.start_lr / self.target_lr, self._curve(w)
+            if self.warmup == "constant":
+                return start
+            if end > start:  # else nothing to warm up to (start = target, or a long cosine warmup): the curve
+                return start + (end - start) * epoch / w
         return self._curve(epoch)
 
     def lr(self, epoch: float) -> float:
@@ -77,7 +82,10 @@ class Schedule:
             start = self.start_lr / self.target_lr
             if self.warmup == "constant":
                 return start
-            return start + (self._curve_step(warm, steps_per_epoch) - start) * (step + 1) / warm
+            # The curve where the warmup ends; a warmup rounded to the whole run ends on its last step (> 0).
+            end = self._curve_step(min(warm, self.epochs * steps_per_epoch - 1), steps_per_epoch)
+            if end > start:  # as in multiplier(): with nothing to warm up to, the curve itself
+                return start + (end - start) * (step + 1) / warm
         return self._curve_step(step, steps_per_epoch)
 
     def step_lr(self, step: int, steps_per_epoch: int) -> float:
