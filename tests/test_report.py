@@ -135,9 +135,15 @@ def test_time_to_accuracy_by_worker_count(tmp_path):
         )
     ]
     (line,) = runs_mod.time_to_accuracy_by_workers(runs, 0.70)
-    assert line.endswith("1 worker(s) 5.0 min (w1); 2 worker(s) 3.0 min (w2, 1.67x)")
-    assert runs_mod.time_to_accuracy_by_workers(runs[:1] + runs[3:], 0.70) == []
+    assert line.endswith(
+        "1 worker(s) 5.0 min (w1); 2 worker(s) 3.0 min (w2, 1.67x vs 1 worker(s)); 4 worker(s) not reached"
+    )
     assert line in runs_mod.training_verdicts(runs, 0.70)
+    (line,) = runs_mod.time_to_accuracy_by_workers(runs[1:], 0.70)  # the fewest never reached it: no speedups
+    assert line.endswith("2 worker(s) 3.0 min (w2); 4 worker(s) not reached")
+    assert runs_mod.time_to_accuracy_by_workers(runs[:1], 0.70) == []  # one worker count
+    zero = runs_mod.load_run(make_run(tmp_path, "w1-zero", [0.71], 0.0, 1))  # a 0 s time: no division by it
+    assert runs_mod.time_to_accuracy_by_workers([zero, runs[2]], 0.70)[0].endswith("3.0 min (w2)")
 
 
 def test_plot_has_the_expected_series(tmp_path, monkeypatch):

@@ -591,7 +591,7 @@ def test_report_files_table_csv_and_figure(tmp_path):
         (["--k", "1,8", "--name", "../x"], "--name ../x: cannot name a study folder; use letters, digits"),
         (["--k", "1,8", "--parallel", "0"], "Invalid value for '--parallel': 0 is not in the range x>=1"),
         (["--k", "1,8", "--parallel", "2", "--cluster", "local"], "--parallel is for runs on this machine; on"),
-        (["--k", "1,8", "--parallel", "100", "--np", "2"], "--parallel x --np = 200: more local workers than"),
+        (["--k", "1,8", "--parallel", "100000"], "--parallel 100000 x --np 1 = 100000 processes on this machine's"),
         (["--k", "1,8", "--set", "data.source=synthetic", "--set", "data.num_classes=10",
           "--set", "data.synthetic_examples=1000"], "--k 8: a global batch of 1,024 (8 x 128) is more than"),
     ],

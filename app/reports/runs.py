@@ -4,6 +4,7 @@ per run, the training curves, and the time each run took to a target accuracy.""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -177,20 +178,28 @@ def training_verdicts(runs: list[Run], target: float) -> list[str]:
 
 def time_to_accuracy_by_workers(runs: list[Run], target: float) -> list[str]:
     """RQ2 in time to a target (issue 21): per worker count, the fastest run's training time to ``target``
-    and its speedup over the fewest workers'. Only when runs of two or more worker counts reached it."""
+    and its speedup over the fewest workers'. Only when runs of two or more worker counts are there; a count
+    whose runs never reached the target says so (a speedup needs the fewest workers' time, finite and > 0)."""
+    counts: set[int] = set()
     fastest: dict[int, tuple[float, str]] = {}
     for run in runs:
         workers, t = run.summary.get("workers"), time_to_accuracy(run, target)
-        if isinstance(workers, int) and not isinstance(workers, bool) and workers > 0 and t is not None:
+        if not (isinstance(workers, int) and not isinstance(workers, bool) and workers > 0):
+            continue
+        counts.add(workers)
+        if t is not None and math.isfinite(t) and t >= 0:
             fastest[workers] = min(fastest.get(workers, (t, run.name)), (t, run.name))
-    if len(fastest) < 2:
+    if len(counts) < 2 or not fastest:
         return []
-    counts = sorted(fastest)
-    first = fastest[counts[0]][0]
-    parts = [
-        f"{n} worker(s) {fastest[n][0] / 60:,.1f} min ({fastest[n][1]}"
-        + (f", {first / fastest[n][0]:.2f}x)" if n != counts[0] and fastest[n][0] > 0 else ")")
-        for n in counts
-    ]
+    ordered = sorted(counts)
+    first = fastest.get(ordered[0], (None, ""))[0]
+    parts = []
+    for n in ordered:
+        if n not in fastest:
+            parts.append(f"{n} worker(s) not reached")
+            continue
+        t, name = fastest[n]
+        vs = f", {first / t:.2f}x vs {ordered[0]} worker(s)" if n != ordered[0] and first and t > 0 else ""
+        parts.append(f"{n} worker(s) {t / 60:,.1f} min ({name}{vs})")
     return [f"time to {target:.2%} by worker count (training epochs only, the fastest run of each): "
             + "; ".join(parts)]  # fmt: skip

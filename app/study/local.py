@@ -41,7 +41,7 @@ def check_local_workers(counts: list[int], flag: str) -> None:
 
 def check_parallel(parallel: int, workers: int, cluster: bool) -> None:
     """Runs at once share this machine's CPU cores: refused on Slurm (every run is its own job there), where
-    the machine has GPUs (every run would train on the first one) and beyond what check_local_workers allows."""
+    the machine has GPUs (every run would train on the first one) and beyond one process per core."""
     from app.engines.world import gpu_device_nodes
 
     if parallel == 1:
@@ -53,7 +53,12 @@ def check_parallel(parallel: int, workers: int, cluster: bool) -> None:
             f"--parallel {parallel}: this machine has GPUs, and every run would train on the first; drop --parallel "
             "(one run at a time, or --np N for N GPUs per run)"
         )
-    check_local_workers([parallel * workers], "--parallel x --np =")
+    cores = os.cpu_count() or 1
+    if parallel * workers > cores:
+        raise UsageError(
+            f"--parallel {parallel} x --np {workers} = {parallel * workers} processes on this machine's {cores} CPU "
+            f"cores: at most one per core (more only take turns); use --parallel {max(1, cores // workers)}"
+        )
 
 
 class Interrupted(AppError):
@@ -132,15 +137,16 @@ def run_local(
     failed, stopped = [], False
     with _Lock(folder) as lock, _Forward() as forward:
         queue = _runs_to_train(folder, plan, echo, failed)
-        active: dict[subprocess.Popen, tuple[str, object, object]] = {}  # child -> (head, run, its log file)
+        active: dict[subprocess.Popen, tuple] = {}  # child -> (head, run, its log file or None)
+        starting = None  # the run between its Popen and its entry in ``active``
         try:
             while queue or active:
                 while queue and len(active) < parallel and not (forward.signum or stopped):
-                    head, run, what = queue.pop(0)
+                    head, run, what = starting = queue.pop(0)
                     child, log = _start_run(
                         folder, run, head, what, data_dir, threads, parallel, env, forward, echo
                     )
-                    active[child] = (head, run, log)
+                    active[child], starting = (head, run, log), None
                     lock.current(",".join(r.name for _, r, _ in active.values()))
                 if not active:
                     break
@@ -150,24 +156,12 @@ def run_local(
                     log.close()
                 _record(folder, run.name, code)
                 lock.current(",".join(r.name for _, r, _ in active.values()) or None)
-                if code == 3 or (forward.signum and code < 0):
-                    stopped = True  # the others in progress got the same signal; none starts after them
-                elif code != 0:
-                    where = f"logs/{run.name}.log" if log is not None else "above"
-                    echo(
-                        f"{head}: failed with exit status {code}; its output is {where}. Going on with the next run"
-                    )
-                    failed.append(run.name)
-                elif log is not None:
-                    echo(f"{head}: done")
+                stopped = _after_run(head, run, code, log, active, forward, stopped, failed, folder, echo)
             stopped = stopped or bool(forward.signum and queue)
-        except KeyboardInterrupt:
-            names = [run.name for _, run, _ in active.values()]
-            for child, (_, run, log) in active.items():
-                _end_after_ctrl_c(child)
-                _record(folder, run.name, INTERRUPTED)
-                if log is not None:
-                    log.close()
+        except BaseException as exc:  # Ctrl-C, or anything else: no run may go on training unwatched
+            names = _end_runs(folder, forward, active, starting, ctrl_c=isinstance(exc, KeyboardInterrupt))
+            if not isinstance(exc, KeyboardInterrupt):
+                raise
             raise Interrupted(
                 f"interrupted during run(s) {', '.join(names) or '-'}; `{again}` continues the study (finished runs "
                 "are kept, these from their last checkpoints, where they wrote one)"
@@ -176,9 +170,65 @@ def run_local(
     if stopped:
         from app.core.errors import Preempted
 
-        why = f"by {signal.Signals(forward.signum).name}" if forward.signum else "as its run stopped"
-        raise Preempted(f"study stopped {why}: the run(s) in progress checkpointed; `{again}` continues it")
+        why = f"by {signal.Signals(forward.signum).name}" if forward.signum else "as a run stopped"
+        raise Preempted(
+            f"study stopped {why}: every run in progress checkpointed or finished, none started after; `{again}` "
+            "continues it"
+        )
     return failed
+
+
+def _after_run(head, run, code, log, active, forward, stopped, failed, folder, echo) -> bool:
+    """Say how a run ended, count a failure, and pass a run's own stop (exit 3 without a signal to the study,
+    e.g. a SIGTERM to that process alone) on to the runs still in progress. Returns whether the study stops."""
+    if code == 3 or (forward.signum and code < 0):
+        if log is not None:
+            echo(f"{head}: stopped (exit status {code}), after its checkpoint")
+        if not forward.signum and active:
+            echo(f"{head} stopped by itself: stopping {', '.join(r.name for _, r, _ in active.values())} too")
+            for child in active:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signal.SIGTERM)  # app train checkpoints and exits 3
+        return True
+    if code != 0:
+        where = show(folder / "logs" / f"{run.name}.log") if log is not None else "above"
+        then = "the study is stopping" if (stopped or forward.signum) else "going on with the next run"
+        echo(f"{head}: failed with exit status {code}; its output is {where}; {then}")
+        failed.append(run.name)
+    elif log is not None:
+        echo(f"{head}: done")
+    return stopped
+
+
+def _end_runs(folder: Path, forward: _Forward, active: dict, starting, ctrl_c: bool) -> list[str]:
+    """End every run this study started and wait for it: after Ctrl-C (which the terminal sent them too) as
+    :func:`_end_after_ctrl_c`; after any other error by SIGTERM (they checkpoint and exit 3), killed after 60
+    s. Each is recorded as interrupted; returns their names."""
+    names = []
+    for child in forward.children:
+        if child in active:
+            _, run, log = active[child]
+        elif starting is not None and child is forward.child:  # started, not yet in ``active``
+            run, log = starting[1], None
+        else:  # ended and recorded before
+            continue
+        if ctrl_c:
+            _end_after_ctrl_c(child)
+        elif child.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signal.SIGTERM)
+            try:
+                child.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        if log is not None:
+            log.close()
+        if run is not None:
+            names.append(run.name)
+            with contextlib.suppress(OSError):
+                _record(folder, run.name, INTERRUPTED)
+    return names
 
 
 def _runs_to_train(folder: Path, plan: StudyPlan, echo, failed: list[str]) -> list[tuple[str, object, str]]:
