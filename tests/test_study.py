@@ -309,6 +309,21 @@ def test_a_different_plan_is_refused_and_nothing_is_overwritten(tmp_path, other,
     assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
 
 
+def test_a_study_planned_before_the_whole_run_cosine_is_reported_but_not_continued(tmp_path):
+    # Format 1 (before 2026-12-05): its runs trained on the cosine that restarted after the warmup; new runs
+    # beside them would mix two schedules in one table. Reading it (report, status) still works.
+    folder, p = new_study(tmp_path)
+    meta = json.loads((folder / "study.json").read_text())
+    (folder / "study.json").write_text(json.dumps({**meta, "format": 1}))
+    before = {f: f.read_bytes() for f in folder.rglob("*") if f.is_file()}
+    with pytest.raises(UsageError) as err:
+        prepare(folder, plan(), fashion(), ["app"])
+    assert "was planned before 2026-12-05, when cosine schedules restarted after the warmup" in str(err.value)
+    assert "start the study under another --name" in str(err.value)
+    assert {f: f.read_bytes() for f in folder.rglob("*") if f.is_file()} == before
+    assert load_plan(folder) == p
+
+
 def test_a_folder_that_is_not_a_study_is_refused(tmp_path):
     folder = tmp_path / "s"
     folder.mkdir()

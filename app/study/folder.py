@@ -37,7 +37,10 @@ from app.study.large_batch import StudyPlan
 from app.study.scaling import ScalingPlan
 
 KINDS = ("large-batch", "scaling")
-FORMAT = 1  # of study.json
+FORMAT = 2  # of study.json
+# Format 1 (before 2026-12-05): its large-batch runs trained with the cosine that restarted after the warmup
+# and resized data.image_size by cropping; such a study is reported, but not continued with today's runs.
+READABLE_FORMATS = (1, FORMAT)
 
 
 def load_plan(folder: Path, label: str = "STUDY_DIR") -> StudyPlan | ScalingPlan:
@@ -52,7 +55,7 @@ def load_plan(folder: Path, label: str = "STUDY_DIR") -> StudyPlan | ScalingPlan
     raw = read_regular(path, str(path), STUDY_FILE_LIMIT, "study.json")
     try:
         data = json.loads(raw)
-        if data.get("format") != FORMAT or data.get("kind") not in KINDS:
+        if data.get("format") not in READABLE_FORMATS or data.get("kind") not in KINDS:
             raise ValueError("format")
         plan = (ScalingPlan if data["kind"] == "scaling" else StudyPlan).from_json(data["plan"])
         _check_types(plan)
@@ -110,6 +113,13 @@ def differences(old: StudyPlan, new: StudyPlan) -> list[str]:
     return out[:4]
 
 
+def _format(folder: Path) -> int | None:
+    """study.json's format number (load_plan has read the file and checked it already)."""
+    return json.loads(read_regular(folder / "study.json", "study.json", STUDY_FILE_LIMIT, "study.json")).get(
+        "format"
+    )
+
+
 def prepare(folder: Path, plan: StudyPlan | ScalingPlan, cfg, command: list[str], write: bool = True) -> bool:
     """Check that ``folder`` is free for ``plan`` or already holds it; with ``write``, create it (config.yaml,
     then study.json). Returns whether the study is new. A different study there: one line, nothing written."""
@@ -119,6 +129,12 @@ def prepare(folder: Path, plan: StudyPlan | ScalingPlan, cfg, command: list[str]
         raise UsageError(f"{label}: exists and is not a folder; pass another --name or --out")
     if (folder / "study.json").exists():
         old = load_plan(folder, "study folder")
+        if old.kind == "large-batch" and _format(folder) == 1:
+            raise UsageError(
+                f"{label} was planned before 2026-12-05, when cosine schedules restarted after the warmup and a "
+                "smaller data.image_size cropped: new runs would not compare with its finished ones; report it as "
+                f"it is (`app study report {show(folder, limit=None)}`), and start the study under another --name"
+            )
         diff = differences(old, plan)
         if diff:
             raise UsageError(
