@@ -81,11 +81,12 @@ class TrainConfig:
     base_lr: float = 0.1  # the learning rate for a global batch of reference_batch images
     reference_batch: int = 256
     scale_lr: bool = True  # linear scaling rule: lr = base_lr * global_batch / reference_batch
-    warmup_epochs: float = 5.0  # warmup from base_lr to the scaled lr (0: none)
-    # gradual: a linear ramp from base_lr to the scaled lr; constant: base_lr for warmup_epochs, then the
-    # scaled lr at once (Goyal et al. compare both; gradual is their recipe)
+    warmup_epochs: float = 5.0  # warmup from base_lr to the schedule's scaled lr (0: none)
+    # gradual: a linear ramp from base_lr to the schedule where the warmup ends (the scaled lr; under cosine a
+    # little less); constant: base_lr for warmup_epochs, then the schedule at once (Goyal et al. compare both;
+    # gradual is their recipe). app/training/schedule.py has the details.
     warmup: str = "gradual"
-    schedule: str = "step"  # after warmup: step | cosine | constant
+    schedule: str = "step"  # step | cosine | constant, over the whole run: a warmup replaces its start
     decay_epochs: list[int] = field(default_factory=lambda: [30, 60, 80])
     decay_factor: float = 0.1
     momentum: float = 0.9
