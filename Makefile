@@ -72,7 +72,7 @@ data: ## make sure the quickstart's Fashion-MNIST is here (apt-get install datas
 train: install data ## quickstart: Fashion-MNIST, ResNet-20, 2 local CPU workers (NP=2), a few minutes
 	$(APP) train -c configs/fashion_mnist.yaml --np $(NP) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) $(TRAIN_ARGS)
 
-study: install data ## the reference study's questions here: RQ3 (Goyal's Table 1, k=8) and RQ1+RQ2 (1 vs 2 workers), ~35 min
+study: install data ## the reference study's questions here: RQ3 (Goyal's Table 1, k=8, 3 seeds) and RQ1+RQ2 (1 vs 2 workers), ~31 min
 	$(APP) study large-batch -c $(STUDY_CONFIG) $(STUDY_ARGS) --name fashion-mnist-large-batch $(if $(DATA_DIR),--data-dir $(DATA_DIR))
 	$(APP) study scaling -c configs/study_fashion_mnist.yaml $(SCALING_ARGS) --name fashion-mnist-scaling $(if $(DATA_DIR),--data-dir $(DATA_DIR))
 	@echo "study: reports in studies/fashion-mnist-large-batch/report/ and studies/fashion-mnist-scaling/report/"

@@ -429,6 +429,14 @@ def test_table_1_layout_mean_std_and_differences(tmp_path):
     )  # numbers
 
 
+def test_the_notes_say_what_the_runs_trained_on():
+    # The training-error note names the augmentation the runs had; one warmup epoch is "1 epoch".
+    assert any("(augmented data," in n for n in study_report.notes(plan()))
+    bare = plan(cfg=fashion("data.augment=false", "train.warmup_epochs=1"))
+    assert any("(data without augmentation," in n for n in study_report.notes(bare))
+    assert study_report.warmup_text(bare.runs[-1]) == "gradual 0.1 -> 0.8 over 1 epoch"
+
+
 def test_verdicts_in_words(tmp_path):
     folder, p = study_with_results(tmp_path)
     lines = study_report.verdicts(study_report.cells(study_report.collect(folder, p)))

@@ -93,9 +93,10 @@ def cells(results: list[RunResult]) -> list[Cell]:
 def warmup_text(run: RunPlan) -> str:
     if run.warmup == "none":
         return "none"
+    epochs = f"{run.warmup_epochs:g} epoch{'' if run.warmup_epochs == 1 else 's'}"
     if run.warmup == "constant":
-        return f"constant {run.start_lr:g} for {run.warmup_epochs:g} epochs"
-    return f"gradual {run.start_lr:g} -> {run.lr:g} over {run.warmup_epochs:g} epochs"
+        return f"constant {run.start_lr:g} for {epochs}"
+    return f"gradual {run.start_lr:g} -> {run.lr:g} over {epochs}"
 
 
 def error_text(cell: Cell) -> str:
@@ -284,12 +285,14 @@ def notes(plan: StudyPlan, margin: float = MARGIN_PP) -> list[str]:
     accumulated = any(r.accumulation_steps > 1 for r in plan.runs)
     out = [
         "top-1 error: 100 - the validation top-1 accuracy after the last epoch, in %; mean ± the sample standard "
-        "deviation over seeds (n - 1, shown from 2 seeds); vs baseline: the difference of the means in percentage "
-        "points (positive: worse than the baseline)",
+        "deviation over seeds (n - 1, shown from 2 seeds); vs baseline, paired: the mean over seeds of each "
+        "seed's difference to the baseline of the same seed, in percentage points (positive: worse than the "
+        "baseline; with every seed done it equals the difference of the means)",
         f"every run trains {base.epochs} epochs (equal epochs, so k x larger batches make k x fewer updates); "
         f"global batch = k x {base.global_batch} = workers x accumulation steps x {base.batch_size} images",
         "the LR of the scaled variants is k x the baseline's (Goyal et al.'s linear scaling rule); a constant "
-        "warmup trains at the baseline's LR and then jumps to k x; a gradual warmup ramps linearly, per update",
+        "warmup trains at the baseline's LR and then jumps to k x; a gradual warmup ramps linearly, per update, "
+        "to the schedule's value where it ends (k x, or under cosine a little less)",
         f"verdicts are paired by seed (every variant of seed s shares the baseline's data order and initial "
         f"weights): the mean of the per-seed differences with its 95% t-interval; 'holds' when the whole "
         f"interval lies below +{margin:g} pp (not worse by more than the margin), 'worse' when it lies above, "
@@ -298,7 +301,8 @@ def notes(plan: StudyPlan, margin: float = MARGIN_PP) -> list[str]:
         "linear scaling rule assumes many steps; with too few the table measures the budget, not the batch): its "
         "verdicts say so and the summary leaves it out",
         "the figure shows the training error: 100 - the training top-1 accuracy averaged over each epoch's "
-        "steps (augmented data, batch norm in training mode), as `app train` logs it, mean over seeds",
+        f"steps ({'augmented data' if plan.config.get('data.augment', True) else 'data without augmentation'}, "
+        "batch norm in training mode), as `app train` logs it, mean over seeds",
         "momentum: Keras's SGD keeps the LR inside its velocity (v = m v - lr g) and no momentum correction is "
         "applied, so after a constant warmup's jump the step grows to k x over about 1 / (1 - m) updates, "
         "not at once",
