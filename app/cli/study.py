@@ -157,7 +157,7 @@ def _print_runs(folder: Path, plan, data_dir, threads: int, parallel: int = 1) -
               help="CPU threads per worker of each run (0: the node's cores shared among its workers).")  # fmt: skip
 @click.option("--parallel", type=Int(min=1), default=1, show_default=True, metavar="N",
               help="Train up to N runs at once on this machine, each with its share of the cores and its output "
-                   "in logs/<run>.log (small models on a few cores: 1.8x on 2 cores, docs/study.md).")  # fmt: skip
+                   "in logs/<run>.log (small models on a few cores: 1.7-2.2x on 2 cores, docs/study.md).")  # fmt: skip
 @slurm_options("Submit each run as a Slurm job on this profile (jobs/clusters/), --np GPUs at most.",
                "Slurm time limit of each run's job; it requeues itself at the limit.")  # fmt: skip
 @click.option(
