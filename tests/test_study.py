@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import signal
 import subprocess
@@ -110,7 +111,8 @@ def test_the_runs_configs_give_the_planned_lr_and_warmup():
     assert (
         s.step_lr(0, 468) == s.step_lr(2 * 468 - 1, 468) == pytest.approx(0.1)
     )  # the warmup: the baseline's LR
-    assert s.step_lr(2 * 468, 468) == pytest.approx(0.8)  # then the jump
+    # then the jump, onto the cosine of the whole run (10 epochs) where the warmup ends: as without a warmup
+    assert s.step_lr(2 * 468, 468) == pytest.approx(0.8 * 0.5 * (1 + math.cos(math.pi * 2 / 10)))
 
 
 @pytest.mark.parametrize(
@@ -729,8 +731,8 @@ def test_tiny_real_study_stopped_by_a_signal_continues_and_reports(tmp_path, tfd
     stdout = stderr = "".join(seen) + rest
     assert proc.returncode == 3, stdout + stderr
     assert (
-        "scaleout: study stopped by SIGTERM: the run in progress checkpointed; `app study large-batch"
-        in stderr
+        "scaleout: study stopped by SIGTERM: every run in progress checkpointed or finished, none started after; "
+        "`app study large-batch" in stderr
     )
     p = load_plan(folder)
     first = states(folder, p)
@@ -791,7 +793,10 @@ def test_two_runs_at_once_share_the_cores_stop_together_and_continue(tmp_path, t
     proc.send_signal(signal.SIGTERM)
     stdout, _ = proc.communicate(timeout=300)
     assert proc.returncode == 3, stdout
-    assert "study stopped by SIGTERM: the run(s) in progress checkpointed" in stdout
+    assert (
+        "study stopped by SIGTERM: every run in progress checkpointed or finished, none started after"
+        in stdout
+    )
     assert "(output: " in stdout
     # Every run that started either finished before the signal or checkpointed at it; those that had not
     # started have no run directory; the two in progress at the signal (at least one) stopped.
