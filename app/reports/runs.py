@@ -4,13 +4,12 @@ per run, the training curves, and the time each run took to a target accuracy.""
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from app.core.errors import UsageError, read_regular
 from app.core.iterables import zip_equal
-from app.core.results import parse_json, read_metrics, read_text
+from app.core.results import is_number, is_positive_int, parse_json, read_metrics, read_text
 from app.reports.tables import Col, _pyplot, _save_figure, fixed
 
 
@@ -184,10 +183,10 @@ def time_to_accuracy_by_workers(runs: list[Run], target: float) -> list[str]:
     fastest: dict[int, tuple[float, str]] = {}
     for run in runs:
         workers, t = run.summary.get("workers"), time_to_accuracy(run, target)
-        if not (isinstance(workers, int) and not isinstance(workers, bool) and workers > 0):
+        if not is_positive_int(workers):
             continue
         counts.add(workers)
-        if t is not None and math.isfinite(t) and t >= 0:
+        if is_number(t) and t >= 0:
             fastest[workers] = min(fastest.get(workers, (t, run.name)), (t, run.name))
     if len(counts) < 2 or not fastest:
         return []

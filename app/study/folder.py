@@ -45,6 +45,11 @@ READABLE_FORMATS = (1, FORMAT)
 
 def load_plan(folder: Path, label: str = "STUDY_DIR") -> StudyPlan | ScalingPlan:
     """The plan in ``folder``/study.json; one line naming the file when it is missing or damaged."""
+    return _load(folder, label)[1]
+
+
+def _load(folder: Path, label: str) -> tuple[int, StudyPlan | ScalingPlan]:
+    """study.json's format number and plan (:func:`load_plan`)."""
     folder = Path(folder)
     path = folder / "study.json"
     if not path.exists():
@@ -59,7 +64,7 @@ def load_plan(folder: Path, label: str = "STUDY_DIR") -> StudyPlan | ScalingPlan
             raise ValueError("format")
         plan = (ScalingPlan if data["kind"] == "scaling" else StudyPlan).from_json(data["plan"])
         _check_types(plan)
-        return plan
+        return data["format"], plan
     except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
         raise UsageError(
             f"{path}: not a study plan this version of scaleout writes (damaged or edited); start the study "
@@ -113,13 +118,6 @@ def differences(old: StudyPlan, new: StudyPlan) -> list[str]:
     return out[:4]
 
 
-def _format(folder: Path) -> int | None:
-    """study.json's format number (load_plan has read the file and checked it already)."""
-    return json.loads(read_regular(folder / "study.json", "study.json", STUDY_FILE_LIMIT, "study.json")).get(
-        "format"
-    )
-
-
 def prepare(folder: Path, plan: StudyPlan | ScalingPlan, cfg, command: list[str], write: bool = True) -> bool:
     """Check that ``folder`` is free for ``plan`` or already holds it; with ``write``, create it (config.yaml,
     then study.json). Returns whether the study is new. A different study there: one line, nothing written."""
@@ -128,8 +126,8 @@ def prepare(folder: Path, plan: StudyPlan | ScalingPlan, cfg, command: list[str]
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"{label}: exists and is not a folder; pass another --name or --out")
     if (folder / "study.json").exists():
-        old = load_plan(folder, "study folder")
-        if old.kind == "large-batch" and _format(folder) == 1:
+        made_by, old = _load(folder, "study folder")
+        if old.kind == "large-batch" and made_by == 1:
             raise UsageError(
                 f"{label} was planned before 2026-12-05, when cosine schedules restarted after the warmup and a "
                 "smaller data.image_size cropped: new runs would not compare with its finished ones; report it as "

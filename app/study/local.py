@@ -156,7 +156,7 @@ def run_local(
                     log.close()
                 _record(folder, run.name, code)
                 lock.current(",".join(r.name for _, r, _ in active.values()) or None)
-                stopped = _after_run(head, run, code, log, active, forward, stopped, failed, folder, echo)
+                stopped = _after_run(head, run, code, log, active, forward, stopped, failed, echo)
             stopped = stopped or bool(forward.signum and queue)
         except BaseException as exc:  # Ctrl-C, or anything else: no run may go on training unwatched
             names = _end_runs(folder, forward, active, starting, ctrl_c=isinstance(exc, KeyboardInterrupt))
@@ -178,7 +178,7 @@ def run_local(
     return failed
 
 
-def _after_run(head, run, code, log, active, forward, stopped, failed, folder, echo) -> bool:
+def _after_run(head, run, code, log, active, forward, stopped, failed, echo) -> bool:
     """Say how a run ended, count a failure, and pass a run's own stop (exit 3 without a signal to the study,
     e.g. a SIGTERM to that process alone) on to the runs still in progress. Returns whether the study stops."""
     if code == 3 or (forward.signum and code < 0):
@@ -191,7 +191,7 @@ def _after_run(head, run, code, log, active, forward, stopped, failed, folder, e
                     os.kill(child.pid, signal.SIGTERM)  # app train checkpoints and exits 3
         return True
     if code != 0:
-        where = show(folder / "logs" / f"{run.name}.log") if log is not None else "above"
+        where = show(log.name) if log is not None else "above"
         then = "the study is stopping" if (stopped or forward.signum) else "going on with the next run"
         echo(f"{head}: failed with exit status {code}; its output is {where}; {then}")
         failed.append(run.name)
@@ -224,10 +224,9 @@ def _end_runs(folder: Path, forward: _Forward, active: dict, starting, ctrl_c: b
                 child.wait()
         if log is not None:
             log.close()
-        if run is not None:
-            names.append(run.name)
-            with contextlib.suppress(OSError):
-                _record(folder, run.name, INTERRUPTED)
+        names.append(run.name)
+        with contextlib.suppress(OSError):
+            _record(folder, run.name, INTERRUPTED)
     return names
 
 
@@ -253,26 +252,15 @@ def _runs_to_train(folder: Path, plan: StudyPlan, echo, failed: list[str]) -> li
 
 def _start_run(folder, run, head, what, data_dir, threads, parallel, env, forward, echo):
     """Start one run's `app train`: (the child, its open log file or None)."""
-    argv = [
-        sys.executable,
-        "-m",
-        "app",
-        *train_args(folder, run, data_dir, run_threads(threads, parallel, run.workers)),
-    ]
+    args = train_args(folder, run, data_dir, run_threads(threads, parallel, run.workers))
     echo(f"{head}: {what}: k={run.k}, {run.workers} worker(s) x {run.accumulation_steps} accumulation "
          f"x {run.batch_size} = {run.global_batch}, LR {run.lr:g}, warmup {run.warmup}")  # fmt: skip
     log = None
     if parallel > 1:
         (folder / "logs").mkdir(exist_ok=True)
         log = open(folder / "logs" / f"{run.name}.log", "a", encoding="utf-8")  # noqa: SIM115 (open while it runs)
-        echo(
-            "+ "
-            + shlex.join(["app", *argv[3:]])
-            + f"  (output: {show(folder / 'logs' / (run.name + '.log'))})"
-        )
-    else:
-        echo("+ " + shlex.join(["app", *argv[3:]]))
-    return forward.start(argv, env, together=True, log=log), log
+    echo("+ " + shlex.join(["app", *args]) + (f"  (output: {show(log.name)})" if log is not None else ""))
+    return forward.start([sys.executable, "-m", "app", *args], env, together=True, log=log), log
 
 
 def run_threads(threads: int, parallel: int, workers: int) -> int:

@@ -83,11 +83,12 @@ def run_state(folder: Path, run: RunPlan, last_exit: int | None = None, running:
 
 
 def states(folder: Path, plan: StudyPlan) -> list[RunState]:
-    last, current, jobs = attempts(folder), running_run(folder), slurm_states(folder)
+    last, jobs = attempts(folder), slurm_states(folder)
+    current = set(
+        (running_run(folder) or "").split(",")
+    )  # the runs the study's lock names (several: --parallel)
     return [
-        with_job(
-            run_state(folder, r, last.get(r.name), r.name in (current or "").split(",")), jobs.get(r.name)
-        )
+        with_job(run_state(folder, r, last.get(r.name), r.name in current), jobs.get(r.name))
         for r in plan.runs
     ]
 
