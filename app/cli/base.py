@@ -121,7 +121,7 @@ def parse_int_list(value: str) -> list[int]:
 # Options that set a config key (their values beat --set and the config files).
 OPTION_KEYS = {
     "data_dir": "data.data_dir", "seed": "run.seed", "epochs": "train.epochs", "batch_size": "train.batch_size",
-    "accumulation_steps": "train.accumulation_steps", "precision": "model.precision",
+    "accumulation_steps": "train.accumulation_steps", "precision": "model.precision", "engine": "train.engine",
 }  # fmt: skip
 
 
@@ -160,7 +160,12 @@ THREADS_OPTION = click.option("--threads", type=Int(min=0), default=0, show_defa
                                    "(0: the node's cores shared among its workers; the input pipeline takes "
                                    "SLURM_CPUS_PER_TASK first).")  # fmt: skip
 NP_OPTION = click.option("--np", "np_", type=Int(min=1), metavar="N",
-                         help="Start N local workers through horovodrun --gloo (one workstation).")  # fmt: skip
+                         help="Start N local workers (one workstation): through horovodrun --gloo, or with "
+                              "--engine tf each with its TF_CONFIG.")  # fmt: skip
+ENGINE_OPTION = click.option("--engine", type=click.Choice(["auto", "horovod", "tf"]),
+                             help="Who distributes (train.engine): horovod, tf (TensorFlow's own "
+                                  "MultiWorkerMirroredStrategy, no Horovod needed) or auto (Horovod where it "
+                                  "imports, else tf).")  # fmt: skip
 
 
 def config_options(func=None, *, threads=THREADS_OPTION):
@@ -178,6 +183,7 @@ def config_options(func=None, *, threads=THREADS_OPTION):
                      help="Seed for weights, data order and augmentation, 0..2147483647 (run.seed)."),
         threads,
         NP_OPTION,
+        ENGINE_OPTION,
     ]  # fmt: skip
     for option in reversed(options):
         func = option(func)
@@ -191,12 +197,16 @@ def refuse_steps_with_images(images: int | None, steps: int, sets: str) -> None:
         raise UsageError(f"--images {images} sets {sets}; drop --steps {steps}")
 
 
-def relaunch(np_: int | None, extra: list[str] = ()) -> None:
+def relaunch(np_: int | None, extra: list[str] = (), engine: str = "auto") -> None:
     """With --np N > 1 and no launcher around us, run this same command line (without --np) on N local
-    workers through horovodrun, and exit with their status."""
+    workers of ``engine`` (train.engine; auto: Horovod's horovodrun where Horovod is installed, else the tf
+    engine's own launcher), and exit with their status. The workers are told the engine that started them."""
     if not np_ or np_ == 1 or joined_launcher():
         return
+    from app.engines.engine import installed_guess
     from app.engines.local import launch_local
+
+    chosen = installed_guess() if engine == "auto" else engine
 
     if detected_launcher():  # a one-task step of it (an interactive `srun --pty bash`): --np decides
         click.echo(
@@ -213,7 +223,7 @@ def relaunch(np_: int | None, extra: list[str] = ()) -> None:
             skip = True
             continue
         argv.append(WORKER_SPELLING.get(arg, arg))
-    sys.exit(launch_local(np_, [*argv, *extra]))
+    sys.exit(launch_local(np_, [*argv, *extra, "--engine", chosen], chosen))
 
 
 # horovodrun's argparse scans the worker's command line too and stops with "ambiguous option" at a word that

@@ -113,6 +113,7 @@ def benchmark(
     seed,
     threads,
     np_,
+    engine,
     batch_sizes,
     steps,
     images,
@@ -138,7 +139,7 @@ def benchmark(
 
     refuse_steps_with_images(images, steps, "the steps per batch size")
     check_images(images or 0)
-    options, origins = option_values(data_dir=data_dir, seed=seed, precision=precision)
+    options, origins = option_values(data_dir=data_dir, seed=seed, precision=precision, engine=engine)
     cfg = config.build(configs, sets, options, origins=origins)
     timeline = timeline or worker_timeline
     if len(threads) > 1 and not pipeline_only:
@@ -151,10 +152,17 @@ def benchmark(
             "--timeline records Horovod's collectives, which --pipeline-only has none of; drop one"
         )
     if timeline:
+        from app.engines.engine import installed_guess
+
+        if (installed_guess() if cfg.train.engine == "auto" else cfg.train.engine) == "tf":
+            raise UsageError(
+                "--timeline records Horovod's timeline; the tf engine has none: drop --timeline, or use "
+                "--engine horovod"
+            )
         from app.engines.horovod import enable_timeline
 
         enable_timeline()  # before the workers start: they inherit it
-    relaunch(np_)
+    relaunch(np_, engine=cfg.train.engine)
     import_tensorflow()
     from app.training.benchmark import run
 

@@ -43,17 +43,29 @@ def info(as_json: bool) -> None:
 )
 @click.option("--precision", type=click.Choice(["auto", "float32", "mixed_float16", "mixed_bfloat16"]))
 def train(
-    configs, sets, data_dir, seed, threads, np_, run_dir, epochs, batch_size, accumulation_steps, precision
+    configs,
+    sets,
+    data_dir,
+    seed,
+    threads,
+    np_,
+    engine,
+    run_dir,
+    epochs,
+    batch_size,
+    accumulation_steps,
+    precision,
 ):
-    """Train a ResNet data-parallel with Horovod; resumes a run directory that has checkpoints.
+    """Train a ResNet data-parallel (Horovod, or --engine tf); resumes a run directory that has checkpoints.
 
-    Runs as one process, joins the workers of an outer launcher (horovodrun, mpirun, srun --mpi=pmix), or
-    starts N local workers itself with --np N.
+    Runs as one process, joins the workers of an outer launcher (horovodrun, mpirun, srun), or starts N local
+    workers itself with --np N.
 
     \b
     Example:
       app train -c configs/fashion_mnist.yaml --np 2
       app train -c configs/resnet50_imagenet.yaml --data-dir /scratch/imagenet --batch-size 256
+      app train -c configs/fashion_mnist.yaml --np 2 --engine tf     # no Horovod needed
       mpirun -np 8 app train -c configs/synthetic.yaml --set train.steps_per_epoch=100
       app train --run-dir runs/fashion_mnist-20261202-140000     # resume
     """
@@ -61,10 +73,12 @@ def train(
 
     options, origins = option_values(
         data_dir=data_dir, seed=seed, epochs=epochs, batch_size=batch_size,
-        accumulation_steps=accumulation_steps, precision=precision,
+        accumulation_steps=accumulation_steps, precision=precision, engine=engine,
     )  # fmt: skip
     cfg, resolved = rundir.for_run(configs, sets, options, run_dir, origins)
-    relaunch(np_, [] if run_dir else ["--run-dir", str(resolved)])  # every worker gets the same run directory
+    relaunch(
+        np_, [] if run_dir else ["--run-dir", str(resolved)], cfg.train.engine
+    )  # every worker gets the same run directory
     from app.engines.faults import StopRequest
 
     request = StopRequest().install()  # SIGUSR1/SIGTERM from the start: never the default (death)
@@ -82,7 +96,7 @@ def train(
     type=Int(min=1),
     help="Evaluate this epoch's checkpoint instead of the latest valid one.",
 )
-def evaluate(run_dir, configs, sets, data_dir, seed, threads, np_, epoch):
+def evaluate(run_dir, configs, sets, data_dir, seed, threads, np_, engine, epoch):
     """Evaluate a run's checkpoint on the evaluation split (distributed over the workers).
 
     \b
@@ -95,10 +109,10 @@ def evaluate(run_dir, configs, sets, data_dir, seed, threads, np_, epoch):
     saved = os.path.join(run_dir, "config.yaml")
     if not os.path.lexists(saved):
         raise UsageError(f"RUN_DIR {run_dir}: no config.yaml there; pass the directory `app train` wrote")
-    options, origins = option_values(data_dir=data_dir, seed=seed)
+    options, origins = option_values(data_dir=data_dir, seed=seed, engine=engine)
     base = config.flat(rundir.load_run_config(saved))
     cfg = config.build(configs, sets, options, base=base, origins=origins)
-    relaunch(np_)
+    relaunch(np_, engine=cfg.train.engine)
     import_tensorflow()
     from app.training.evaluate import evaluate_run
 

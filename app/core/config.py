@@ -29,6 +29,7 @@ MODELS = ("resnet50", "resnet18", "resnet20", "resnet32", "resnet56")
 SOURCES = ("tfds", "imagenet", "synthetic")
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 SCHEDULES = ("step", "cosine", "constant")
+ENGINES = ("auto", "horovod", "tf")  # app.engines.engine: auto is Horovod where it imports, else tf
 WARMUPS = ("gradual", "constant")  # Goyal et al.'s two warmups (see app.training.schedule)
 # The experiment's name names its run directory (runs/<name>-<date>) and, through app submit, its Slurm job:
 # letters, digits and . _ + - only, never a path, never an option. One definition, used by submit too.
@@ -92,6 +93,9 @@ class TrainConfig:
     momentum: float = 0.9
     nesterov: bool = False
     fp16_allreduce: bool = False  # Horovod compression of gradients on the wire
+    # Who distributes: horovod (Horovod's Keras integration, the reference study's), tf (TensorFlow's own
+    # MultiWorkerMirroredStrategy, for site modules without Horovod) or auto (Horovod where it imports, else tf).
+    engine: str = "auto"
     steps_per_epoch: int = 0  # 0: the whole training split; >0 caps an epoch (quick tests, benchmarks)
     eval_steps: int = 0  # 0: the whole evaluation split
 
@@ -382,6 +386,7 @@ def validate(cfg: Config, origins: dict[str, str] | None = None) -> None:
     one_of(m.precision, PRECISIONS, "model.precision")
     one_of(t.schedule, SCHEDULES, "train.schedule")
     one_of(t.warmup, WARMUPS, "train.warmup")
+    one_of(t.engine, ENGINES, "train.engine")
     need(t.batch_size > 0, "train.batch_size", f"must be > 0, got {t.batch_size}")
     need(t.accumulation_steps >= 1, "train.accumulation_steps", f"must be >= 1, got {t.accumulation_steps}")
     need(t.epochs > 0, "train.epochs", f"must be > 0, got {t.epochs}")

@@ -177,7 +177,7 @@ def _tfds_source(cfg, rank: int, workers: int) -> Source:
 
 def _download(builder, name: str, data_dir: str, rank: int) -> None:
     """Prepare a TFDS dataset that is not there yet (rank 0 downloads; needs network)."""
-    from app.engines.horovod import broadcast_object
+    from app.engines.engine import broadcast_object
 
     error = None
     if rank == 0:

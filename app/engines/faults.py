@@ -300,11 +300,6 @@ def _ranks(ranks: list[int]) -> str:
     return ", ".join(map(str, ranks[:8])) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
 
 
-def collective_failed(exc: BaseException) -> bool:
-    """Horovod's word that a collective could not complete: a peer failed or stopped answering."""
-    return "Horovod has been shut down" in str(exc)
-
-
 def watchdog_callback(watchdog: Watchdog):
     """A Keras callback feeding ``watchdog`` one tick per training batch."""
     import tensorflow as tf

@@ -13,6 +13,7 @@ import contextlib
 import os
 from pathlib import Path
 
+from app.engines import devices
 from app.engines.world import (
     World,
     check_gpus_seen,
@@ -68,14 +69,8 @@ def init(threads: int = 0, checks: bool = True) -> World:
     if checks:
         check_world_size(h.size(), os.environ)
         check_gpus_seen(len(gpus), os.environ, gpu_device_nodes(), dict(tf.sysconfig.get_build_info()))
-    if gpus:  # [horovod] one GPU per rank, chosen by local rank; memory grows instead of being grabbed
-        for gpu in gpus:
-            tf.config.experimental.set_memory_growth(gpu, True)
-        tf.config.set_visible_devices(gpus[h.local_rank() % len(gpus)], "GPU")
-    else:  # [horovod] CPU workers on one node split its cores instead of oversubscribing them
-        per_worker = threads or max(1, (os.cpu_count() or 1) // h.local_size())
-        tf.config.threading.set_intra_op_parallelism_threads(per_worker)
-        tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, per_worker)))
+    # [horovod] one GPU per rank, chosen by local rank; CPU workers on one node split its cores
+    devices.place(gpus, h.local_rank(), h.local_size(), threads)
     controller = "mpi" if h.mpi_enabled() else "gloo"
     return World(
         h.rank(),
@@ -97,6 +92,45 @@ def distributed_optimizer(optimizer, accumulation_steps: int = 1, fp16_allreduce
         average_aggregated_gradients=True,
         compression=h.Compression.fp16 if fp16_allreduce else h.Compression.none,
     )
+
+
+def model_scope():
+    """Horovod needs no scope: each rank's model is a plain Keras model."""
+    return contextlib.nullcontext()
+
+
+def prepare_model(model, accumulation_steps: int = 1):
+    """[horovod] The model as it is: :func:`distributed_optimizer` accumulates the backward passes."""
+    return model
+
+
+def distribute_dataset(dataset):
+    """Each rank's own shard goes to model.fit as it is."""
+    return dataset
+
+
+def local_function(fn):
+    """``fn`` compiled once (each rank's model is its own: nothing to keep local)."""
+    import tensorflow as tf
+
+    return tf.function(fn)
+
+
+def train_step_function(model, jit_compile: bool = False):
+    """One training step on a batch outside model.fit (`app benchmark`): the model's own, compiled."""
+    import tensorflow as tf
+
+    return tf.function(model.train_step, jit_compile=jit_compile)
+
+
+def saves_on_every_rank() -> bool:
+    """Rank 0 writes checkpoints alone: reading the variables needs no other rank."""
+    return False
+
+
+def failed_collective(exc: BaseException) -> bool:
+    """[horovod] Horovod's word that a collective could not complete: a peer failed or stopped answering."""
+    return "Horovod has been shut down" in str(exc)
 
 
 def first_callbacks() -> list:

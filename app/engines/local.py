@@ -1,38 +1,51 @@
-"""`--np N`: N local workers through ``horovodrun --gloo``, with their signals, output and errors handled so
-that they behave as one command (one error line, Ctrl-C and a stop signal reaching every worker, nothing left
-running when the launcher dies).
+"""`--np N`: N local workers, through ``horovodrun --gloo`` (the Horovod engine) or started here with a TF_CONFIG
+each on free ports (the tf engine), with their signals, output and errors handled so that they behave as one
+command (one error line, Ctrl-C and a stop signal reaching every worker, nothing left running when the launcher
+dies).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 
 from app.core.errors import REQUEUE_EXIT_CODE, AppError, UsageError
-from app.engines.world import ERROR_DIR_VAR, LAUNCHED_BY_VAR, collected_errors
+from app.engines import tfconfig
+from app.engines.world import ERROR_DIR_VAR, LAUNCHED_BY_VAR, LOCAL_RANK_VARS, collected_errors
 
 
-def launch_local(np: int, argv: list[str]) -> int:
-    """Run ``app <argv>`` as ``np`` local workers through ``horovodrun --gloo`` and return its exit status."""
+def launch_local(np: int, argv: list[str], engine: str = "horovod") -> int:
+    """Run ``app <argv>`` as ``np`` local workers of ``engine`` and return their exit status."""
     if np < 1:
         raise UsageError(f"--np {np}: must be >= 1")
+    if engine == "tf":
+        return _with_errors(np, lambda env: launch_tf(np, argv, env))
     horovodrun = shutil.which(
         "horovodrun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
     )
     if horovodrun is None:
         raise AppError("--np needs horovodrun, which comes with Horovod; run `make install`")
     cmd = [horovodrun, "--gloo", "-np", str(np), "-H", f"localhost:{np}", sys.executable, "-m", "app", *argv]
+    return _with_errors(np, lambda env: _run_horovodrun(cmd, env, np))
+
+
+def _with_errors(np: int, run) -> int:
+    """``run(env)``'s exit status, the workers' own error lines printed once each (rank 0's first)."""
     with tempfile.TemporaryDirectory(prefix="scaleout-errors-") as errors:
         # An outer launcher's identity of this one process (a one-task srun step's PMIx rank) is not the workers'.
-        outer = ("PMIX_", "OMPI_COMM_WORLD_", "PMI_RANK", "PMI_SIZE")
+        outer = ("PMIX_", "OMPI_COMM_WORLD_", "PMI_RANK", "PMI_SIZE", "TF_CONFIG")
         env = {k: v for k, v in os.environ.items() if not k.startswith(outer)}
         env.update({LAUNCHED_BY_VAR: "app --np", ERROR_DIR_VAR: errors})
-        code = _run_horovodrun(cmd, env, np)
+        code = run(env)
         reported = collected_errors(errors)
     for error in reported:
         prefix = f"[rank {error['rank']}] " if error.get("rank") else ""
@@ -41,7 +54,7 @@ def launch_local(np: int, argv: list[str]) -> int:
         )  # a clean stop is no error
         print(f"{kind}{prefix}{error['message']}", file=sys.stderr)
     if code != 0 and reported:
-        return int(reported[0]["code"])  # horovodrun says 1 for any failure; the workers know better
+        return int(reported[0]["code"])  # a launcher says 1 for any failure; the workers know better
     return code
 
 
@@ -141,6 +154,7 @@ class _Forwarder:
 
         self.np, self.stoppable = np, stoppable
         self.pid: int | None = None
+        self.group: list[int] = []
         self.pending: dict[int, float] = {}  # stop signal -> when it came
         self.end = False
         self.wake = threading.Event()
@@ -148,8 +162,10 @@ class _Forwarder:
         for name in _signals_held.SIGNALS:
             signal.signal(getattr(signal, name), self._note)
 
-    def started(self, pid: int) -> None:
-        self.pid = pid
+    def started(self, pid: int, group: list[int] | None = None) -> None:
+        """``pid``: horovodrun's, whose process group ends on Ctrl-C; ``group``: the tf engine's workers, each in
+        a session of its own (``pid`` is then the first)."""
+        self.pid, self.group = pid, group or [pid]
         self.wake.set()
 
     def _note(self, signum, frame) -> None:  # a signal handler: no locks, no threads started here
@@ -175,7 +191,7 @@ class _Forwarder:
             pending = dict(self.pending)  # a copy: the handler may add to it meanwhile
             for signum, since in pending.items():
                 got = delivered.setdefault(signum, set())
-                for pid in _worker_pids(self.pid):
+                for pid in (p for root in self.group for p in _worker_pids(root, itself=len(self.group) > 1)):
                     if pid not in got and _catches(pid, signum):
                         with contextlib.suppress(ProcessLookupError):
                             os.kill(pid, signum)
@@ -187,8 +203,9 @@ class _Forwarder:
                     self.end = True
             if self.end:
                 self.end = False
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.pid, signal.SIGINT)
+                for pid in self.group:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(pid, signal.SIGINT)
 
 
 def _catches(pid: int, signum: int) -> bool:
@@ -201,9 +218,9 @@ def _catches(pid: int, signum: int) -> bool:
     return bool(mask >> (signum - 1) & 1)
 
 
-def _worker_pids(root: int) -> list[int]:
-    """The `python -m app` processes below ``root`` (read from /proc: the standard library has no process
-    tree, and this is the only place that needs one)."""
+def _worker_pids(root: int, itself: bool = False) -> list[int]:
+    """The `python -m app` processes below ``root`` (and ``root`` itself when ``itself``), read from /proc: the
+    standard library has no process tree, and this is the only place that needs one."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -214,7 +231,7 @@ def _worker_pids(root: int) -> list[int]:
         except (OSError, IndexError, ValueError):
             continue
         children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], list(children.get(root, []))
+    found, todo = [], [root] if itself else list(children.get(root, []))
     while todo:
         pid = todo.pop()
         todo += children.get(pid, [])
@@ -226,3 +243,101 @@ def _worker_pids(root: int) -> list[int]:
         if b"-m" in argv and b"app" in argv:
             found.append(pid)
     return found
+
+
+# ------------------------------------------------------------------ the tf engine's own launcher
+# `app train --np N --engine tf`: N workers, each told its place by a TF_CONFIG on ports the kernel found free
+# (never a fixed 8888). Rank 0's output is the command's; the other ranks' lines go to stderr marked [rank r].
+# When a worker fails, the others get PATIENCE_S to end on their own (they notice a peer gone at their next
+# collective), then are ended: nothing is left running.
+
+PATIENCE_S = 60  # after one worker failed: how long the others may take to notice and end on their own
+KILL_AFTER_S = 15  # after SIGINT: how long before SIGKILL
+
+
+def launch_tf(np: int, argv: list[str], env: dict) -> int:
+    """Start ``np`` workers of ``app <argv>`` and return the first failure's status (0 when all succeed)."""
+    ports = tfconfig.free_ports(np)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    forwarder = _Forwarder(np, stoppable=command == "train")
+    cmd = [sys.executable, "-m", "app", *argv]
+    print(
+        f"+ {np} x {shlex.join(cmd)} (tf engine, ports {', '.join(map(str, ports))})",
+        file=sys.stderr,
+        flush=True,
+    )
+    procs = []
+    with _signals_held():  # a signal during the start waits until every pid is known
+        for rank in range(np):
+            worker_env = {
+                **env, tfconfig.TF_CONFIG: tfconfig.local_config(ports, rank),
+                LOCAL_RANK_VARS["rank"]: str(rank), LOCAL_RANK_VARS["size"]: str(np),
+            }  # fmt: skip
+            # The wrapper horovodrun runs in: the worker dies with this launcher (PR_SET_PDEATHSIG).
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", _HOROVODRUN_WRAPPER, *cmd],
+                    env=worker_env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    bufsize=1,
+                    start_new_session=True,
+                )  # fmt: skip
+            )
+        forwarder.started(procs[0].pid, [p.pid for p in procs])
+    readers = [
+        threading.Thread(target=_relay, args=(stream, rank, out), daemon=True)
+        for rank, p in enumerate(procs)
+        for stream, out in ((p.stdout, sys.stdout), (p.stderr, sys.stderr))
+    ]
+    for reader in readers:
+        reader.start()
+    codes = _wait(procs)
+    for reader in readers:
+        reader.join(timeout=5)
+    failed = [(rank, code) for rank, code in enumerate(codes) if code]
+    return failed[0][1] if failed else 0
+
+
+# MultiWorkerMirroredStrategy's start-up lines from C++ (absl logging, which TF_CPP_MIN_LOG_LEVEL does not reach):
+# each worker's gRPC server and its connection to the coordination service.
+_START_NOISE = re.compile(r"^I[0-9]{4} .*(grpc_server_lib|coordination_service)")
+
+
+def _relay(stream, rank: int, out) -> None:
+    """A worker's lines: rank 0's as they are, the others' on stderr marked with their rank; TensorFlow's
+    start-up noise dropped (app.core.compat's and MWMS's own)."""
+    from app.core.compat import _IMPORT_NOISE
+
+    for line in stream:
+        if _IMPORT_NOISE.search(line) or _START_NOISE.search(line):
+            continue
+        if rank == 0:
+            out.write(line)
+            out.flush()
+        else:
+            sys.stderr.write(f"[rank {rank}] {line}")
+            sys.stderr.flush()
+
+
+def _wait(procs: list[subprocess.Popen]) -> list[int]:
+    """Every worker's exit status. Once one failed, the rest get PATIENCE_S, then SIGINT, then SIGKILL."""
+    failed_at = None
+    while True:
+        codes = [p.poll() for p in procs]
+        if all(c is not None for c in codes):
+            return [int(c) for c in codes]
+        if failed_at is None and any(c not in (None, 0) for c in codes):
+            failed_at = time.monotonic()
+        if failed_at is not None:
+            waited = time.monotonic() - failed_at
+            for p in procs:
+                if p.poll() is None and waited > PATIENCE_S:
+                    _end(p, signal.SIGKILL if waited > PATIENCE_S + KILL_AFTER_S else signal.SIGINT)
+        time.sleep(0.2)
+
+
+def _end(proc: subprocess.Popen, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signum)

@@ -16,8 +16,12 @@ from dataclasses import dataclass
 
 from app.core.errors import AppError, UsageError, brief, show
 
+# What `app --np N --engine tf` (app.engines.tflaunch) tells each of its workers.
+LOCAL_RANK_VARS = {"rank": "SCALEOUT_RANK", "size": "SCALEOUT_SIZE"}
+
 # Environment variables by which each launcher tells a process its rank.
 LAUNCHER_RANK_VARS = {
+    "local": LOCAL_RANK_VARS["rank"],
     "horovodrun": "HOROVOD_RANK",
     "mpirun": "OMPI_COMM_WORLD_RANK",
     "srun": "SLURM_PROCID",
@@ -60,7 +64,13 @@ def stall_settings() -> dict[str, int]:
 
 # Where each launcher announces how many processes it started, innermost first: `app --np` (horovodrun) inside
 # a Slurm job sets HOROVOD_SIZE for its workers while SLURM_NTASKS still describes the job.
-LAUNCHER_SIZE_VARS = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS")
+LAUNCHER_SIZE_VARS = (
+    LOCAL_RANK_VARS["size"],
+    "HOROVOD_SIZE",
+    "OMPI_COMM_WORLD_SIZE",
+    "PMI_SIZE",
+    "SLURM_STEP_NUM_TASKS",
+)
 
 
 # What says GPUs were given to this process: CUDA/ROCm's own masks, then Slurm's allocation.
@@ -102,7 +112,7 @@ def check_world_size(size: int, env) -> None:
             f"it with `srun app ...` (app submit's job script does), or with --np {n} on one node"
         )
     raise AppError(
-        f"{var}={n} processes were started, but Horovod joined {size}: the ranks did not find each other, so "
+        f"{var}={n} processes were started, but {size} joined one job: the ranks did not find each other, so "
         f"{n} separate trainings would run. Check the launcher's MPI plugin (srun --mpi=pmix or pmi2, as "
         "`srun --mpi=list` shows), that the container keeps the launcher's environment (no --cleanenv), and "
         "that the image's MPI matches the host's (`app info`)"
@@ -188,8 +198,10 @@ class World:
     local_rank: int = 0
     local_size: int = 1
     nodes: int = 1
-    launcher: str = "none"  # horovodrun | mpirun | srun | pmix | none
-    controller: str = "gloo"  # Horovod's controller: mpi or gloo
+    launcher: str = "none"  # local (app --np, tf engine) | horovodrun | mpirun | srun | pmix | none
+    controller: str = (
+        "gloo"  # Horovod's controller (mpi, gloo), or the tf engine's all-reduce (tf-ring, tf-nccl)
+    )
 
     @property
     def is_chief(self) -> bool:

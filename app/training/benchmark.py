@@ -104,11 +104,10 @@ def run(
 ) -> list[dict]:
     """Benchmark ``cfg`` at each per-worker batch size and each count of ``threads`` per worker (0: automatic;
     several only with ``pipeline_only``); rank 0 appends one JSON line per (threads, batch size)."""
-    import tensorflow as tf
 
     from app.data.pipeline import train_dataset
     from app.data.sources import open_source
-    from app.engines import horovod as distributed
+    from app.engines import engine as distributed
     from app.training.prepare import build_model, input_threads, setup
 
     synthetic = cfg.data.source == "synthetic"
@@ -135,7 +134,7 @@ def run(
             cfg.data.shuffle_buffer, synthetic=synthetic, deterministic=cfg.data.deterministic,
             threads=inputs.pool,
         )  # fmt: skip
-        step_fn = None if model is None else tf.function(model.train_step, jit_compile=cfg.model.jit_compile)
+        step_fn = None if model is None else distributed.train_step_function(model, cfg.model.jit_compile)
         iterator = iter(ds)
         times, waits, gpu_samples = measure(iterator, step_fn, steps, world)
         timeline = None
@@ -315,7 +314,7 @@ def time_steps(iterator, step_fn, steps: int) -> tuple[list[float], list[float]]
 def record_timeline(iterator, step_fn, timeline_steps: int, results: Path, world, batch: int) -> dict | None:
     """``timeline_steps`` more steps under Horovod's timeline; on rank 0 the trace's file and the shares of
     those steps' time spent in collectives and negotiation (None on the other ranks)."""
-    from app.engines import horovod as distributed
+    from app.engines import engine as distributed
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     folder = results.parent / f"{results.stem}.timeline"

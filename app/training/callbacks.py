@@ -4,14 +4,16 @@ stops and checkpoints inside epochs, and the learning rate of every step."""
 from __future__ import annotations
 
 import contextlib
+import os
+import tempfile
 import time
 from pathlib import Path
 
 import tensorflow as tf
 
 from app.core.errors import REQUEUE_EXIT_CODE, Preempted
+from app.engines import engine as distributed
 from app.engines import faults
-from app.engines import horovod as distributed
 from app.engines.world import resume_command
 from app.training import checkpoint
 from app.training.evaluate import eval_step, evaluate
@@ -38,7 +40,9 @@ class EvaluateEachEpoch(tf.keras.callbacks.Callback):
 class CheckpointWriter:
     """Rank 0's checkpoints: at each epoch end as :class:`~app.training.output.MetricsWriter`'s ``before_write`` (written before
     the epoch's metrics row, and holding that row, so a resume restores exactly what was recorded), and
-    inside epochs for :class:`Interruptions`. On other ranks it writes nothing and returns None."""
+    inside epochs for :class:`Interruptions`. On other ranks it returns None, having written nothing, or (where
+    the engine's checkpoints are collectives, the tf engine's) the same checkpoint into a temporary folder that
+    is removed at once; there :class:`TakePart` calls it at each epoch end, where rank 0's MetricsWriter does."""
 
     STOPPED = ".stopped"  # rank 0 leaves the stop message here for the job script (see jobs/train.sbatch)
 
@@ -58,6 +62,9 @@ class CheckpointWriter:
 
     def __call__(self, epoch: int, row: dict, step: int = 0):
         if not self.chief:
+            if distributed.saves_on_every_rank():  # [tf] rank 0's write reads every rank's variables
+                with tempfile.TemporaryDirectory(prefix="scaleout-unsaved-") as elsewhere:
+                    tracked(self.model).write(os.path.join(elsewhere, "ckpt"))
             return None
         state = {**self.extra_state, "metrics": row}
         saved = checkpoint.save(self.run_dir, tracked(self.model), epoch, state, self.keep, step)
@@ -74,6 +81,17 @@ class CheckpointWriter:
             # The checkpoint is written: if the marker cannot be, exit status 3 alone still requeues the job.
             with contextlib.suppress(OSError):
                 write_text_atomic(self.run_dir / self.STOPPED, message + "\n")
+
+
+class TakePart(tf.keras.callbacks.Callback):
+    """[tf] On ranks other than 0: their part in the epoch's checkpoint, where rank 0's MetricsWriter writes it."""
+
+    def __init__(self, write: CheckpointWriter):
+        super().__init__()
+        self.write = write
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.write(epoch + 1, {})
 
 
 def stop_message(number: float, when: str, kept: str, run_dir) -> str:

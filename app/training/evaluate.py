@@ -12,7 +12,7 @@ from app.core.config import Config
 from app.core.errors import AppError
 from app.data.pipeline import eval_dataset, input_error
 from app.data.sources import open_source
-from app.engines import horovod as distributed
+from app.engines import engine as distributed
 from app.training import checkpoint
 from app.training.output import write_json
 from app.training.prepare import build_model, input_threads, restore, setup
@@ -23,7 +23,6 @@ def eval_step(model, num_classes: int):
     model and kept (a tf.function made anew for each evaluation would be traced again every epoch)."""
     k = min(5, num_classes)
 
-    @tf.function
     def step(images, labels):
         logits = tf.cast(model(images, training=False), tf.float32)
         labels = tf.cast(tf.reshape(labels, [-1]), tf.int64)
@@ -35,7 +34,7 @@ def eval_step(model, num_classes: int):
             [tf.reduce_sum(tf.cast(loss, tf.float64)), tf.reduce_sum(top1), tf.reduce_sum(topk), n]
         )
 
-    return step
+    return distributed.local_function(step)  # [tf] in this rank's replica: its own batch-norm statistics
 
 
 def evaluate(model, dataset, num_classes: int, tick=None, step=None) -> dict:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from app.core.config import Config
 from app.core.errors import UsageError
 from app.data.sources import Spec
-from app.engines import horovod as distributed
+from app.engines import engine as distributed
 from app.engines.world import World
 from app.training.output import Reporter
 

@@ -14,7 +14,7 @@ from app.core import version
 from app.core.config import Config
 from app.core.errors import UsageError
 from app.data.sources import Spec
-from app.engines import horovod as distributed
+from app.engines import engine as distributed
 from app.engines.world import RankThreads, World, threads_per_rank
 from app.training import checkpoint, models
 from app.training.output import Reporter
@@ -111,28 +111,37 @@ def metrics(num_classes: int) -> list:
 
 
 def build_model(cfg: Config, spec: Spec, world: World):
-    """The compiled Keras model with its (Horovod-wrapped) SGD optimizer, variables built for restoring."""
-    model = models.create_model(
-        cfg.model.name,
-        spec.num_classes,
-        spec.image_shape,
-        cfg.model.weight_decay,
-        cfg.model.zero_init_residual,
-        spec.pixels,
-    )
-    sgd = tf.keras.optimizers.SGD(
-        learning_rate=make_schedule(cfg, world.size).lr(0.0),
-        momentum=cfg.train.momentum,
-        nesterov=cfg.train.nesterov,
-    )
-    optimizer = distributed.distributed_optimizer(sgd, cfg.train.accumulation_steps, cfg.train.fp16_allreduce)
-    model.compile(
-        optimizer=optimizer,
-        loss=sparse_loss(cfg.model.label_smoothing),
-        metrics=metrics(spec.num_classes),
-        jit_compile=cfg.model.jit_compile,
-    )
-    model.optimizer.build(model.trainable_variables)  # slots exist now, so a checkpoint restores into them
+    """The compiled Keras model with its (engine-wrapped) SGD optimizer, variables built for restoring, all
+    created in the engine's scope."""
+    with distributed.model_scope():  # [tf] mirrored variables, initialised from rank 0
+        model = models.create_model(
+            cfg.model.name,
+            spec.num_classes,
+            spec.image_shape,
+            cfg.model.weight_decay,
+            cfg.model.zero_init_residual,
+            spec.pixels,
+        )
+        model = distributed.prepare_model(
+            model, cfg.train.accumulation_steps
+        )  # [tf] accumulation in the step
+        sgd = tf.keras.optimizers.SGD(
+            learning_rate=make_schedule(cfg, world.size).lr(0.0),
+            momentum=cfg.train.momentum,
+            nesterov=cfg.train.nesterov,
+        )
+        optimizer = distributed.distributed_optimizer(
+            sgd, cfg.train.accumulation_steps, cfg.train.fp16_allreduce
+        )
+        model.compile(
+            optimizer=optimizer,
+            loss=sparse_loss(cfg.model.label_smoothing),
+            metrics=metrics(spec.num_classes),
+            jit_compile=cfg.model.jit_compile,
+        )
+        model.optimizer.build(
+            model.trainable_variables
+        )  # slots exist now, so a checkpoint restores into them
     return model
 
 
@@ -142,9 +151,10 @@ def tracked(model) -> tf.train.Checkpoint:
 
 
 def setup(cfg: Config, threads: int = 0) -> tuple[World, Reporter, str]:
-    """Join the workers, seed, and set the precision policy (before any model is built)."""
+    """Join the workers through ``cfg``'s engine, seed, and set the precision policy (before any model is built)."""
     if cfg.model.jit_compile:
         os.environ.setdefault("HOROVOD_ENABLE_XLA_OPS", "1")  # allreduce inside XLA-compiled steps
+    distributed.use(cfg.train.engine)  # which engine answers every distributed.* call from here on
     world = distributed.init(threads)
     tf.keras.utils.set_random_seed(cfg.run.seed)  # the same initial weights on every rank
     if cfg.run.deterministic_ops:  # bitwise-reproducible kernels: a resumed run equals an uninterrupted one

@@ -20,8 +20,8 @@ from app.core.errors import AppError, Preempted, UsageError
 from app.core.results import read_metrics
 from app.data.pipeline import eval_dataset, input_error, train_dataset
 from app.data.sources import ImagenetSource, Source, Spec, open_source
+from app.engines import engine as distributed
 from app.engines import faults
-from app.engines import horovod as distributed
 from app.engines.info import environment
 from app.engines.world import RankThreads, World
 from app.training import checkpoint, runlock
@@ -30,6 +30,7 @@ from app.training.callbacks import (
     CheckpointWriter,
     EvaluateEachEpoch,
     Interruptions,
+    TakePart,
     lr_callback,
     stop_message,
 )
@@ -71,7 +72,7 @@ def header(reporter: Reporter, cfg: Config, spec: Spec, world: World, p: Plan, p
     reporter.table(
         f"scaleout: {cfg.name}",
         [
-            ("workers", f"{world.size} ({world.nodes} node{'s' if world.nodes > 1 else ''}, {world.local_size} per node), launcher {world.launcher}, Horovod controller {world.controller}"),
+            ("workers", f"{world.size} ({world.nodes} node{'s' if world.nodes > 1 else ''}, {world.local_size} per node), launcher {world.launcher}, {engine_words(world)}"),
             ("model", f"{cfg.model.name}, {spec.image_shape[0]}x{spec.image_shape[1]}x{spec.image_shape[2]}, {spec.num_classes} classes"),
             ("data", f"{spec.name}: {spec.train_examples:,} train / {spec.eval_examples:,} eval examples per worker ({spec.sharding}-level shards)"),
             ("input", f"{inputs.count} thread{'s' if inputs.count > 1 else ''} per rank ({inputs.source}"
@@ -148,6 +149,13 @@ def train_and_evaluate(
     # the epoch end, so they must agree too.
     spread = distributed.replica_spread([v.numpy() for v in model.weights])
     return summarize(cfg, run_dir, world, p, policy, spread) if world.is_chief else {}
+
+
+def engine_words(world: World) -> str:
+    """The header's words for who distributes: Horovod and its controller, or the tf engine and its all-reduce."""
+    if distributed.current_name() == "tf":
+        return f"engine tf (MultiWorkerMirroredStrategy, {world.controller.removeprefix('tf-')} all-reduce)"
+    return f"engine horovod ({world.controller} controller)"
 
 
 def input_rate(
@@ -323,6 +331,8 @@ def fit(
                 MetricsWriter(reporter, run_dir, cfg.run.tensorboard, p.images_per_step, steps, write),
                 Progress(reporter, cfg.train.epochs, steps, p.images_per_step, cfg.run.log_every),
             ]
+        elif distributed.saves_on_every_rank():  # [tf] the epoch's checkpoint is a collective
+            out.append(TakePart(write))
         every = checkpoint_interval(cfg.run.checkpoint_every)
         return [
             *out,
@@ -349,13 +359,13 @@ def fit(
                 deterministic=cfg.data.deterministic, skip_steps=first_step, threads=threads,
             )  # fmt: skip
             model.fit(
-                train_ds, epochs=last, initial_epoch=first_epoch, steps_per_epoch=p.steps_per_epoch - first_step,
+                distributed.distribute_dataset(train_ds), epochs=last, initial_epoch=first_epoch, steps_per_epoch=p.steps_per_epoch - first_step,
                 callbacks=callbacks(first_epoch, first_step), verbose=0,
             )  # fmt: skip
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as exc:
         raise input_error(source, exc) from None
     except tf.errors.OpError as exc:
-        stalled = watchdog.stalled(exc) if faults.collective_failed(exc) else None
+        stalled = watchdog.stalled(exc) if distributed.failed_collective(exc) else None
         if stalled is None:
             raise
         raise stalled from None
@@ -377,6 +387,7 @@ def summarize(
         "workers": world.size,
         "nodes": world.nodes,
         "launcher": world.launcher,
+        "engine": distributed.current_name(),
         "horovod_controller": world.controller,
         "batch_size": cfg.train.batch_size,
         "accumulation_steps": cfg.train.accumulation_steps,

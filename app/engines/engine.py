@@ -1,0 +1,116 @@
+"""The one interface training code calls for everything distribution adds, and the choice of the engine behind it.
+
+Two engines implement :data:`INTERFACE`, one module each:
+
+- ``horovod`` (app.engines.horovod): Horovod's Keras integration, the engine of the reference study and the
+  default where Horovod imports with this TensorFlow (its last release, 0.28.1, builds against TensorFlow <= 2.18);
+- ``tf`` (app.engines.tfdist): TensorFlow's own MultiWorkerMirroredStrategy with tf_keras, which runs on the sites'
+  TensorFlow modules (CSC's 2.16 on LUMI, 2.21 on Roihu) with no Horovod and no image.
+
+``train.engine: auto`` (the default; ``--engine``, ``APP_TRAIN_ENGINE``) picks Horovod when it imports, else tf.
+Training modules import this module as ``distributed`` and call ``distributed.<function>``; :func:`use` (in
+app.training.prepare.setup, before anything else distributed) says which engine answers. Login-node code may
+import this module: nothing here imports TensorFlow or Horovod until :func:`use` runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from types import ModuleType
+
+from app.core.errors import UsageError
+
+ENGINES = ("auto", "horovod", "tf")
+MODULES = {"horovod": "app.engines.horovod", "tf": "app.engines.tfdist"}
+NAMES = {module: name for name, module in MODULES.items()}
+
+# What every engine module defines (tests/test_engines.py checks both): the whole of what training may ask.
+INTERFACE = (
+    "init",  # join the workers, pin one GPU per local rank or share the CPU cores; returns a World
+    "model_scope",  # the context in which the model, its optimizer and metrics are created
+    "distributed_optimizer",  # the optimizer whose updates average the workers' gradients
+    "prepare_model",  # the model that accumulates train.accumulation_steps backward passes per update
+    "distribute_dataset",  # this rank's own shard as the engine feeds it to model.fit (no auto-sharding)
+    "local_function",  # a tf.function running on this rank's replica alone (evaluation: no collectives)
+    "train_step_function",  # one compiled training step outside model.fit (`app benchmark`)
+    "saves_on_every_rank",  # whether writing a checkpoint is a collective (every rank must write)
+    "first_callbacks",  # broadcast of the initial state and averaging of metrics, before other callbacks
+    "schedule_callback",  # the per-batch LR callback applying the one schedule (app.training.schedule)
+    "average_model_state",  # batch-norm statistics averaged over the ranks
+    "average_state_callback",
+    "agree",  # the largest of every rank's flags: the stop agreement, also a barrier
+    "broadcast_object",
+    "allgather_object",
+    "allreduce_min",
+    "allreduce_sum",
+    "replica_spread",  # the largest difference between ranks' weights: 0 when in sync
+    "enable_timeline",  # a trace of what the engine runs (Horovod's timeline); the tf engine has none
+    "recording_timeline",
+    "failed_collective",  # whether an error means a peer failed or stopped answering
+)
+
+_current: ModuleType | None = None
+_name: str | None = None
+
+
+def horovod_imports() -> str | None:
+    """None when Horovod's TensorFlow module imports here, else why not (in one line). Imports TensorFlow."""
+    if importlib.util.find_spec("horovod") is None:
+        return "Horovod is not installed"
+    try:
+        import horovod.tensorflow.keras  # noqa: F401
+    except Exception as exc:  # an ImportError, or Horovod's own check of the TensorFlow it was built against
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        return f"Horovod does not import with this TensorFlow ({first[:160]})"
+    return None
+
+
+def installed_guess() -> str:
+    """``auto``'s answer without importing anything (for a launcher deciding what to start): horovod where a
+    Horovod package is installed, else tf. The workers decide for certain (:func:`resolve`)."""
+    return "horovod" if importlib.util.find_spec("horovod") is not None else "tf"
+
+
+def resolve(name: str) -> str:
+    """The engine ``name`` (auto, horovod or tf) means here; a horovod that cannot import is refused."""
+    if name not in ENGINES:
+        raise UsageError(f"train.engine: unknown value {name!r} (choose from {', '.join(ENGINES)})")
+    if name == "tf":
+        return "tf"
+    why = horovod_imports()
+    if why is None:
+        return "horovod"
+    if name == "auto":
+        return "tf"
+    raise UsageError(
+        f"train.engine horovod: {why}; use --engine tf (TensorFlow's own MultiWorkerMirroredStrategy)"
+    )
+
+
+def use(name: str) -> str:
+    """Make engine ``name`` (auto resolved) the one every call here goes to; returns the engine's name."""
+    global _current, _name
+    _name = resolve(name)
+    _current = importlib.import_module(MODULES[_name])
+    return _name
+
+
+def current_name() -> str:
+    """The engine in use: the one :func:`use` chose, else horovod where it is installed (tools and tests that
+    call the interface without a config)."""
+    return _name or NAMES[_engine().__name__]
+
+
+def _engine() -> ModuleType:
+    global _current
+    if _current is None:  # nobody chose: the default, without the cost of checking Horovod's import
+        _current = importlib.import_module(MODULES[installed_guess()])
+    return _current
+
+
+def __getattr__(attr: str):
+    """``distributed.agree(...)`` etc.: the function of the engine in use (PEP 562)."""
+    if attr in INTERFACE:
+        return getattr(_engine(), attr)
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
