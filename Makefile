@@ -104,7 +104,7 @@ COMPAT_TESTS      ?= tests/test_compat.py tests/test_models.py tests/test_gpu_bu
     "tests/test_distributed.py::test_two_workers_end_identical_with_lr_at_target[mpirun]" \
     tests/test_distributed.py::test_np_launches_local_workers \
     tests/test_distributed.py::test_accumulation_matches_more_workers \
-    "tests/test_faults.py::test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run[10-one worker]" \
+    "tests/test_faults.py::test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run[10-one worker-horovod]" \
     tests/test_benchmark.py::test_tiny_benchmark_on_two_workers_writes_one_line_per_batch_size
 
 digits_stripped = $(subst .,,$(subst 0,,$(subst 1,,$(subst 2,,$(subst 3,,$(subst 4,,$(subst 5,,$(subst 6,,$(subst \

@@ -72,9 +72,10 @@ def test_two_gloo_less_ranks_train_under_srun_pmi2_stop_requeue_and_resume(clust
     cluster.wait(job)
     text = log.read_text()
     run = tmp_path / "runs" / f"longer-{job}"
-    assert "launcher srun, Horovod controller mpi" in text and "Warning: the scaleout running" not in text, (
-        text
-    )
+    assert (
+        "launcher srun, engine horovod, mpi controller" in text
+        and "Warning: the scaleout running" not in text
+    ), text
     assert "stopped by SIGUSR1 at " in text and f"requeueing job {job}" in text, text
     assert "restart 1" in text and "resumed from" in text, text
     summary = json.loads((run / "summary.json").read_text())

@@ -70,7 +70,7 @@ def test_submit_runs_two_ranks_through_srun_pmix(cluster, tmp_path):
         summary["workers"] == 2 and summary["launcher"] == "srun" and summary["horovod_controller"] == "mpi"
     )
     assert summary["replica_weight_spread"] < 1e-6
-    assert "launcher srun, Horovod controller mpi" in log and log.count("scaleout: tiny") == 1
+    assert "launcher srun, engine horovod, mpi controller" in log and log.count("scaleout: tiny") == 1
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 1
     assert (run / "checkpoints" / "epoch-0001" / "state.json").is_file()
 
@@ -92,7 +92,7 @@ def test_submit_without_mpi_joins_two_ranks_through_gloo(cluster, tmp_path):
         log
     )
     assert summary["replica_weight_spread"] < 1e-6
-    assert "launcher srun, Horovod controller gloo" in log and "Error" not in log, log
+    assert "launcher srun, engine horovod, gloo controller" in log and "Error" not in log, log
     # The server closed once both ranks were through Gloo's rendezvous and it had 5 quiet seconds (for a job
     # this short, possibly after training ended), and said so once.
     closed = "scaleout rendezvous: all 2 ranks are through Gloo's rendezvous; closed\n"

@@ -132,7 +132,8 @@ def test_two_node_gloo_job_joins_ranks_on_both_nodes_through_the_rendezvous(clus
     assert summary["replica_weight_spread"] < 1e-6
     # The header: Horovod size 2, cross size (nodes) 2, one rank on each node, through Gloo.
     assert (
-        "2 (2 nodes, 1 per node), launcher srun, Horovod controller gloo" in text and "Error" not in text
+        "2 (2 nodes, 1 per node), launcher srun, engine horovod, gloo controller" in text
+        and "Error" not in text
     ), text
     # The server listened on node1's own address, admitted both nodes and closed once both ranks were through.
     assert "scaleout rendezvous: all 2 ranks are through Gloo's rendezvous; closed\n" in text, text

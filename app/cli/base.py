@@ -215,11 +215,11 @@ def relaunch(np_: int | None, extra: list[str] = (), engine: str = "auto") -> No
         )
 
     argv, skip = [], False
-    for arg in sys.argv[1:]:
-        if skip or arg.startswith("--np="):
+    for arg in sys.argv[1:]:  # without --np, and without --engine: the workers are told the one chosen
+        if skip or arg.startswith(("--np=", "--engine=")):
             skip = False
             continue
-        if arg == "--np":
+        if arg in ("--np", "--engine"):
             skip = True
             continue
         argv.append(WORKER_SPELLING.get(arg, arg))

@@ -251,7 +251,7 @@ def _worker_pids(root: int, itself: bool = False) -> list[int]:
 # When a worker fails, the others get PATIENCE_S to end on their own (they notice a peer gone at their next
 # collective), then are ended: nothing is left running.
 
-PATIENCE_S = 60  # after one worker failed: how long the others may take to notice and end on their own
+PATIENCE_S = 10  # after one worker failed: how long the others may take to notice and end on their own
 KILL_AFTER_S = 15  # after SIGINT: how long before SIGKILL
 
 
@@ -293,11 +293,16 @@ def launch_tf(np: int, argv: list[str], env: dict) -> int:
     ]
     for reader in readers:
         reader.start()
-    codes = _wait(procs)
+    codes, first = _wait(procs)
     for reader in readers:
         reader.join(timeout=5)
-    failed = [(rank, code) for rank, code in enumerate(codes) if code]
-    return failed[0][1] if failed else 0
+    if first is None:
+        return 0
+    rank, code = first, codes[first]
+    if code != REQUEUE_EXIT_CODE and not os.listdir(env[ERROR_DIR_VAR]):  # else the workers' own lines follow
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+        print(f"Error: worker {rank} of {np} failed ({how}); its output is above", file=sys.stderr)
+    return code if code > 0 else 1
 
 
 # MultiWorkerMirroredStrategy's start-up lines from C++ (absl logging, which TF_CPP_MIN_LOG_LEVEL does not reach):
@@ -321,14 +326,17 @@ def _relay(stream, rank: int, out) -> None:
             sys.stderr.flush()
 
 
-def _wait(procs: list[subprocess.Popen]) -> list[int]:
-    """Every worker's exit status. Once one failed, the rest get PATIENCE_S, then SIGINT, then SIGKILL."""
-    failed_at = None
+def _wait(procs: list[subprocess.Popen]) -> tuple[list[int], int | None]:
+    """Every worker's exit status, and the rank that failed first (None: all succeeded). Once one failed, the
+    rest get PATIENCE_S to end on their own, then SIGINT, then SIGKILL."""
+    failed_at, first = None, None
     while True:
         codes = [p.poll() for p in procs]
+        if first is None:
+            first = next((rank for rank, c in enumerate(codes) if c not in (None, 0)), None)
         if all(c is not None for c in codes):
-            return [int(c) for c in codes]
-        if failed_at is None and any(c not in (None, 0) for c in codes):
+            return [int(c) for c in codes], first
+        if failed_at is None and first is not None:
             failed_at = time.monotonic()
         if failed_at is not None:
             waited = time.monotonic() - failed_at

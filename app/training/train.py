@@ -154,8 +154,8 @@ def train_and_evaluate(
 def engine_words(world: World) -> str:
     """The header's words for who distributes: Horovod and its controller, or the tf engine and its all-reduce."""
     if distributed.current_name() == "tf":
-        return f"engine tf (MultiWorkerMirroredStrategy, {world.controller.removeprefix('tf-')} all-reduce)"
-    return f"engine horovod ({world.controller} controller)"
+        return f"engine tf, {world.controller.removeprefix('tf-')} all-reduce"
+    return f"engine horovod, {world.controller} controller"
 
 
 def input_rate(

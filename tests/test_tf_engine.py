@@ -1,0 +1,241 @@
+"""The tf engine (TensorFlow's MultiWorkerMirroredStrategy with tf_keras) for real: its cluster from `app --np N`
+and from Slurm's variables, 2 workers training, evaluating and accumulating, the same weights as the Horovod
+engine on one worker, and the one-line refusals of what it cannot do. `make test-tf221` runs the tests that need
+no Horovod in a venv with TensorFlow 2.21 and no Horovod at all."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, TINY_SYNTHETIC, run_app
+
+HOROVOD = importlib.util.find_spec("horovod") is not None
+
+
+def run_tf_workers(np_: int, args: list[str], timeout: int = 600) -> list[subprocess.CompletedProcess]:
+    """``python args...`` as ``np_`` workers of one MWMS cluster on this machine (a TF_CONFIG each)."""
+    from app.engines import tfconfig
+
+    ports = tfconfig.free_ports(np_)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, *args],
+            cwd=ROOT,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "TF_CONFIG": tfconfig.local_config(ports, rank)},
+        )  # fmt: skip
+        for rank in range(np_)
+    ]
+    done = [subprocess.CompletedProcess(p.args, p.wait(timeout), *p.communicate()) for p in procs]
+    for rank, proc in enumerate(done):
+        assert proc.returncode == 0, f"rank {rank} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return done
+
+
+# ------------------------------------------------------------------ the cluster, without TensorFlow
+
+
+def test_local_workers_get_distinct_free_ports_and_their_own_index():
+    from app.engines import tfconfig
+
+    ports = tfconfig.free_ports(3)
+    assert len(set(ports)) == 3 and all(1024 <= p < 65536 for p in ports)
+    for index in range(3):
+        workers, mine = tfconfig.read_config({"TF_CONFIG": tfconfig.local_config(ports, index)})
+        assert workers == [f"localhost:{p}" for p in ports] and mine == index
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["{", "[]", '{"cluster": {"worker": []}, "task": {"type": "worker", "index": 0}}',
+     '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 1}}',
+     '{"cluster": {"worker": ["a:1"], "chief": ["b:2"]}, "task": {"type": "worker", "index": 0}}',
+     '{"cluster": {"worker": ["a:1"]}, "task": {"type": "ps", "index": 0}}',
+     '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": true}}', "\x00\xff"],
+)  # fmt: skip
+def test_a_tf_config_that_is_no_cluster_of_workers_is_one_line(value):
+    from app.core.errors import AppError
+    from app.engines import tfconfig
+
+    with pytest.raises(AppError, match=r"^TF_CONFIG is not a cluster of workers .* unset it") as err:
+        tfconfig.read_config({"TF_CONFIG": value})
+    assert "\n" not in str(err.value)
+
+
+def slurm_task(rank: int, node: int, local: int, **extra) -> dict[str, str]:
+    return {"SLURM_PROCID": str(rank), "SLURM_NODEID": str(node), "SLURM_LOCALID": str(local),
+            "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_JOB_ID": "4242",
+            "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "gpu[007-008]", **extra}  # fmt: skip
+
+
+def test_a_slurm_step_becomes_one_tf_config_for_all_its_tasks():
+    from app.engines import tfconfig
+
+    layout = [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
+    configs = []
+    for rank, node, local in layout:
+        env = slurm_task(rank, node, local)
+        workers, index = tfconfig.cluster(env)
+        assert index == rank and json.loads(env["TF_CONFIG"])["task"]["index"] == rank
+        configs.append(workers)
+    assert all(c == configs[0] for c in configs)  # every task sees the same cluster
+    hosts = [w.rsplit(":", 1)[0] for w in configs[0]]
+    ports = [int(w.rsplit(":", 1)[1]) for w in configs[0]]
+    assert hosts == ["gpu007", "gpu007", "gpu008", "gpu008"]
+    assert ports[1] == ports[0] + 1 and ports[2:] == ports[:2]  # one port per task on its node
+    assert tfconfig.PORT_BASE <= ports[0] < tfconfig.PORT_BASE + tfconfig.PORT_SPAN
+    other_job = tfconfig.slurm_config(slurm_task(0, 0, 0, SLURM_JOB_ID="4243"), ["gpu007", "gpu008"])
+    assert json.loads(other_job)["cluster"]["worker"][0] != configs[0][0]  # another job, other ports
+
+
+def test_a_slurm_step_placed_cyclically_is_refused_in_one_line():
+    from app.core.errors import AppError
+    from app.engines import tfconfig
+
+    with pytest.raises(AppError, match="not by blocks: .* --distribution=block"):
+        tfconfig.cluster(slurm_task(1, 1, 0))  # rank 1 on the second node: cyclic
+
+
+def test_one_task_and_no_tf_config_is_one_worker():
+    from app.engines import tfconfig
+
+    assert tfconfig.cluster({}) is None
+    assert tfconfig.cluster({"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1"}) is None
+
+
+@pytest.mark.parametrize(
+    "nodelist, hosts",
+    [("gpu[001-003,007],login1", ["gpu001", "gpu002", "gpu003", "gpu007", "login1"]),
+     ("nid[005-006]", ["nid005", "nid006"]), ("a,b", ["a", "b"]), ("r1n[8-10]", ["r1n8", "r1n9", "r1n10"])],
+)  # fmt: skip
+def test_slurm_node_lists_expand_in_order(nodelist, hosts):
+    from app.engines import tfconfig
+
+    assert tfconfig.expand_hosts(nodelist) == hosts
+
+
+def test_a_node_list_it_cannot_read_is_one_line():
+    from app.core.errors import AppError
+    from app.engines import tfconfig
+
+    with pytest.raises(AppError, match=r"node list 'gpu\[a-b\]': 'a-b' is not a number"):
+        tfconfig.expand_hosts("gpu[a-b]")
+
+
+def test_both_engines_implement_the_whole_interface():
+    from app.engines import engine, horovod, tfdist
+
+    for module in (horovod, tfdist):
+        missing = [name for name in engine.INTERFACE if not callable(getattr(module, name, None))]
+        assert not missing, f"{module.__name__} lacks {missing}"
+
+
+def test_auto_is_tf_where_horovod_does_not_import_and_horovod_is_refused_there(monkeypatch):
+    from app.core.errors import UsageError
+    from app.engines import engine
+
+    monkeypatch.setattr(engine, "horovod_imports", lambda: "Horovod is not installed")
+    assert engine.resolve("auto") == "tf" and engine.resolve("tf") == "tf"
+    with pytest.raises(UsageError, match="^train.engine horovod: Horovod is not installed; use --engine tf"):
+        engine.resolve("horovod")
+    monkeypatch.setattr(engine, "horovod_imports", lambda: None)
+    assert engine.resolve("auto") == "horovod"
+
+
+def test_an_unknown_engine_is_a_usage_error():
+    proc = run_app(["train", *TINY_SYNTHETIC, "--engine", "mpi"], expect=2)
+    assert "Invalid value for '--engine': 'mpi' is not one of 'auto', 'horovod', 'tf'" in proc.stderr
+    proc = run_app(["train", *TINY_SYNTHETIC, "--set", "train.engine=tff"], expect=2)
+    assert (
+        "train.engine: unknown value 'tff' (choose from auto, horovod, tf); did you mean 'tf'?" in proc.stderr
+    )
+
+
+# ------------------------------------------------------------------ training on the tf engine
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_tf_workers_train_evaluate_and_stay_in_sync(tmp_path):
+    run = tmp_path / "run"
+    proc = run_app(["train", *TINY_SYNTHETIC, "--epochs", "2", "--run-dir", str(run), "--np", "2", "--engine", "tf",
+                    "--set", "train.eval_steps=2"])  # fmt: skip
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["engine"], summary["workers"], summary["launcher"]) == ("tf", 2, "local")
+    assert summary["replica_weight_spread"] == 0.0  # the same weights and batch-norm statistics on both ranks
+    assert "(tf engine, ports " in proc.stderr
+    out = proc.stdout + proc.stderr
+    assert out.count("scaleout: ") == 1 and "launcher local, engine tf, ring all-reduce" in out
+    assert "[rank 1]" not in out, out  # rank 1 has nothing to say
+    assert "eagerly has significant overhead" not in out and "grpc_server_lib" not in out
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2]
+    # The progress line's loss is the epoch's (Keras's metrics are sums over the ranks, not counted twice).
+    assert f"loss {rows[-1]['loss']:.4f}" in proc.stdout
+    # `app evaluate` on 2 workers of the same engine (the saved config's) scores the saved checkpoint as
+    # training's last evaluation did: the batch-norm statistics were averaged before both.
+    scores = run_app(["evaluate", str(run), "--np", "2", "--set", "train.eval_steps=2"])
+    assert "top-1" in scores.stdout
+    result = json.loads((run / "eval-epoch-0002.json").read_text())
+    assert result["val_accuracy"] == pytest.approx(rows[-1]["val_accuracy"], abs=1e-9)
+    assert result["val_examples"] == rows[-1]["val_examples"]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_tf_accumulation_on_one_worker_equals_two_tf_workers(tmp_path):
+    # The large-global-batch emulation on the tf engine: 1 worker x 2 accumulated passes == 2 workers x 1 pass.
+    worker = str(ROOT / "tests" / "workers" / "accumulate.py")
+    proc = subprocess.run([sys.executable, worker, str(tmp_path / "one.npz"), "2", "tf"], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    run_tf_workers(2, [worker, str(tmp_path / "two.npz"), "1", "tf"])
+    subprocess.run([sys.executable, worker, str(tmp_path / "half.npz"), "1", "tf"], check=True,
+                   capture_output=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    one, two, half = (np.load(tmp_path / f"{n}.npz") for n in ("one", "two", "half"))
+    assert bool(one["changed"]) and bool(two["changed"])
+    names = [k for k in one.files if k != "changed"]
+    assert names == [k for k in two.files if k != "changed"] and len(names) > 40
+    for name in names:
+        np.testing.assert_allclose(one[name], two[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    assert any(not np.allclose(half[n], one[n], rtol=1e-5, atol=1e-6) for n in names)  # not a trivial match
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HOROVOD, reason="compares with the Horovod engine (not in the TF 2.21 venv)")
+def test_both_engines_train_one_worker_to_the_same_weights(tmp_path):
+    from test_faults import RECIPE, weights
+
+    for engine in ("horovod", "tf"):
+        run_app(["train", *RECIPE, "--epochs", "2", "--run-dir", str(tmp_path / engine), "--engine", engine,
+                 "--accumulation-steps", "2"])  # fmt: skip
+    a, b = weights(tmp_path / "horovod", 2), weights(tmp_path / "tf", 2)
+    assert sorted(a) == sorted(b) and len(a) > 40
+    numbers = [n for n in a if isinstance(a[n], np.ndarray) and a[n].dtype.kind == "f"]
+    assert len(numbers) > 40
+    for name in numbers:  # the same steps, LRs and kernels: equal to float32 rounding of the sums' order
+        np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_what_the_tf_engine_cannot_do_is_refused_in_one_line(tmp_path):
+    proc = run_app(["train", *TINY_SYNTHETIC, "--engine", "tf", "--set", "train.fp16_allreduce=true",
+                    "--run-dir", str(tmp_path / "run")], expect=2)  # fmt: skip
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "Error: train.fp16_allreduce is Horovod's compression of gradients on the wire; the tf engine has none: "
+        "set it to false, or use --engine horovod"
+    )
+    proc = run_app(["benchmark", *TINY_SYNTHETIC, "--engine", "tf", "--timeline", "--results",
+                    str(tmp_path / "b.jsonl")], expect=2)  # fmt: skip
+    assert proc.stderr.strip() == (
+        "Error: --timeline records Horovod's timeline; the tf engine has none: drop --timeline, or use "
+        "--engine horovod"
+    )
