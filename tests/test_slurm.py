@@ -141,12 +141,13 @@ run: {log_every: 1, tensorboard: false, stop_check_every: 1, evaluate: false}
 """
 
 
-def test_usr1_checkpoints_requeues_and_resumes(cluster, tmp_path):
+@pytest.mark.parametrize("profile", ["local", "local-tf"])  # Horovod through srun's PMIx; the tf engine
+def test_usr1_checkpoints_requeues_and_resumes(cluster, tmp_path, profile):
     import time
 
     (tmp_path / "longer.yaml").write_text(LONGER)
     env = {**cluster.env, "PYTHONPATH": str(ROOT)}
-    job = submit_job(cluster, tmp_path, "--cluster", "local", "--gpus", "2", "-c", "longer.yaml")
+    job = submit_job(cluster, tmp_path, "--cluster", profile, "--gpus", "2", "-c", "longer.yaml")
     log = tmp_path / "logs" / f"longer-{job}.out"
     deadline = time.time() + 300
     while "epoch 1/3 step 2/60" not in (log.read_text() if log.exists() else ""):
@@ -162,6 +163,10 @@ def test_usr1_checkpoints_requeues_and_resumes(cluster, tmp_path):
     assert (run / "summary.json").is_file(), text
     epochs = [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert epochs == [1, 2, 3]
+    summary = json.loads((run / "summary.json").read_text())
+    engine = "tf" if profile == "local-tf" else "horovod"
+    assert (summary["engine"], summary["workers"], summary["launcher"]) == (engine, 2, "srun"), text
+    assert summary["replica_weight_spread"] < 1e-6
 
 
 def test_tasks_that_did_not_join_one_job_are_refused(cluster, tmp_path):

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from app.cli import cli
-from app.cluster import checks, jobscript, profile_rules, profiles, staging, submit
+from app.cluster import checks, jobscript, launch, profile_rules, profiles, staging, submit
 from app.core import version
 from app.core.config import SAFE, SAFE_HINT
 from app.core.errors import UsageError, brief, show
@@ -23,7 +23,7 @@ from conftest import ROOT
 
 GOLDEN = Path(__file__).parent / "golden"
 CLUSTERS = ["lumi", "roihu", "local", "local-gloo"]
-CHOOSE = "choose from local, local-2node, local-2node-gloo, local-gloo, local-mpich, lumi, roihu"
+CHOOSE = "choose from local, local-2node, local-2node-gloo, local-gloo, local-mpich, local-tf, lumi, lumi-module, roihu, roihu-module"
 
 
 def render(cluster: str, gpus: int, **kw):
@@ -875,7 +875,7 @@ def _gone(pid: int) -> bool:
 def test_the_rendezvous_server_is_started_waited_for_and_stopped(
     mode, srun_exit, code, line, shims, tmp_path, monkeypatch
 ):
-    monkeypatch.setattr(jobscript, "RENDEZVOUS_WAIT_S", 1)
+    monkeypatch.setattr(launch, "RENDEZVOUS_WAIT_S", 1)
     script = render("local-gloo", 2, python=str(shims / "python")).script
     calls, envs, scratch, pid_file = (tmp_path / n for n in ("calls", "envs", "scratch", "pid"))
     for folder in (calls, envs, scratch):
@@ -1540,3 +1540,78 @@ def test_a_study_whose_image_is_missing_leaves_no_folder_behind(tmp_path):
     assert not (tmp_path / "studies").exists()
     proc = study("--seeds", "1", "--dry-run")
     assert proc.returncode == 0, proc.stderr
+
+
+# --- engine: tf and site modules (issue 20) -------------------------------------------------------------------
+def test_a_module_profile_loads_its_modules_and_starts_tf_ranks_without_an_image(shims, tmp_path):
+    """roihu-module: CSC's python-tensorflow/2.21 module and a venv on top, no image; plain srun starts the
+    ranks with --engine tf, after the node names for their TF_CONFIG; no Horovod rendezvous."""
+    with_module = tmp_path / "shims"
+    shutil.copytree(shims, with_module)
+    (with_module / "module").write_text(SHIM)
+    (with_module / "module").chmod(0o755)
+    (with_module / "scontrol").write_text(SHIM + "printf 'node1\\nnode2\\n'\n")  # node names, one a line
+    job = render("roihu-module", 4, python=str(with_module / "python"))
+    assert job.image is None and "apptainer" not in job.script and "rendezvous" not in job.script
+    calls, seen = run_sandboxed(job.script, with_module, SHIM_EXEC="1", SHIM_ENV="SCALEOUT_TF_HOSTS")
+    names = [c[0] for c in calls]
+    # The purge, the module, the node names, then the ranks: no rendezvous, no container.
+    assert names == ["module", "module", "scontrol", "srun", "python"], calls
+    assert calls[1] == ["module", "load", "python-tensorflow/2.21"]
+    assert calls[2] == ["scontrol", "show", "hostnames", "node1"]
+    assert calls[3][1:3] == ["--kill-on-bad-exit=1", "--mpi=none"]
+    assert calls[4][-2:] == ["--engine", "tf"] and calls[4][1:4] == ["-m", "app", "train"]
+    assert seen[4] == ["node1,node2"]  # what each rank builds its TF_CONFIG from
+
+
+def test_lumi_module_uses_csc_s_module_folder_first():
+    script = render("lumi-module", 16).script
+    use, load = (
+        script.index("module use /appl/local/csc/modulefiles\n"),
+        script.index("module load tensorflow/2.16 ||"),
+    )
+    assert script.index("module purge") < use < load < script.index("srun --kill-on-bad-exit=1 --mpi=none")
+
+
+def test_a_module_that_does_not_load_ends_the_job_naming_it(shims, tmp_path):
+    failing = tmp_path / "shims"
+    shutil.copytree(shims, failing)
+    (failing / "module").write_text('#!/bin/sh\n[ "$1" = purge ] || exit 1\n')
+    (failing / "module").chmod(0o755)
+    path = tmp_path / "job.sbatch"
+    path.write_text(render("roihu-module", 4).script)
+    proc = subprocess.run(["bash", str(path)], cwd=tmp_path, capture_output=True, text=True, timeout=20,
+                          env={"PATH": f"{failing}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "SLURM_CPUS_PER_TASK": "1",
+                               "SLURM_NNODES": "1", "SLURM_JOB_NUM_NODES": "1", "HOME": str(tmp_path)})  # fmt: skip
+    assert proc.returncode == 1 and proc.stderr.startswith(
+        "Error: module load python-tensorflow/2.21 failed on "
+    )
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        ("mpi: none", "mpi: none\nengine: mpi"),
+        ("mpi: none", "mpi: pmix\nengine: tf"),
+        ("  runtime: apptainer", "  runtime: apptainer\n  modules: [python-tensorflow/2.21]"),
+        ("  runtime: apptainer", "  runtime: native\n  modules: ['tf; rm -rf /']"),
+        ("  runtime: apptainer", "  runtime: native\n  module_use: ['appl/modules']"),
+    ],
+)  # fmt: skip
+def test_engine_and_module_keys_are_checked(change, problem, monkeypatch, tmp_path):
+    text = GOOD_PROFILE.replace(change, problem)
+    assert text != GOOD_PROFILE
+    (tmp_path / "bad.yaml").write_text(text)
+    monkeypatch.setattr(profiles, "CLUSTERS", tmp_path)
+    result = CliRunner().invoke(
+        cli, ["submit", "--cluster", "bad", "--gpus", "1", "-c", SYNTHETIC, "--dry-run"]
+    )
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    expected = {
+        "engine: mpi": "engine mpi: horovod (the image's Horovod) or tf",
+        "engine: tf": "engine tf starts its ranks with plain srun and no MPI: set mpi: none (not pmix)",
+        "modules: [python": "container.modules load a site's software for jobs without a container: runtime native",
+        "rm -rf": "container.modules: 'tf; rm -rf /' is not a module name such as python-tensorflow/2.21",
+        "module_use": "container.module_use: appl/modules is not a plain absolute path of modulefiles",
+    }
+    assert next(v for k, v in expected.items() if k in problem) in result.output, result.output

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.cluster.checks import MIN_TIME_SECONDS, check_name, check_plain, check_text, parse_time, signal_lead
-from app.cluster.profile_rules import ENV_PLACEHOLDERS, PLACEHOLDER, TASK_PLACEHOLDERS
+from app.cluster.launch import launch_values
 from app.cluster.profiles import ROOT, Cluster, Partition, choose_partition, memory_request
 from app.cluster.staging import SHARED_RUN_DIR, plan_stage
 from app.core import version
@@ -55,70 +55,6 @@ class Job:
     command: str = "train"  # or "doctor" (--smoke), or a task's command
     app: str = ""  # how the job script runs `app` (the container's exec line, or the venv's python)
     image: str | None = None  # the container image the job runs (None: runtime native)
-
-
-def _env_value(value: str) -> str:
-    """A profile's env value for the shell: literal text shell-quoted, placeholders as variable references."""
-    parts, at = [], 0
-    for m in PLACEHOLDER.finditer(value):
-        if m.start() > at:
-            parts.append(shlex.quote(value[at : m.start()]))
-        parts.append(ENV_PLACEHOLDERS[m.group(1)])
-        at = m.end()
-    if at < len(value) or not parts:
-        parts.append(shlex.quote(value[at:]))
-    return "".join(parts)
-
-
-def _environment(cluster: Cluster) -> tuple[str, str]:
-    """(lines exporting the profile's env in the job script, a prefix that sets each task's own before the app
-    starts): values using {node_id}, {local_id} or {proc_id} differ per task, so a shell in the task sets them."""
-    job = [(n, v) for n, v in cluster.env if not any(f"{{{t}}}" in v for t in TASK_PLACEHOLDERS)]
-    task = [(n, v) for n, v in cluster.env if (n, v) not in job]
-    lines = "".join(f"export {n}={_env_value(v)}\n" for n, v in job)
-    if lines:
-        lines = f"# From the profile jobs/clusters/{cluster.name}.yaml (env):\n{lines}"
-    prefix = ""
-    if task:
-        script = "".join(f"export {n}={_env_value(v)}; " for n, v in task) + 'exec "$@"'
-        prefix = f"bash -c {shlex.quote(script)} scaleout-task "
-    return lines, prefix
-
-
-RENDEZVOUS_WAIT_S = 120  # a container image on a parallel file system can take a minute to start
-
-
-def _rendezvous(app: str) -> str:
-    """The job script's part for ``mpi: none``: Horovod's rendezvous server in the background on this (the
-    first) node, stopped by the EXIT trap (also when the job requeues itself), and its address exported."""
-    return f"""
-# mpi: none. srun starts the ranks without MPI; they find each other through Horovod's own Gloo rendezvous
-# server (app rendezvous), started here on the first node; it admits only this job's nodes, closes once every
-# rank is through, and is stopped when this script exits (also on a requeue). Its secret for scaleout's own keys
-# is made fresh at each start and passed in the environment only (see app/engines/rendezvous.py).
-SCALEOUT_RENDEZVOUS_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -dc 0-9a-f) && [ -n "$SCALEOUT_RENDEZVOUS_TOKEN" ] || {{ echo "Error: cannot read /dev/urandom for the rendezvous secret" >&2; exit 1; }}
-export SCALEOUT_RENDEZVOUS_TOKEN
-rdv_out=$(mktemp "${{TMPDIR:-/tmp}}/scaleout-rendezvous.XXXXXX") || {{ echo "Error: cannot create a file in ${{TMPDIR:-/tmp}} for Horovod's rendezvous port" >&2; exit 1; }}
-{app} rendezvous --hosts "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -)" --tasks-per-node "$SLURM_TASKS_PER_NODE" >"$rdv_out" &
-rdv_pid=$!
-trap 'kill "$rdv_pid" 2>/dev/null; rm -f -- "$rdv_out"' EXIT
-trap 'exit 143' TERM  # bash skips the EXIT trap when a signal kills it: exit instead (as it would, with 143)
-for _ in $(seq {RENDEZVOUS_WAIT_S * 10}); do
-    if [ -s "$rdv_out" ] || ! kill -0 "$rdv_pid" 2>/dev/null; then break; fi
-    sleep 0.1
-done
-read -r port rdv_addr _ <"$rdv_out"
-case "$port:$rdv_addr" in
-    ":"* | *[!0-9]*:* | *:)
-        if kill -0 "$rdv_pid" 2>/dev/null; then
-            echo "Error: Horovod's rendezvous server (app rendezvous) reported no port within {RENDEZVOUS_WAIT_S} s on $(uname -n); not starting the ranks" >&2
-        else
-            echo "Error: Horovod's rendezvous server (app rendezvous) ended before it listened (its error is above); not starting the ranks" >&2
-        fi
-        exit 1 ;;
-esac
-export HOROVOD_GLOO_RENDEZVOUS_ADDR="$rdv_addr" HOROVOD_GLOO_RENDEZVOUS_PORT="$port" HOROVOD_CONTROLLER=gloo HOROVOD_CPU_OPERATIONS=gloo
-"""
 
 
 @dataclass(frozen=True)
@@ -165,6 +101,8 @@ def render(
     full_node = shape.tasks == cluster.gpus_per_node
     extra = cluster.full_node_srun_args if full_node else ()
     command, announce, purpose = _command(smoke, task)
+    if cluster.engine == "tf" and not smoke:  # the profile's engine (the job unsets APP_* variables)
+        command += " --engine tf"
     values = {
         **_header(
             cluster,
@@ -179,7 +117,7 @@ def render(
             requeue=not task and not smoke,
             full_node=full_node,
         ),
-        **_launch(cluster, app, extra),
+        **launch_values(cluster, app, extra),
         "run_dir": shlex.quote(resume)
         if resume is not None
         else shlex.quote(into)
@@ -438,18 +376,6 @@ def _header(
         # reports what it found when its time limit's SIGTERM comes. Training jobs stop cleanly and requeue.
         "stop_lines": f"#SBATCH --signal=USR1@{lead}\n#SBATCH --requeue\n" if requeue else "",
         "requeue_code": REQUEUE_EXIT_CODE,
-    }
-
-
-def _launch(cluster: Cluster, app: str, extra: tuple[str, ...]) -> dict[str, str]:
-    """The template's values for the launch: srun's options (``--mpi`` pmix, pmi2 or none, then the profile's),
-    the profile's environment, and with ``mpi: none`` Horovod's rendezvous server started before the ranks."""
-    env_block, task_env = _environment(cluster)
-    return {
-        "srun_args": " ".join(shlex.quote(a) for a in (f"--mpi={cluster.mpi}", *cluster.srun_args, *extra)),
-        "env_block": env_block,
-        "task_env": task_env,
-        "rendezvous_block": _rendezvous(app) if cluster.mpi == "none" else "",
     }
 
 

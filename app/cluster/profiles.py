@@ -16,6 +16,7 @@ import yaml
 from app.cluster.checks import MIN_TIME_SECONDS, PLAIN_PATH, parse_time
 from app.cluster.profile_rules import (
     BIND,
+    ENGINES,
     ENV_NAME,
     ENV_PLACEHOLDERS,
     ENV_RESERVED,
@@ -25,6 +26,7 @@ from app.cluster.profile_rules import (
     GRES_VALUE,
     KEYS,
     MEMORY,
+    MODULE,
     MPI,
     PLACEHOLDER,
     RUNTIME,
@@ -78,6 +80,7 @@ class Cluster:
     # only what it asks for).
     mem_full_node: str | None = None
     mem_per_gpu: str | None = None
+    engine: str = "horovod"  # or tf: TensorFlow's MultiWorkerMirroredStrategy (app.engines.tfdist)
 
 
 def available() -> list[str]:
@@ -236,6 +239,17 @@ class _Profile:
                             "none (no MPI: Horovod's Gloo rendezvous)")  # fmt: skip
         return mpi
 
+    def engine(self, raw: dict, mpi: str) -> str:
+        engine = self.get(raw, "engine", "str", "horovod")
+        if engine not in ENGINES:
+            raise self.fail(f"engine {show(engine)}: horovod (the image's Horovod) or tf (TensorFlow's own "
+                            "MultiWorkerMirroredStrategy)")  # fmt: skip
+        if engine == "tf" and mpi != "none":
+            raise self.fail(
+                f"engine tf starts its ranks with plain srun and no MPI: set mpi: none (not {mpi})"
+            )
+        return engine
+
     def default_time(self, raw: dict) -> str:
         default_time = self.time("default_time", raw.get("default_time", "01:00:00"))
         if parse_time(default_time) < MIN_TIME_SECONDS:
@@ -286,7 +300,9 @@ class _Profile:
 
     def container(self, raw: dict) -> dict:
         container = self.get(raw, "container", "dict", {})
-        self.unknown(container, ("runtime", "gpu_flag", "image", "binds"), "container.")
+        self.unknown(
+            container, ("runtime", "gpu_flag", "image", "binds", "modules", "module_use"), "container."
+        )
         runtime = self.match("container.runtime", self.get(container, "runtime", "str", "native", "container."),
                              RUNTIME, "a command name such as apptainer, singularity or native")  # fmt: skip
         if "gpu_flag" in container:
@@ -297,6 +313,22 @@ class _Profile:
         if runtime != "native":
             image = self.get(container, "image", "str", prefix="container.")
             self.fill("container.image", image, PLAIN_PATH, account="project_0")
+        modules = self.get(container, "modules", "list", [], "container.")
+        module_use = self.get(container, "module_use", "list", [], "container.")
+        if (modules or module_use) and runtime != "native":
+            raise self.fail(
+                "container.modules load a site's software for jobs without a container: runtime native"
+            )
+        for m in modules:
+            if not isinstance(m, str) or not MODULE.fullmatch(m):
+                raise self.fail(
+                    f"container.modules: {show(m)} is not a module name such as python-tensorflow/2.21"
+                )
+        for folder in module_use:
+            if not isinstance(folder, str) or not BIND.fullmatch(folder) or ":" in folder:
+                raise self.fail(
+                    f"container.module_use: {show(folder)} is not a plain absolute path of modulefiles"
+                )
         binds = self.get(container, "binds", "list", [], "container.")
         for b in binds:
             if not isinstance(b, str) or not BIND.fullmatch(b):
@@ -389,6 +421,7 @@ def load_cluster(name: str) -> Cluster:
     container = p.container(raw)
     scratch = p.scratch(raw)
     mem_full_node, mem_per_gpu = p.memory(raw)
+    engine = p.engine(raw, mpi)
     return Cluster(
         name=cname,
         gpus_per_node=gpn,
@@ -407,6 +440,7 @@ def load_cluster(name: str) -> Cluster:
         scratch=scratch,
         mem_full_node=mem_full_node,
         mem_per_gpu=mem_per_gpu,
+        engine=engine,
     )
 
 
