@@ -25,7 +25,7 @@ STUDY_CONFIG ?= configs/study_fashion_mnist_2core.yaml
 STUDY_ARGS   ?= --k 1,8 --seeds 3 --parallel 2
 SCALING_ARGS ?= --np 1,2 --batch-sizes 32,128 --steps 30 --windows 5 --timeline
 
-.PHONY: help install system-deps data test-data train test test-compat lint format clean clean-runs image sif docker-train login submit bench study
+.PHONY: help install system-deps data test-data train test test-compat test-tf221 lint format clean clean-runs image sif docker-train login submit bench study
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -123,6 +123,36 @@ $(COMPAT_VENV)/.installed: pyproject.toml scripts/install-stack.sh
 
 test-compat: $(COMPAT_VENV)/.installed test-data ## the core tests on TensorFlow 2.16.1 in .venv-tf2.16.1 (first time ~10 min)
 	$(COMPAT_VENV)/bin/pytest $(COMPAT_TESTS) $(PYTEST_ARGS)
+
+# The tf engine on the newest TensorFlow with no Horovod at all, as a site module gives it (CSC's
+# python-tensorflow/2.21 on Roihu): a venv with tensorflow-cpu 2.21 and its tf_keras (with --no-deps: its metadata
+# asks for the full `tensorflow` package, a second TensorFlow over tensorflow-cpu), running the tf engine's
+# tests: its cluster and launcher, 2 workers training, evaluating and accumulating, the LR callback, stop and
+# resume bit-identical, a killed and a stopped rank, the schedule and the models (~5 minutes on 2 cores, after
+# a ~2 minute install). Another version: make test-tf221 TF221_VERSION=2.20.0.
+TF221_VERSION ?= 2.21.0
+TF221_VENV    ?= .venv-tf221
+TF221_TESTS   ?= tests/test_tf_engine.py tests/test_schedule.py tests/test_models.py \
+    "tests/test_faults.py::test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run[10-one worker-tf]" \
+    "tests/test_faults.py::test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run[15-the launcher's group-tf]" \
+    "tests/test_faults.py::test_a_killed_worker_ends_the_job_and_a_restart_resumes[np-tf]" \
+    "tests/test_faults.py::test_a_stopped_worker_ends_the_job_naming_it[1-env0-line0]"
+ifneq ($(filter test-tf221,$(MAKECMDGOALS)),)
+$(if $(call digits_stripped,$(TF221_VERSION)),$(error TF221_VERSION=$(TF221_VERSION) is not a version such as 2.21.0))
+endif
+
+$(TF221_VENV)/.installed: pyproject.toml
+	test -x $(TF221_VENV)/bin/python || $(PYTHON_SYS) -m venv $(TF221_VENV)
+	$(TF221_VENV)/bin/python -m pip install -q --upgrade pip
+	$(TF221_VENV)/bin/python -m pip install -q "tensorflow-cpu==$(TF221_VERSION)" -e ".[train,dev]"
+	$(TF221_VENV)/bin/python -m pip install -q --no-deps "tf_keras~=$(basename $(TF221_VERSION)).0"
+	touch $@
+
+test-tf221: $(TF221_VENV)/.installed test-data ## the tf engine's tests on TensorFlow 2.21 without Horovod (.venv-tf221)
+	@! $(TF221_VENV)/bin/python -c "import horovod" 2>/dev/null || { echo "test-tf221: Horovod is in $(TF221_VENV), which must have none" >&2; exit 1; }
+	$(TF221_VENV)/bin/pytest $(TF221_TESTS) $(PYTEST_ARGS) \
+	    --deselect tests/test_tf_engine.py::test_both_engines_train_one_worker_to_the_same_weights \
+	    --deselect "tests/test_tf_engine.py::test_each_engine_s_lr_callback_sets_the_schedule_s_lr_before_every_batch[horovod]"
 
 # The tests prepare their own TFDS folder from Debian's Fashion-MNIST files: nothing beside the clone needed.
 test-data:

@@ -1,7 +1,7 @@
 """The tf engine (TensorFlow's MultiWorkerMirroredStrategy with tf_keras) for real: its cluster from `app --np N`
 and from Slurm's variables, 2 workers training, evaluating and accumulating, the same weights as the Horovod
-engine on one worker, and the one-line refusals of what it cannot do. `make test-tf221` runs the tests that need
-no Horovod in a venv with TensorFlow 2.21 and no Horovod at all."""
+engine on one worker, and the one-line refusals of what it cannot do. `make test-tf221` runs them again in a venv
+with TensorFlow 2.21 and no Horovod at all, but for the two that compare with the Horovod engine."""
 
 from __future__ import annotations
 
@@ -15,8 +15,6 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, TINY_SYNTHETIC, run_app
-
-HOROVOD = importlib.util.find_spec("horovod") is not None
 
 
 def run_tf_workers(np_: int, args: list[str], timeout: int = 600) -> list[subprocess.CompletedProcess]:
@@ -211,7 +209,6 @@ def test_tf_accumulation_on_one_worker_equals_two_tf_workers(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not HOROVOD, reason="compares with the Horovod engine (not in the TF 2.21 venv)")
 def test_both_engines_train_one_worker_to_the_same_weights(tmp_path):
     from test_faults import RECIPE, weights
 
@@ -224,6 +221,49 @@ def test_both_engines_train_one_worker_to_the_same_weights(tmp_path):
     assert len(numbers) > 40
     for name in numbers:  # the same steps, LRs and kernels: equal to float32 rounding of the sums' order
         np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("engine", ["horovod", "tf"])
+def test_each_engine_s_lr_callback_sets_the_schedule_s_lr_before_every_batch(engine):
+    """One schedule code path: both engines' per-batch callbacks set initial_lr x multiplier(epoch + batch /
+    steps), the tf engine's written out as Horovod's LearningRateScheduleCallback (staircase off) does it."""
+    import importlib
+
+    from app.core.compat import import_tensorflow
+
+    tf = import_tensorflow()
+    module = importlib.import_module("app.engines.horovod" if engine == "horovod" else "app.engines.tfdist")
+    callback = module.schedule_callback(0.8, lambda e: 1 / (1 + e), 0, None, 4)
+    model = tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss="mse")
+    callback.set_model(model)
+    seen = []
+    for epoch in range(3):
+        callback.on_epoch_begin(epoch)
+        for batch in range(4):
+            callback.on_train_batch_begin(batch)
+            seen.append(float(model.optimizer.learning_rate.numpy()))
+    expected = [0.8 / (1 + e + b / 4) for e in range(3) for b in range(4)]
+    np.testing.assert_allclose(seen, expected, rtol=1e-6)
+
+
+def test_without_tensorboard_a_run_says_so_and_writes_its_metrics(tmp_path, monkeypatch):
+    """TensorFlow 2.20+ does not bring TensorBoard: run.tensorboard then says so in one line, it does not fail."""
+
+    from app.training import output
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a)
+    )
+    notes = []
+    reporter = type("R", (), {"note": lambda self, line: notes.append(line)})()
+    writer = output.MetricsWriter(reporter, tmp_path, True, 8, 2)
+    assert writer.writer is None and not (tmp_path / "tensorboard").exists()
+    assert notes == [
+        "run.tensorboard: TensorBoard is not installed here, so no TensorBoard logs (metrics.jsonl and metrics.csv "
+        "have every value); pip install tensorboard, or set run.tensorboard=false"
+    ]
 
 
 def test_what_the_tf_engine_cannot_do_is_refused_in_one_line(tmp_path):

@@ -7,6 +7,7 @@ line every ``log_every`` steps otherwise (Slurm job logs).
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import logging
 import os
@@ -120,6 +121,13 @@ class MetricsWriter(tf.keras.callbacks.Callback):
         self.reporter, self.run_dir = reporter, Path(run_dir)
         self.images_per_step, self.steps = images_per_step, steps
         self.before_write = before_write  # called with (epoch, row) first: the checkpoint, then the metrics
+        if tensorboard and importlib.util.find_spec("tensorboard") is None:
+            # TensorFlow 2.20 and newer no longer bring TensorBoard (a site module may lack it): said, not fatal.
+            reporter.note(
+                "run.tensorboard: TensorBoard is not installed here, so no TensorBoard logs (metrics.jsonl and "
+                "metrics.csv have every value); pip install tensorboard, or set run.tensorboard=false"
+            )
+            tensorboard = False
         self.writer = (
             tf.summary.create_file_writer(str(self.run_dir / "tensorboard")) if tensorboard else None
         )
