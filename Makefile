@@ -94,8 +94,9 @@ $(MPICH_VENV)/.installed: pyproject.toml scripts/install-stack.sh
 # The oldest supported TensorFlow in a venv of its own, with its tf_keras and a Horovod built for it (cached in
 # ~/.cache/scaleout/wheels like the main venv's), running the core tests: Keras 2 under Horovod, the models,
 # 2 workers under mpirun and `app train --np 2` (Gloo), accumulation = more workers, a mid-epoch stop and
-# resume bit-identical to an uninterrupted run, the 2-worker benchmark, and the GPU-source compile check
-# against this TensorFlow's headers (~8 minutes on 2 cores).
+# resume bit-identical to an uninterrupted run, the 2-worker benchmark, the GPU-source compile check
+# against this TensorFlow's headers, and the tf engine's 2 workers and accumulation (LUMI's module is 2.16;
+# ~9 minutes on 2 cores).
 # Another version: make test-compat COMPAT_TF_VERSION=2.17.1 [COMPAT_PYTHON=python3.12].
 COMPAT_TF_VERSION ?= 2.16.1
 COMPAT_PYTHON     ?= $(PYTHON_SYS)
@@ -105,7 +106,9 @@ COMPAT_TESTS      ?= tests/test_compat.py tests/test_models.py tests/test_gpu_bu
     tests/test_distributed.py::test_np_launches_local_workers \
     tests/test_distributed.py::test_accumulation_matches_more_workers \
     "tests/test_faults.py::test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run[10-one worker-horovod]" \
-    tests/test_benchmark.py::test_tiny_benchmark_on_two_workers_writes_one_line_per_batch_size
+    tests/test_benchmark.py::test_tiny_benchmark_on_two_workers_writes_one_line_per_batch_size \
+    tests/test_tf_engine.py::test_two_tf_workers_train_evaluate_and_stay_in_sync \
+    tests/test_tf_engine.py::test_tf_accumulation_on_one_worker_equals_two_tf_workers
 
 digits_stripped = $(subst .,,$(subst 0,,$(subst 1,,$(subst 2,,$(subst 3,,$(subst 4,,$(subst 5,,$(subst 6,,$(subst \
     7,,$(subst 8,,$(subst 9,,$(1))))))))))))

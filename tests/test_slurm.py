@@ -100,16 +100,22 @@ def test_submit_without_mpi_joins_two_ranks_through_gloo(cluster, tmp_path):
     assert list(scratch.iterdir()) == [], "the job script's EXIT trap left the rendezvous port file"
 
 
-def test_smoke_job_runs_app_doctor_on_every_rank(cluster, tmp_path):
-    # app submit --smoke: the training job's shape (here mpi: none) running `app doctor`, no config needed.
-    job = submit_job(cluster, tmp_path, "--cluster", "local-gloo", "--gpus", "2", "--smoke",
+@pytest.mark.parametrize("profile", ["local-gloo", "local-tf"])
+def test_smoke_job_runs_app_doctor_on_every_rank(cluster, tmp_path, profile):
+    # app submit --smoke: the training job's shape (here mpi: none) running `app doctor`, no config needed;
+    # on local-tf through the tf engine, as on roihu-module and lumi-module.
+    job = submit_job(cluster, tmp_path, "--cluster", profile, "--gpus", "2", "--smoke",
                      said="1 node(s), 2 GPUs, partition debug")  # fmt: skip
     cluster.wait(job)
     log = (tmp_path / "logs" / f"smoke-{job}.out").read_text()
     assert "scaleout doctor: 2 rank(s)" in log and "PROBLEM" not in log and "Error" not in log, log
+    expected = (
+        ("engine tf size 2 (launcher: SLURM_STEP_NUM_TASKS=2)", "controller tf-ring,")
+        if profile == "local-tf"
+        else ("Horovod size 2 (launcher: HOROVOD_SIZE=2)", "controller gloo,")
+    )
     for words in (
-        "Horovod size 2 (launcher: HOROVOD_SIZE=2)",
-        "controller gloo,",
+        *expected,
         "launched by srun",
         "allreduce",
     ):

@@ -208,6 +208,23 @@ def test_tf_accumulation_on_one_worker_equals_two_tf_workers(tmp_path):
     assert any(not np.allclose(half[n], one[n], rtol=1e-5, atol=1e-6) for n in names)  # not a trivial match
 
 
+@pytest.mark.distributed
+def test_app_doctor_checks_two_tf_workers_and_times_a_correct_all_reduce():
+    proc = run_app(
+        ["doctor", "--np", "2", "--engine", "tf", "--megabytes", "1", "--iterations", "2", "--json"]
+    )
+    report = json.loads(proc.stdout)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert list(checks) == ["build", "devices", "world", "allreduce", "transport", "input"]
+    assert all(c["ok"] for c in checks.values()), checks
+    assert "engine tf (MultiWorkerMirroredStrategy)" in checks["build"]["detail"]
+    assert "engine tf size 2 (launcher: SCALEOUT_SIZE=2)" in checks["world"]["detail"]
+    assert "controller tf-ring, launched by local" in checks["world"]["detail"]
+    assert report["allreduce"]["bytes"] == 2**20 and report["allreduce"]["seconds"] > 0
+    assert "1 MiB on /CPU:0" in checks["allreduce"]["detail"] and "wrong" not in checks["allreduce"]["detail"]
+    assert checks["transport"]["detail"].startswith("TensorFlow's ring all-reduce over gRPC (no GPUs)")
+
+
 @pytest.mark.slow
 def test_both_engines_train_one_worker_to_the_same_weights(tmp_path):
     from test_faults import RECIPE, weights

@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from app.cli.base import NP_OPTION, THREADS_OPTION, Int, cli, relaunch
+from app.cli.base import ENGINE_OPTION, NP_OPTION, THREADS_OPTION, Int, cli, relaunch
 from app.core.errors import UsageError
 
 
@@ -24,8 +24,9 @@ from app.core.errors import UsageError
 @click.option("--iterations", type=Int(min=1), default=10, show_default=True, help="Timed allreduces.")
 @THREADS_OPTION
 @NP_OPTION
+@ENGINE_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (rank 0).")
-def doctor(megabytes, iterations, threads, np_, as_json):
+def doctor(megabytes, iterations, threads, np_, engine, as_json):
     """Check that this allocation is ready to train: build, GPUs, ranks, a timed allreduce, NCCL's network.
 
     Run it as training runs: inside a job (`srun app doctor`, or `app submit --smoke`), or locally with --np.
@@ -38,10 +39,10 @@ def doctor(megabytes, iterations, threads, np_, as_json):
     """
     if megabytes > 8192:
         raise UsageError(f"--megabytes {megabytes}: at most 8192 (one allreduce buffer in memory per rank)")
-    relaunch(np_)
+    relaunch(np_, engine=engine or "auto")
     from app.engines import doctor as doctor_stage
 
-    report = doctor_stage.run(megabytes, iterations, threads)
+    report = doctor_stage.run(megabytes, iterations, threads, engine or "auto")
     failed = any(not c["ok"] for c in report["checks"])  # the same on every rank: the checks are gathered
     if report["rank"] == 0 and not report.get("stopped"):  # its node's input capacity: a warning at most
         from app.training.benchmark import input_check

@@ -101,7 +101,7 @@ def render(
     full_node = shape.tasks == cluster.gpus_per_node
     extra = cluster.full_node_srun_args if full_node else ()
     command, announce, purpose = _command(smoke, task)
-    if cluster.engine == "tf" and not smoke:  # the profile's engine (the job unsets APP_* variables)
+    if cluster.engine == "tf":  # the profile's engine (the job unsets APP_* variables); app doctor's too
         command += " --engine tf"
     values = {
         **_header(

@@ -147,14 +147,15 @@ def _stop_on_signals() -> None:
         signal.signal(getattr(signal, name), stop)
 
 
-def run(megabytes: float, iterations: int, threads: int = 0) -> dict:
-    """Every check, the same on every rank (each rank's part is gathered), for rank 0 to print. Stopped by a
-    signal, this rank's checks so far and a ``stopped`` row (``report["stopped"]``: nothing was gathered)."""
+def run(megabytes: float, iterations: int, threads: int = 0, engine: str = "auto") -> dict:
+    """Every check through ``engine`` (train.engine's values), the same on every rank (each rank's part is
+    gathered), for rank 0 to print. Stopped by a signal, this rank's checks so far and a ``stopped`` row
+    (``report["stopped"]``: nothing was gathered)."""
     nccl_dir = _nccl_log_dir()
     checks: list[Check] = []
     _stop_on_signals()
     try:
-        report = _run(megabytes, iterations, threads, nccl_dir, checks)
+        report = _run(megabytes, iterations, threads, nccl_dir, checks, engine)
     except Stopped as exc:
         checks.append(Check("stopped", False, f"stopped by {exc} before every check ended (the job's time "
                                                "limit, or scancel); the rows above are what it found"))  # fmt: skip
@@ -184,19 +185,22 @@ def guarded_input_check(report: dict, measure) -> dict:
 
 
 def finish(failed: bool) -> None:
-    """[horovod] Every rank waits here until rank 0 has printed, then all exit with the same status: a rank
-    that left first with status 1 would make srun --kill-on-bad-exit end rank 0 before its table."""
-    from app.engines import horovod as dist
+    """Every rank waits here until rank 0 has printed, then all exit with the same status: a rank that left
+    first with status 1 would make srun --kill-on-bad-exit end rank 0 before its table."""
+    from app.engines import engine as dist
 
     dist.allgather_object(failed)
 
 
-def _run(megabytes: float, iterations: int, threads: int, nccl_dir: str | None, checks: list[Check]) -> dict:
+def _run(
+    megabytes: float, iterations: int, threads: int, nccl_dir: str | None, checks: list[Check], engine: str
+) -> dict:  # fmt: skip
     from app.core.compat import import_tensorflow
-    from app.engines import horovod as dist
+    from app.engines import engine as dist
     from app.engines.info import horovod_build, tensorflow_build
 
     tf = import_tensorflow()
+    dist.use(engine)
     hvd_build, tf_build = horovod_build(), tensorflow_build(tf)
     world = dist.init(threads, checks=False)  # the checks become rows below instead of ending the command
     if world.rank == 0 and (differs := version.mismatch(os.environ.get(version.RENDERED_BY))):
@@ -222,20 +226,25 @@ def _run(megabytes: float, iterations: int, threads: int, nccl_dir: str | None, 
 
 
 def check_build(tf, hvd_build: dict, tf_build: dict) -> Check:
-    """1. TensorFlow's and Horovod's builds: Horovod importable, with NCCL/RCCL for a GPU build, the same on
-    every rank."""
-    from app.engines import horovod as dist
+    """1. TensorFlow's and the engine's builds: under Horovod, Horovod importable with NCCL/RCCL for a GPU build
+    (the tf engine's collectives are TensorFlow's own); the same on every rank."""
+    from app.engines import engine as dist
 
     gpu_build = tf_build["cuda"] or tf_build["rocm"]
     built_for = (
         f"CUDA {tf_build['cuda_version']}" if tf_build["cuda"] else "ROCm" if tf_build["rocm"] else "CPU only"
     )
     problems = []
-    if hvd_build["version"] is None:
+    tf_engine = dist.current_name() == "tf"
+    if tf_engine:
+        engine_build = "engine tf (MultiWorkerMirroredStrategy)"
+    elif hvd_build["version"] is None:
         problems.append("Horovod is not importable")
     elif gpu_build and not hvd_build["tensor_operations"]["nccl"]:
         problems.append("Horovod has no NCCL/RCCL operations: GPU gradients would go through host memory")
-    mine_build = f"TensorFlow {tf.__version__} ({built_for}), Horovod {hvd_build['version']}"
+    if not tf_engine:
+        engine_build = f"Horovod {hvd_build['version']}"
+    mine_build = f"TensorFlow {tf.__version__} ({built_for}), {engine_build}"
     builds = dist.allgather_object((mine_build, problems[0] if problems else None))
     bad = next(((rank, b) for rank, b in enumerate(builds) if b[1]), None)
     differ = len({b[0] for b in builds}) > 1  # ranks on nodes with different images or environments
@@ -249,7 +258,7 @@ def check_build(tf, hvd_build: dict, tf_build: dict) -> Check:
 
 def gather_ranks(tf, world, gpus: list[str]) -> list[dict]:
     """Every rank's host, GPUs seen and allocated, and its device and world-size problems (or None)."""
-    from app.engines import horovod as dist
+    from app.engines import engine as dist
 
     nodes = gpu_device_nodes()  # once: where there are no device files it asks nvidia-smi
     mine = {
@@ -295,28 +304,27 @@ def check_world(ranks: list[dict], world) -> Check:
         bad is None,
         f"rank {bad['rank']}: {bad['world_problem']}"
         if bad
-        else f"Horovod size {world.size} ({said}), {world.nodes} node(s), {world.local_size} rank(s) on "
-        f"this node, controller {world.controller}, launched by {world.launcher}",
+        else f"{_engine_name()} size {world.size} ({said}), {world.nodes} node(s), {world.local_size} rank(s) "
+        f"on this node, controller {world.controller}, launched by {world.launcher}",
     )
 
 
 def check_allreduce(tf, world, gpus: list[str], megabytes: float, iterations: int) -> tuple[dict, Check]:
     """4. One buffer of ``megabytes`` summed across the ranks, checked element by element and timed: the
     measurement (bytes, seconds of the slowest rank, algorithm and bus bandwidth) and its check."""
-    from app.engines import horovod as dist
+    from app.engines import engine as dist
 
-    h = dist._hvd_tf()
     # The allreduce: every rank contributes rank + 1, so every element must be n(n+1)/2 afterwards.
     count = max(1, int(megabytes * 2**20 / 4))
     device = "/GPU:0" if gpus else "/CPU:0"
     with tf.device(device):
         buffer = tf.fill([count], tf.constant(world.rank + 1, tf.float32))
         for i in range(WARMUP):
-            h.allreduce(buffer, op=h.Sum, name=f"doctor.warmup.{i}").numpy()
-        h.allreduce(tf.constant(0.0), op=h.Sum, name="doctor.barrier").numpy()
+            dist.sum_tensor(buffer, f"doctor.warmup.{i}").numpy()
+        dist.agree([0.0])  # a barrier
         start = time.perf_counter()
         for i in range(iterations):
-            out = h.allreduce(buffer, op=h.Sum, name=f"doctor.timed.{i}")
+            out = dist.sum_tensor(buffer, f"doctor.timed.{i}")
         result = out.numpy()
         elapsed = (time.perf_counter() - start) / iterations
     expected = world.size * (world.size + 1) / 2
@@ -344,10 +352,12 @@ def check_transport(
     """5. The path gradients take: NCCL/RCCL and the network its log named (its plugin, libfabric provider and
     interfaces), or Horovod's CPU operations; the same network on every rank; and where the job asks for
     Slingshot (NCCL_SOCKET_IFNAME names hsn interfaces, as the LUMI profile does), that Slingshot carries it."""
-    from app.engines import horovod as dist
+    from app.engines import engine as dist
 
     path = path or {}
     ops = hvd_build.get("tensor_operations", {}) if hvd_build["version"] else {}
+    if dist.current_name() == "tf":  # MWMS's NCCL implementation (RCCL in TensorFlow-ROCm) on GPUs
+        ops = {"nccl": True}
     problem = ""
     if gpus and ops.get("nccl"):
         transport = f"NCCL/RCCL, network: {network}" if network else "NCCL/RCCL (its log named no network)"
@@ -367,6 +377,8 @@ def check_transport(
             if not used:
                 problem = (" (NCCL_SOCKET_IFNAME asks for Slingshot's hsn interfaces: check the RCCL OFI plugin "
                            "and the /opt/cray and libcxi binds)")  # fmt: skip
+    elif dist.current_name() == "tf":
+        transport = "TensorFlow's ring all-reduce over gRPC (no GPUs); no NCCL on this path"
     else:
         cpu_ops = os.environ.get("HOROVOD_CPU_OPERATIONS") or world.controller
         transport = f"Horovod CPU operations ({cpu_ops}); no NCCL on this path"
@@ -377,6 +389,12 @@ def check_transport(
         not mixed and not problem,
         transport + problem + (f"; ranks differ: {sorted({n for n in networks if n})}" if mixed else ""),
     )
+
+
+def _engine_name() -> str:
+    from app.engines import engine as dist
+
+    return "engine tf" if dist.current_name() == "tf" else "Horovod"
 
 
 def render(report: dict, console) -> None:

@@ -44,6 +44,7 @@ INTERFACE = (
     "allgather_object",
     "allreduce_min",
     "allreduce_sum",
+    "sum_tensor",  # a tensor summed over the ranks on its device (`app doctor`'s timed all-reduce)
     "replica_spread",  # the largest difference between ranks' weights: 0 when in sync
     "enable_timeline",  # a trace of what the engine runs (Horovod's timeline); the tf engine has none
     "recording_timeline",

@@ -239,6 +239,12 @@ def allreduce_min(value: int) -> int:
     return int(h.allreduce(tf.constant(value, tf.int64), op=h.Min, name="allreduce_min"))
 
 
+def sum_tensor(tensor, name: str):
+    """[horovod] ``tensor`` summed over all ranks (`app doctor`'s timed allreduce); ``name``: Horovod's op name."""
+    h = _hvd_tf()
+    return h.allreduce(tensor, op=h.Sum, name=name)
+
+
 def allgather_object(obj) -> list:
     """[horovod] Every rank's object, in rank order."""
     h = _hvd_tf()

@@ -312,6 +312,18 @@ def _sum_rows(row: np.ndarray) -> np.ndarray:
     return _strategy.experimental_local_results(out)[0].numpy()
 
 
+def sum_tensor(tensor, name: str = ""):
+    """[tf] ``tensor`` summed over all ranks, by MWMS's all-reduce on its device (`app doctor`'s timed one)."""
+    if _strategy is None:
+        return tensor
+    tf = _tf()
+
+    def total(value):
+        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+    return _strategy.experimental_local_results(_strategy.run(total, args=(tensor,)))[0]
+
+
 def agree(flags: list[float]) -> list[float]:
     """[tf] The largest of every rank's flags, elementwise (also a barrier)."""
     return [float(v) for v in _sum_rows(np.asarray(flags, np.float64)).max(axis=0)]
