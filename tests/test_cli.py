@@ -123,6 +123,7 @@ def test_info_reports_pinned_stack(info):
     # MPI support is compiled in exactly when mpicxx was there at build time (it is in CI).
     assert hvd["controllers"]["mpi"] is (shutil.which("mpicxx") is not None)
     assert info["gpu_count"] == len(info["gpus"])
+    assert info["engine_auto"] == "horovod"  # Horovod imports here: auto picks it
 
 
 def test_info_table_renders():

@@ -22,7 +22,7 @@ from app.core.errors import UsageError, brief, show
 from conftest import ROOT
 
 GOLDEN = Path(__file__).parent / "golden"
-CLUSTERS = ["lumi", "roihu", "local", "local-gloo"]
+CLUSTERS = ["lumi", "roihu", "local", "local-gloo", "roihu-module", "lumi-module"]
 CHOOSE = "choose from local, local-2node, local-2node-gloo, local-gloo, local-mpich, local-tf, lumi, lumi-module, roihu, roihu-module"
 
 
@@ -143,7 +143,7 @@ def test_a_requeued_job_trains_from_the_saved_config_alone(tmp_path):
     code, out, argv, requeued = _run_job(tmp_path, restart=1, srun_exit=0)
     assert code == 0 and not requeued, out
     after = argv[argv.index("train") + 1 :]  # the saved config, and the --set values again
-    assert after == ["--set", "train.epochs=5", "--run-dir", "runs/synthetic-77"], argv
+    assert after == ["--set", "train.epochs=5", "--run-dir", "runs/synthetic-77", "--engine", "horovod"], argv
     assert "--cpus-per-task=1" in argv[: argv.index("train")]  # srun 22.05-23.02 would not pass the job's on
 
 
@@ -948,13 +948,12 @@ def test_smoke_prefers_a_test_partition_and_keeps_the_job_shape(cluster, gpus, p
     assert "#SBATCH --time=10\n" in smoke.script and "--run-dir" not in smoke.script
     assert "#SBATCH --signal" not in smoke.script and "#SBATCH --requeue" not in smoke.script
     launch = smoke.script.split("srun --kill-on-bad-exit=1 ")[1].split("\n")
-    assert launch[1].endswith(" app doctor")
+    assert launch[1].endswith(f" app doctor --engine {profiles.load_cluster(cluster).engine}")
     # The same nodes, tasks, binds, environment and launch as training: only the command differs.
     assert _shape(smoke.script) == _shape(train.script)
     train_launch = train.script.split("srun --kill-on-bad-exit=1 ")[1].split("\n")
     assert (
-        launch[0] == train_launch[0]
-        and launch[1].removesuffix(" doctor") == train_launch[1].split(" train ")[0]
+        launch[0] == train_launch[0] and launch[1].split(" doctor ")[0] == train_launch[1].split(" train ")[0]
     )
 
 

@@ -1,7 +1,7 @@
 """The tf engine (TensorFlow's MultiWorkerMirroredStrategy with tf_keras) for real: its cluster from `app --np N`
 and from Slurm's variables, 2 workers training, evaluating and accumulating, the same weights as the Horovod
 engine on one worker, and the one-line refusals of what it cannot do. `make test-tf221` runs them again in a venv
-with TensorFlow 2.21 and no Horovod at all, but for the two that compare with the Horovod engine."""
+with TensorFlow 2.21 and no Horovod at all, but for the three that need the Horovod engine."""
 
 from __future__ import annotations
 
@@ -58,7 +58,12 @@ def test_local_workers_get_distinct_free_ports_and_their_own_index():
      '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 1}}',
      '{"cluster": {"worker": ["a:1"], "chief": ["b:2"]}, "task": {"type": "worker", "index": 0}}',
      '{"cluster": {"worker": ["a:1"]}, "task": {"type": "ps", "index": 0}}',
-     '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": true}}', "\x00\xff"],
+     '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": true}}', "\x00\xff",
+     '{"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": true}}',
+     '{"cluster": {"worker": ["nocolon"]}, "task": {"type": "worker", "index": 0}}',
+     '{"cluster": {"worker": ["b:x"]}, "task": {"type": "worker", "index": 0}}',
+     '{"cluster": {"worker": ["b:70000"]}, "task": {"type": "worker", "index": 0}}',
+     '{"cluster": {"worker": ["a:1", "a:1"]}, "task": {"type": "worker", "index": 0}}'],
 )  # fmt: skip
 def test_a_tf_config_that_is_no_cluster_of_workers_is_one_line(value):
     from app.core.errors import AppError
@@ -95,6 +100,27 @@ def test_a_slurm_step_becomes_one_tf_config_for_all_its_tasks():
     assert json.loads(other_job)["cluster"]["worker"][0] != configs[0][0]  # another job, other ports
 
 
+def test_a_task_on_another_node_than_the_list_says_is_refused_in_one_line():
+    from app.core.errors import AppError
+    from app.engines import tfconfig
+
+    with pytest.raises(
+        AppError, match="this task runs on gpu008, but the step's node list puts node 0 at gpu007"
+    ):
+        tfconfig.cluster(slurm_task(0, 0, 0, SLURMD_NODENAME="gpu008"))
+
+
+def test_a_tf_config_that_is_not_this_srun_step_s_is_refused_in_one_line():
+    from app.core.errors import UsageError
+    from app.engines import tfconfig
+
+    stale = tfconfig.local_config([1234, 1235], 0)  # a 2-worker TF_CONFIG from the submitting shell
+    with pytest.raises(
+        UsageError, match="names 2 workers with this one at index 0, but srun started 4 tasks and"
+    ):
+        tfconfig.cluster(slurm_task(1, 0, 1, TF_CONFIG=stale))
+
+
 def test_a_slurm_step_placed_cyclically_is_refused_in_one_line():
     from app.core.errors import AppError
     from app.engines import tfconfig
@@ -113,7 +139,8 @@ def test_one_task_and_no_tf_config_is_one_worker():
 @pytest.mark.parametrize(
     "nodelist, hosts",
     [("gpu[001-003,007],login1", ["gpu001", "gpu002", "gpu003", "gpu007", "login1"]),
-     ("nid[005-006]", ["nid005", "nid006"]), ("a,b", ["a", "b"]), ("r1n[8-10]", ["r1n8", "r1n9", "r1n10"])],
+     ("nid[005-006]", ["nid005", "nid006"]), ("a,b", ["a", "b"]), ("r1n[8-10]", ["r1n8", "r1n9", "r1n10"]),
+     ("a[1-2]b[3-4]", ["a1b3", "a1b4", "a2b3", "a2b4"]), ("gpu[01-02]-ib", ["gpu01-ib", "gpu02-ib"])],
 )  # fmt: skip
 def test_slurm_node_lists_expand_in_order(nodelist, hosts):
     from app.engines import tfconfig
@@ -127,6 +154,9 @@ def test_a_node_list_it_cannot_read_is_one_line():
 
     with pytest.raises(AppError, match=r"node list 'gpu\[a-b\]': 'a-b' is not a number"):
         tfconfig.expand_hosts("gpu[a-b]")
+    for bad in ("gpu[01-02", "gpu[01-02]]", "gpu[1-2]x,gpu]", "", "a,,b", "gpu[05-03]"):
+        with pytest.raises(AppError, match=r"^node list "):
+            tfconfig.expand_hosts(bad)
 
 
 def test_both_engines_implement_the_whole_interface():
@@ -166,10 +196,11 @@ def test_an_unknown_engine_is_a_usage_error():
 def test_two_tf_workers_train_evaluate_and_stay_in_sync(tmp_path):
     run = tmp_path / "run"
     proc = run_app(["train", *TINY_SYNTHETIC, "--epochs", "2", "--run-dir", str(run), "--np", "2", "--engine", "tf",
-                    "--set", "train.eval_steps=2"])  # fmt: skip
+                    "--set", "train.eval_steps=2", "--accumulation-steps", "2"])  # fmt: skip
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["engine"], summary["workers"], summary["launcher"]) == ("tf", 2, "local")
-    assert summary["replica_weight_spread"] == 0.0  # the same weights and batch-norm statistics on both ranks
+    assert (summary["accumulation_steps"], summary["global_batch"]) == (2, 32)  # MWMS with accumulation
+    assert summary["replica_weight_spread"] == 0.0  # the same weights on both ranks
     assert "(tf engine, ports " in proc.stderr
     out = proc.stdout + proc.stderr
     assert out.count("scaleout: ") == 1 and "launcher local, engine tf, ring all-reduce" in out
@@ -281,6 +312,36 @@ def test_without_tensorboard_a_run_says_so_and_writes_its_metrics(tmp_path, monk
         "run.tensorboard: TensorBoard is not installed here, so no TensorBoard logs (metrics.jsonl and metrics.csv "
         "have every value); pip install tensorboard, or set run.tensorboard=false"
     ]
+
+
+@pytest.mark.slow
+def test_fp16_with_loss_scaling_accumulates_on_the_tf_engine(tmp_path):
+    """mixed_float16 on one worker with accumulation: the accumulating step scales the loss and unscales each
+    micro-batch's gradients (Keras's LossScaleOptimizer), and the run trains to finite numbers."""
+    run = tmp_path / "run"
+    run_app(["train", *TINY_SYNTHETIC, "--epochs", "1", "--run-dir", str(run), "--engine", "tf",
+             "--precision", "mixed_float16", "--accumulation-steps", "2", "--set", "train.steps_per_epoch=4"])  # fmt: skip
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["engine"], summary["precision"], summary["accumulation_steps"]) == (
+        "tf",
+        "mixed_float16",
+        2,
+    )
+    assert np.isfinite(summary["final"]["loss"]) and np.isfinite(summary["final"]["val_loss"])
+
+
+@pytest.mark.slow
+def test_a_horovod_run_resumes_on_the_tf_engine(tmp_path):
+    """A checkpoint holds the same variables under both engines: a run started under Horovod (with
+    accumulation) continues under the tf engine, which records itself."""
+    run = tmp_path / "run"
+    run_app(["train", *TINY_SYNTHETIC, "--epochs", "1", "--run-dir", str(run), "--engine", "horovod",
+             "--accumulation-steps", "2"])  # fmt: skip
+    proc = run_app(["train", "--run-dir", str(run), "--epochs", "2", "--engine", "tf"])
+    assert f"resumed from {run / 'checkpoints' / 'epoch-0001'}" in proc.stdout
+    assert "resuming under the tf engine; the checkpoint was written under horovod" in proc.stdout
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["engine"], summary["epochs"], summary["accumulation_steps"]) == ("tf", 2, 2)
 
 
 def test_what_the_tf_engine_cannot_do_is_refused_in_one_line(tmp_path):

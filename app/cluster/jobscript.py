@@ -101,8 +101,8 @@ def render(
     full_node = shape.tasks == cluster.gpus_per_node
     extra = cluster.full_node_srun_args if full_node else ()
     command, announce, purpose = _command(smoke, task)
-    if cluster.engine == "tf":  # the profile's engine (the job unsets APP_* variables); app doctor's too
-        command += " --engine tf"
+    # The profile's engine, never auto: an image whose Horovod fails to import must fail, not train otherwise.
+    command += f" --engine {cluster.engine}"
     values = {
         **_header(
             cluster,

@@ -38,7 +38,8 @@ SAFE = re.compile(rf"[A-Za-z0-9_][A-Za-z0-9_.+-]{{0,{NAME_MAX - 1}}}")
 SAFE_HINT = f"use letters, digits and . _ + - only (first a letter, digit or _; at most {NAME_MAX})"
 # Keys that may differ between a run's saved config and a resume of it: they do not change what is learned
 # so far (longer training, other logging, data moved to another disk).
-RESUMABLE_CHANGES = ("train.epochs", "train.decay_epochs", "data.data_dir", "run.")
+# train.engine: both engines train the same steps and their checkpoints hold the same variables (docs/engines.md).
+RESUMABLE_CHANGES = ("train.epochs", "train.decay_epochs", "data.data_dir", "run.", "train.engine")
 # ... except these: the seed fixes the data order and augmentation a resume must continue exactly.
 FIXED_ON_RESUME = ("run.seed",)
 

@@ -25,7 +25,7 @@ ENGINES = ("auto", "horovod", "tf")
 MODULES = {"horovod": "app.engines.horovod", "tf": "app.engines.tfdist"}
 NAMES = {module: name for name, module in MODULES.items()}
 
-# What every engine module defines (tests/test_engines.py checks both): the whole of what training may ask.
+# What every engine module defines (tests/test_tf_engine.py checks both): the whole of what training may ask.
 INTERFACE = (
     "init",  # join the workers, pin one GPU per local rank or share the CPU cores; returns a World
     "model_scope",  # the context in which the model, its optimizer and metrics are created
@@ -38,14 +38,12 @@ INTERFACE = (
     "first_callbacks",  # broadcast of the initial state and averaging of metrics, before other callbacks
     "schedule_callback",  # the per-batch LR callback applying the one schedule (app.training.schedule)
     "average_model_state",  # batch-norm statistics averaged over the ranks
-    "average_state_callback",
     "agree",  # the largest of every rank's flags: the stop agreement, also a barrier
     "broadcast_object",
     "allgather_object",
     "allreduce_min",
     "allreduce_sum",
     "sum_tensor",  # a tensor summed over the ranks on its device (`app doctor`'s timed all-reduce)
-    "replica_spread",  # the largest difference between ranks' weights: 0 when in sync
     "enable_timeline",  # a trace of what the engine runs (Horovod's timeline); the tf engine has none
     "recording_timeline",
     "failed_collective",  # whether an error means a peer failed or stopped answering
@@ -108,6 +106,34 @@ def _engine() -> ModuleType:
     if _current is None:  # nobody chose: the default, without the cost of checking Horovod's import
         _current = importlib.import_module(MODULES[installed_guess()])
     return _current
+
+
+def average_state_callback():
+    """A Keras callback averaging the batch-norm statistics (the engine's :func:`average_model_state`) at each
+    epoch end; it must come before evaluation and checkpointing."""
+    import tensorflow as tf
+
+    class AverageModelState(tf.keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            _engine().average_model_state(self.model)
+
+    return AverageModelState()
+
+
+def replica_spread(weights: list) -> float:
+    """The largest difference between any two ranks' weights, from per-tensor fingerprints (sums and largest
+    magnitudes, gathered once at the end of training).
+
+    Data parallelism means every replica holds the same weights; anything above float noise here means a
+    broadcast or an all-reduce went wrong."""
+    import numpy as np
+
+    fingerprint = np.array(
+        [float(np.sum(w, dtype=np.float64)) for w in weights]
+        + [float(np.abs(w).max()) for w in weights if w.size]
+    )
+    every = np.stack(_engine().allgather_object(fingerprint))
+    return float(np.max(np.abs(every - every[0]))) if len(every) > 1 else 0.0
 
 
 def __getattr__(attr: str):

@@ -1,7 +1,7 @@
 """Long runs on a cluster: a stop signal noted and acted on at an agreed step (:class:`StopRequest`), and a
 watchdog that ends a job whose ranks stopped making progress, naming them (:class:`Watchdog`).
 
-The agreement itself is a collective (app.engines.horovod.agree); the rest needs no Horovod.
+The agreement itself is a collective (the engine's agree, app.engines.engine); the rest needs no Horovod.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from app.engines.world import report_to_launcher, resume_command, stall_settings
 class StopRequest:
     """Notes SIGUSR1 (Slurm's --signal ahead of the time limit) and SIGTERM (scancel, preemption, a container
     stop) instead of dying. The handler only records the signal, so a second one while a checkpoint is being
-    written changes nothing; training acts on it at the next agreed step (:func:`app.engines.horovod.agree`)."""
+    written changes nothing; training acts on it at the next agreed step (the engine's ``agree``)."""
 
     SIGNALS = ("SIGUSR1", "SIGTERM")
 

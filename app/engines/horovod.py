@@ -179,18 +179,6 @@ def average_model_state(model) -> None:
         v.assign(value)
 
 
-def average_state_callback():
-    """[horovod] A Keras callback running :func:`average_model_state` at each epoch end; it must come before
-    evaluation and checkpointing."""
-    import tensorflow as tf
-
-    class AverageModelState(tf.keras.callbacks.Callback):
-        def on_epoch_end(self, epoch, logs=None):
-            average_model_state(self.model)
-
-    return AverageModelState()
-
-
 def agree(flags: list[float]) -> list[float]:
     """[horovod] The largest of every rank's flags, elementwise: one tiny allreduce, so all ranks take the
     same decision (stop, checkpoint) at the same step. Also a barrier: nobody returns before every rank
@@ -249,22 +237,6 @@ def allgather_object(obj) -> list:
     """[horovod] Every rank's object, in rank order."""
     h = _hvd_tf()
     return [obj] if _single(h) else h.allgather_object(obj)
-
-
-def replica_spread(weights: list) -> float:
-    """[horovod] The largest difference between any two ranks' (trainable) weights, from per-tensor fingerprints.
-
-    Data parallelism means every replica holds the same weights; anything above float noise here means a
-    broadcast or an allreduce went wrong. Cheap: one small allgather at the end of training.
-    """
-    import numpy as np
-
-    fingerprint = np.array(
-        [float(np.sum(w, dtype=np.float64)) for w in weights]
-        + [float(np.abs(w).max()) for w in weights if w.size]
-    )
-    every = np.stack(allgather_object(fingerprint))
-    return float(np.max(np.abs(every - every[0]))) if len(every) > 1 else 0.0
 
 
 def allreduce_sum(values):

@@ -1,4 +1,5 @@
-"""`app info`: what this environment can do (versions, Horovod build, GPUs, launchers on PATH)."""
+"""`app info`: what this environment can do (versions, Horovod build, the engine auto picks, GPUs, launchers on
+PATH)."""
 
 from __future__ import annotations
 
@@ -133,6 +134,8 @@ def collect() -> dict:
         "tensorflow_packages": tensorflow_packages(),
         "keras": {"flavour": flavour, "version": keras_version},
         "horovod": horovod_build(),
+        # What train.engine: auto picks here (app.engines.engine): horovod where it imports, else tf.
+        "engine_auto": "horovod" if horovod_build()["version"] is not None else "tf",
         "gpus": gpus,
         "gpu_count": len(gpus),
         "cpu_count": os.cpu_count(),
@@ -211,6 +214,15 @@ def render(info: dict, console) -> None:
         ctl = ", ".join(k for k, v in hvd["controllers"].items() if v) or "none"
         ops = ", ".join(k for k, v in hvd["tensor_operations"].items() if v) or "none"
         table.add_row("Horovod", f"{hvd['version']}  controllers: {ctl}  tensor ops: {ops}")
+    table.add_row(
+        "Engine",
+        f"auto is {info['engine_auto']}"
+        + (
+            ""
+            if info["engine_auto"] == "horovod"
+            else " (TensorFlow's MultiWorkerMirroredStrategy; no Horovod here)"
+        ),
+    )
     table.add_row("GPUs", f"{info['gpu_count']}" + (f" ({', '.join(info['gpus'])})" if info["gpus"] else ""))
     table.add_row("CPUs", f"{info['cpu_count']} (AVX512_BF16: {yes(info['cpu_bf16'])})")
     for name, path in info["tools"].items():

@@ -33,7 +33,9 @@ def launch_local(np: int, argv: list[str], engine: str = "horovod") -> int:
         "horovodrun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
     )
     if horovodrun is None:
-        raise AppError("--np needs horovodrun, which comes with Horovod; run `make install`")
+        raise AppError(
+            "--np with the Horovod engine needs horovodrun, which comes with Horovod: run `make install`, or pass --engine tf"
+        )
     cmd = [horovodrun, "--gloo", "-np", str(np), "-H", f"localhost:{np}", sys.executable, "-m", "app", *argv]
     return _with_errors(np, lambda env: _run_horovodrun(cmd, env, np))
 
@@ -72,7 +74,7 @@ def _run_horovodrun(cmd: list[str], env: dict, np: int) -> int:
     with _signals_held():  # a signal during the start waits until horovodrun's pid is known
         proc = subprocess.Popen(
             [sys.executable, "-c", _HOROVODRUN_WRAPPER, *cmd], env=env, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True,
+            stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True, errors="backslashreplace",
         )  # fmt: skip
         forwarder.started(proc.pid)
     own: list[str] = []
@@ -155,6 +157,7 @@ class _Forwarder:
         self.np, self.stoppable = np, stoppable
         self.pid: int | None = None
         self.group: list[int] = []
+        self.ends = 0  # how many times the workers were told to end
         self.pending: dict[int, float] = {}  # stop signal -> when it came
         self.end = False
         self.wake = threading.Event()
@@ -201,11 +204,11 @@ class _Forwarder:
                 elif time.monotonic() - since > self.PATIENCE_S:  # workers that never take it: end them
                     self.pending.pop(signum, None)
                     self.end = True
-            if self.end:
-                self.end = False
+            if self.end:  # a second Ctrl-C (or hang-up) kills what the first did not end
+                self.end, self.ends = False, self.ends + 1
                 for pid in self.group:
                     with contextlib.suppress(ProcessLookupError):
-                        os.killpg(pid, signal.SIGINT)
+                        os.killpg(pid, signal.SIGINT if self.ends == 1 else signal.SIGKILL)
 
 
 def _catches(pid: int, signum: int) -> bool:
@@ -252,6 +255,7 @@ def _worker_pids(root: int, itself: bool = False) -> list[int]:
 # collective), then are ended: nothing is left running.
 
 PATIENCE_S = 10  # after one worker failed: how long the others may take to notice and end on their own
+DONE_PATIENCE_S = 120  # after one worker succeeded: how long the others may take to finish too
 KILL_AFTER_S = 15  # after SIGINT: how long before SIGKILL
 
 
@@ -282,6 +286,7 @@ def launch_tf(np: int, argv: list[str], env: dict) -> int:
                     stderr=subprocess.PIPE,
                     text=True,
                     bufsize=1,
+                    errors="backslashreplace",  # a worker's undecodable byte must not stop its reader
                     start_new_session=True,
                 )  # fmt: skip
             )
@@ -315,34 +320,38 @@ def _relay(stream, rank: int, out) -> None:
     start-up noise dropped (app.core.compat's and MWMS's own)."""
     from app.core.compat import _IMPORT_NOISE
 
-    for line in stream:
+    for line in stream:  # read to the end whatever happens: a worker whose pipe fills would block for ever
         if _IMPORT_NOISE.search(line) or _START_NOISE.search(line):
             continue
-        if rank == 0:
-            out.write(line)
-            out.flush()
-        else:
-            sys.stderr.write(f"[rank {rank}] {line}")
-            sys.stderr.flush()
+        with contextlib.suppress(OSError, ValueError):  # our own stdout gone (`| head`): drop the line
+            if rank == 0:
+                out.write(line)
+                out.flush()
+            else:
+                sys.stderr.write(f"[rank {rank}] {line}")
+                sys.stderr.flush()
 
 
 def _wait(procs: list[subprocess.Popen]) -> tuple[list[int], int | None]:
     """Every worker's exit status, and the rank that failed first (None: all succeeded). Once one failed, the
-    rest get PATIENCE_S to end on their own, then SIGINT, then SIGKILL."""
-    failed_at, first = None, None
+    rest get PATIENCE_S to end on their own (DONE_PATIENCE_S once one succeeded: they finish the same work),
+    then SIGINT, then SIGKILL: a worker that never ends cannot keep the launcher waiting."""
+    ended_at, first, patience = None, None, DONE_PATIENCE_S
     while True:
         codes = [p.poll() for p in procs]
         if first is None:
             first = next((rank for rank, c in enumerate(codes) if c not in (None, 0)), None)
         if all(c is not None for c in codes):
             return [int(c) for c in codes], first
-        if failed_at is None and first is not None:
-            failed_at = time.monotonic()
-        if failed_at is not None:
-            waited = time.monotonic() - failed_at
+        if first is not None:
+            patience = PATIENCE_S
+        if ended_at is None and any(c is not None for c in codes):
+            ended_at = time.monotonic()
+        waited = time.monotonic() - ended_at if ended_at is not None else 0.0
+        if waited > patience:
             for p in procs:
-                if p.poll() is None and waited > PATIENCE_S:
-                    _end(p, signal.SIGKILL if waited > PATIENCE_S + KILL_AFTER_S else signal.SIGINT)
+                if p.poll() is None:
+                    _end(p, signal.SIGKILL if waited > patience + KILL_AFTER_S else signal.SIGINT)
         time.sleep(0.2)
 
 

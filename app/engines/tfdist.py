@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from app.core.errors import UsageError
+from app.core.errors import AppError, UsageError
 from app.engines import devices, tfconfig
 from app.engines.world import World, check_gpus_seen, check_world_size, detected_launcher, gpu_device_nodes
 
@@ -48,7 +48,7 @@ def strategy():
 
 def init(threads: int = 0, checks: bool = True) -> World:
     """Join the workers of TF_CONFIG (set by `app --np N`, or built from the Slurm step) and place this one."""
-    global _strategy, _rank, _size
+    global _rank, _size
     tf = _tf()
     launcher = detected_launcher() or "none"
     if launcher not in ("none", "local", "srun"):
@@ -64,32 +64,41 @@ def init(threads: int = 0, checks: bool = True) -> World:
     local_rank = sum(1 for h in hosts[:_rank] if h == mine)
     local_size = hosts.count(mine)
     gpus = tf.config.list_physical_devices("GPU")
-    if (
-        checks
-    ):  # never a silent fallback: N launched processes that are N one-worker jobs, or GPUs left unused
+    # Never a silent fallback: N launched processes that are N one-worker jobs, or GPUs left unused.
+    if checks:
         check_world_size(_size, os.environ)
         check_gpus_seen(len(gpus), os.environ, gpu_device_nodes(), dict(tf.sysconfig.get_build_info()))
     devices.place(gpus, local_rank, local_size, threads)
-    # [tf] NCCL between GPUs (TensorFlow-ROCm maps it to RCCL on AMD GPUs), TensorFlow's ring on CPUs.
-    comm = tf.distribute.experimental.CommunicationImplementation
-    implementation = comm.NCCL if gpus else comm.RING
     if _size > 1:
-        # scaleout's own collectives are rare (a stop check every few updates) and run eagerly on purpose (see
-        # the module's docstring): TensorFlow's warning about eager overhead on each of them is dropped.
-        tf.get_logger().addFilter(
-            lambda record: "eagerly has significant overhead" not in record.getMessage()
-        )
-        options = tf.distribute.experimental.CommunicationOptions(implementation=implementation)
-        handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
-        _strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-        # [tf] MWMS's coordination service installs its own C-level SIGTERM handler (TensorFlow's preemption
-        # notifier), which silently replaced scaleout's: SIGTERM then stopped nothing (measured). The stop
-        # handlers installed before are put back, so SIGTERM stops at an agreed step as under Horovod.
-        for number, handler in handlers.items():
-            if callable(handler):
-                signal.signal(number, handler)
+        _join(tf, bool(gpus), workers[_rank])
     controller = "tf-nccl" if gpus else "tf-ring"
     return World(_rank, _size, local_rank, local_size, len(set(hosts)), launcher, controller)
+
+
+def _join(tf, gpus: bool, address: str) -> None:
+    """[tf] Create the MultiWorkerMirroredStrategy (this process's server listens on ``address``): NCCL between
+    GPUs (TensorFlow-ROCm's NCCL path is RCCL on AMD GPUs), TensorFlow's ring over gRPC on CPUs."""
+    global _strategy
+    # scaleout's own collectives are rare (a stop check every few updates) and run eagerly on purpose (see the
+    # module's docstring): TensorFlow's warning about eager overhead on each of them is dropped.
+    tf.get_logger().addFilter(lambda record: "eagerly has significant overhead" not in record.getMessage())
+    comm = tf.distribute.experimental.CommunicationImplementation
+    options = tf.distribute.experimental.CommunicationOptions(implementation=comm.NCCL if gpus else comm.RING)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        _strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    except (tf.errors.OpError, RuntimeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise AppError(
+            f"the tf engine could not start this worker's server on {address} ({first}): another program may hold "
+            "the port; start again (app --np picks new ports; a Slurm job's ports follow its job id)"
+        ) from None
+    # [tf] MWMS's coordination service installs its own C-level SIGTERM handler (TensorFlow's preemption
+    # notifier), which silently replaced scaleout's: SIGTERM then stopped nothing (measured). Whatever was there
+    # before is put back (scaleout's stop handler, or the default: a command without one ends on scancel).
+    for number, handler in handlers.items():
+        if handler is not None:
+            signal.signal(number, handler)
 
 
 def model_scope():
@@ -372,27 +381,6 @@ def average_model_state(model) -> None:
             v.assign(mean)
 
     _strategy.run(average)
-
-
-def average_state_callback():
-    """[tf] :func:`average_model_state` at each epoch end, before evaluation and checkpointing."""
-    tf = _tf()
-
-    class AverageModelState(tf.keras.callbacks.Callback):
-        def on_epoch_end(self, epoch, logs=None):
-            average_model_state(self.model)
-
-    return AverageModelState()
-
-
-def replica_spread(weights: list) -> float:
-    """[tf] The largest difference between any two ranks' weight fingerprints (0 when in sync)."""
-    fingerprint = np.array(
-        [float(np.sum(w, dtype=np.float64)) for w in weights]
-        + [float(np.abs(w).max()) for w in weights if w.size]
-    )
-    every = _sum_rows(fingerprint)
-    return float(np.max(np.abs(every - every[0]))) if len(every) > 1 else 0.0
 
 
 def enable_timeline() -> None:

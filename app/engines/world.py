@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from app.core.errors import AppError, UsageError, brief, show
 
-# What `app --np N --engine tf` (app.engines.tflaunch) tells each of its workers.
+# What `app --np N --engine tf` (app.engines.local) tells each of its workers.
 LOCAL_RANK_VARS = {"rank": "SCALEOUT_RANK", "size": "SCALEOUT_SIZE"}
 
 # Environment variables by which each launcher tells a process its rank.

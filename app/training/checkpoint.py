@@ -93,6 +93,11 @@ def state_problem(state) -> str | None:
     precision = state.get("precision")  # the policy it trained in (since 2026-12-04): a resume keeps it
     if precision is not None and precision not in POLICIES:
         return f"precision is {str(precision)[:40]!r}, not one of {', '.join(POLICIES)}"
+    engine = state.get(
+        "engine"
+    )  # the engine that wrote it (since 2026-12-05): a resume under another says so
+    if engine is not None and engine not in ("horovod", "tf"):
+        return f"engine is {str(engine)[:40]!r}, not horovod or tf"
     return None
 
 

@@ -139,7 +139,7 @@ def train_and_evaluate(
     write = CheckpointWriter(
         run_dir, model, cfg.run.keep_checkpoints,
         {"workers": world.size, "global_batch": p.global_batch, "steps_per_epoch": p.steps_per_epoch,
-         "precision": policy},
+         "precision": policy, "engine": distributed.current_name()},
         world.is_chief, pending_config=pending,
     )  # fmt: skip
     kept = f"checkpoint {found[1]} is intact" if found else "nothing was trained yet"
@@ -245,6 +245,12 @@ def resume_config(
     """The config and precision policy a resume trains with: the checkpoint's global batch kept (when the
     workers changed) by other accumulation steps, and the policy checked again for them."""
     accumulation = cfg.train.accumulation_steps
+    engine = state.get("engine")  # checkpoints from before 2026-12-05 were all Horovod's
+    if engine is not None and engine != distributed.current_name():  # said: auto may pick another here
+        reporter.note(
+            f"resuming under the {distributed.current_name()} engine; the checkpoint was written under {engine} "
+            "(the same variables: docs/engines.md)"
+        )
     saved = state.get("precision")  # checkpoints from before 2026-12-04 have none: nothing to compare
     if saved is not None and saved != policy:  # a known policy: checkpoint.state_problem checked it
         # precision: auto picks per machine: a resume on other GPUs (fp16 after bf16) would change the run
