@@ -28,7 +28,7 @@ SCALING_ARGS ?= --np 1,2 --batch-sizes 32,128 --steps 30 --windows 5 --timeline
 .PHONY: help install system-deps data test-data train test test-compat test-tf221 lint format clean clean-runs image sif docker-train login submit bench study
 
 help: ## list the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
 ifneq ($(filter-out cpu gpu,$(TF)),)
 $(error TF=$(TF) is not a TensorFlow flavour; use TF=cpu or TF=gpu)
@@ -145,14 +145,15 @@ ifneq ($(filter test-tf221,$(MAKECMDGOALS)),)
 $(if $(call digits_stripped,$(TF221_VERSION)),$(error TF221_VERSION=$(TF221_VERSION) is not a version such as 2.21.0))
 endif
 
-$(TF221_VENV)/.installed: pyproject.toml
+$(TF221_VENV)/.installed-$(TF221_VERSION): pyproject.toml
 	test -x $(TF221_VENV)/bin/python || $(PYTHON_SYS) -m venv $(TF221_VENV)
 	$(TF221_VENV)/bin/python -m pip install -q --upgrade pip
+	rm -f $(TF221_VENV)/.installed-*  # another version asked for: this one is installed over it
 	$(TF221_VENV)/bin/python -m pip install -q "tensorflow-cpu==$(TF221_VERSION)" -e ".[train,dev]"
 	$(TF221_VENV)/bin/python -m pip install -q --no-deps "tf_keras~=$(basename $(TF221_VERSION)).0"
 	touch $@
 
-test-tf221: $(TF221_VENV)/.installed test-data ## the tf engine's tests on TensorFlow 2.21 without Horovod (.venv-tf221)
+test-tf221: $(TF221_VENV)/.installed-$(TF221_VERSION) test-data ## the tf engine's tests on TensorFlow 2.21 without Horovod (.venv-tf221)
 	@! $(TF221_VENV)/bin/python -c "import horovod" 2>/dev/null || { echo "test-tf221: Horovod is in $(TF221_VENV), which must have none" >&2; exit 1; }
 	$(TF221_VENV)/bin/pytest $(TF221_TESTS) $(PYTEST_ARGS) \
 	    --deselect tests/test_tf_engine.py::test_both_engines_train_one_worker_to_the_same_weights \

@@ -1614,3 +1614,13 @@ def test_engine_and_module_keys_are_checked(change, problem, monkeypatch, tmp_pa
         "module_use": "container.module_use: appl/modules is not a plain absolute path of modulefiles",
     }
     assert next(v for k, v in expected.items() if k in problem) in result.output, result.output
+
+
+def test_a_tf_engine_job_that_may_share_its_node_says_so():
+    result = CliRunner().invoke(cli, ["submit", "--cluster", "roihu-module", "--gpus", "2", "-c", SYNTHETIC,
+                                      "--account", "project_2001234", "--dry-run"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "Note: the tf engine's workers listen on their ports without authentication" in result.stderr
+    whole = CliRunner().invoke(cli, ["submit", "--cluster", "lumi-module", "--gpus", "8", "-c", SYNTHETIC,
+                                     "--account", "project_465000123", "--dry-run"])  # fmt: skip
+    assert whole.exit_code == 0 and "without authentication" not in whole.stderr  # --exclusive: its own nodes

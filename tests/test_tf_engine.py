@@ -347,10 +347,11 @@ def test_a_horovod_run_resumes_on_the_tf_engine(tmp_path):
 def test_what_the_tf_engine_cannot_do_is_refused_in_one_line(tmp_path):
     proc = run_app(["train", *TINY_SYNTHETIC, "--engine", "tf", "--set", "train.fp16_allreduce=true",
                     "--run-dir", str(tmp_path / "run")], expect=2)  # fmt: skip
-    assert proc.stderr.strip().splitlines()[-1] == (
-        "Error: train.fp16_allreduce is Horovod's compression of gradients on the wire; the tf engine has none: "
+    assert proc.stderr.strip() == (  # refused before anything starts
+        "Error: train.fp16_allreduce: Horovod's compression of gradients on the wire, which the tf engine lacks; "
         "set it to false, or use --engine horovod"
     )
+    assert not (tmp_path / "run").exists()
     proc = run_app(["benchmark", *TINY_SYNTHETIC, "--engine", "tf", "--timeline", "--results",
                     str(tmp_path / "b.jsonl")], expect=2)  # fmt: skip
     assert proc.stderr.strip() == (

@@ -145,6 +145,13 @@ def submit(
     note = profiles.access_note(profile, job.partition)
     if note:
         click.echo(f"Note: {note}", err=True)
+    if profile.engine == "tf" and gpus > 1 and "#SBATCH --exclusive" not in job.script:
+        click.echo(
+            f"Note: the tf engine's workers listen on their ports without authentication, and this job may share "
+            f"its node with other users' jobs: prefer whole nodes ({profile.gpus_per_node} GPUs each; "
+            "docs/engines.md#security-the-tf-engines-ports)",
+            err=True,
+        )
     if dry_run:  # exactly the script sbatch would get (click.echo would strip escape sequences off a pipe)
         sys.stdout.write(job.script)
         return

@@ -151,11 +151,16 @@ def run(megabytes: float, iterations: int, threads: int = 0, engine: str = "auto
     """Every check through ``engine`` (train.engine's values), the same on every rank (each rank's part is
     gathered), for rank 0 to print. Stopped by a signal, this rank's checks so far and a ``stopped`` row
     (``report["stopped"]``: nothing was gathered)."""
+    from app.core.compat import import_tensorflow
+    from app.engines import engine as dist
+
+    import_tensorflow()
+    dist.use(engine)  # an engine that cannot run here is one line, before anything is made
     nccl_dir = _nccl_log_dir()
     checks: list[Check] = []
     _stop_on_signals()
     try:
-        report = _run(megabytes, iterations, threads, nccl_dir, checks, engine)
+        report = _run(megabytes, iterations, threads, nccl_dir, checks)
     except Stopped as exc:
         checks.append(Check("stopped", False, f"stopped by {exc} before every check ended (the job's time "
                                                "limit, or scancel); the rows above are what it found"))  # fmt: skip
@@ -192,15 +197,12 @@ def finish(failed: bool) -> None:
     dist.allgather_object(failed)
 
 
-def _run(
-    megabytes: float, iterations: int, threads: int, nccl_dir: str | None, checks: list[Check], engine: str
-) -> dict:  # fmt: skip
+def _run(megabytes: float, iterations: int, threads: int, nccl_dir: str | None, checks: list[Check]) -> dict:
     from app.core.compat import import_tensorflow
     from app.engines import engine as dist
     from app.engines.info import horovod_build, tensorflow_build
 
     tf = import_tensorflow()
-    dist.use(engine)
     hvd_build, tf_build = horovod_build(), tensorflow_build(tf)
     world = dist.init(threads, checks=False)  # the checks become rows below instead of ending the command
     if world.rank == 0 and (differs := version.mismatch(os.environ.get(version.RENDERED_BY))):

@@ -305,20 +305,25 @@ def schedule_callback(
     return Schedule()
 
 
-def _sum_rows(row: np.ndarray) -> np.ndarray:
-    """Every rank's ``row`` (float64, the same length on every rank), stacked in rank order: one all-reduce of a
-    (ranks x length) matrix holding this rank's row in its own line."""
+def _sum(values: np.ndarray) -> np.ndarray:
+    """``values`` (float64) summed elementwise over the ranks: one eager all-reduce."""
     if _strategy is None:
-        return row[None, :]
+        return values
     tf = _tf()
-    rows = np.zeros((_size, row.size), np.float64)
-    rows[_rank] = row
 
-    def gather(value):
+    def total(value):
         return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, value)
 
-    out = _strategy.run(gather, args=(tf.constant(rows),))
+    out = _strategy.run(total, args=(tf.constant(values),))
     return _strategy.experimental_local_results(out)[0].numpy()
+
+
+def _sum_rows(row: np.ndarray) -> np.ndarray:
+    """Every rank's ``row`` (float64, the same length on every rank), stacked in rank order: one all-reduce of a
+    (ranks x length) matrix holding this rank's row in its own line (for short rows: flags, a step count)."""
+    rows = np.zeros((_size, row.size), np.float64)
+    rows[_rank] = row
+    return _sum(rows)
 
 
 def sum_tensor(tensor, name: str = ""):
@@ -345,7 +350,7 @@ def allreduce_min(value: int) -> int:
 
 def allreduce_sum(values):
     """[tf] Elementwise sums of a float vector over all ranks."""
-    return _sum_rows(np.asarray(values, np.float64).reshape(-1)).sum(axis=0)
+    return _sum(np.asarray(values, np.float64).reshape(-1))
 
 
 def allgather_object(obj) -> list:
@@ -362,8 +367,16 @@ def allgather_object(obj) -> list:
 
 
 def broadcast_object(obj, root: int = 0):
-    """[tf] Rank ``root``'s object on every rank."""
-    return obj if _strategy is None else allgather_object(obj if _rank == root else None)[root]
+    """[tf] Rank ``root``'s object on every rank: its length, then its bytes, each one all-reduce in which the
+    other ranks add zeros (the size of the object, whatever the number of ranks)."""
+    if _strategy is None:
+        return obj
+    data = np.frombuffer(pickle.dumps(obj), np.uint8) if _rank == root else np.zeros(0, np.uint8)
+    (length,) = _sum(np.asarray([data.size], np.float64)).astype(int)
+    padded = np.zeros(length, np.float64)
+    padded[: data.size] = data
+    # The bytes come from this job's own rank, over its own connections (as Horovod's broadcast_object's do).
+    return pickle.loads(_sum(padded).astype(np.uint8).tobytes())  # noqa: S301
 
 
 def average_model_state(model) -> None:

@@ -63,7 +63,7 @@ def header(reporter: Reporter, cfg: Config, spec: Spec, world: World, p: Plan, p
     elif s.start_lr < s.target_lr:
         warmup = f"{t.warmup_epochs:g} epochs from {s.start_lr:.5g} to {s.target_lr:.5g}"
     else:  # the LR was not scaled up (global batch <= the reference batch, or scale_lr false)
-        warmup = f"none needed ({t.warmup_epochs:g} epochs configured, but the LR is not scaled up)"
+        warmup = f"none needed ({t.warmup_epochs:g} epoch{'' if t.warmup_epochs == 1 else 's'} configured, but the LR is not scaled up)"
     decay = {
         "step": f"step x{t.decay_factor:g} at epochs {t.decay_epochs}",
         "cosine": "cosine towards 0 (the last step still trains)",
