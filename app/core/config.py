@@ -359,6 +359,9 @@ def build(
     return cfg
 
 
+FP16_ON_TF = "Horovod's compression of gradients on the wire, which the tf engine lacks; set it to false, or use --engine horovod"
+
+
 def validate(cfg: Config, origins: dict[str, str] | None = None) -> None:
     """Range checks naming the field (and ``origins[field]``, e.g. an environment variable, when given).
     Types, and that floats are finite, were checked when the values were applied."""
@@ -388,12 +391,7 @@ def validate(cfg: Config, origins: dict[str, str] | None = None) -> None:
     one_of(t.schedule, SCHEDULES, "train.schedule")
     one_of(t.warmup, WARMUPS, "train.warmup")
     one_of(t.engine, ENGINES, "train.engine")
-    need(
-        not (t.fp16_allreduce and t.engine == "tf"),
-        "train.fp16_allreduce",
-        "Horovod's compression of gradients on the wire, which the tf engine lacks; set it to false, or use "
-        "--engine horovod",
-    )
+    need(not (t.fp16_allreduce and t.engine == "tf"), "train.fp16_allreduce", FP16_ON_TF)
     need(t.batch_size > 0, "train.batch_size", f"must be > 0, got {t.batch_size}")
     need(t.accumulation_steps >= 1, "train.accumulation_steps", f"must be >= 1, got {t.accumulation_steps}")
     need(t.epochs > 0, "train.epochs", f"must be > 0, got {t.epochs}")
