@@ -187,3 +187,12 @@ def test_a_workstation_with_gpus_and_a_cpu_tensorflow_is_refused_unless_asked(tm
         "/dev/nvidia0) but TensorFlow sees none: this TensorFlow is a CPU-only build"
     ), proc.stderr
     assert "SCALEOUT_ALLOW_CPU=1" in proc.stderr and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_tf_engine_tasks_that_did_not_join_are_refused_with_the_tf_engine_s_fix():
+    with pytest.raises(AppError) as err:
+        check_world_size(1, {"SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "2"}, "tf")
+    assert str(err.value).startswith(
+        "SLURM_STEP_NUM_TASKS=4 processes were started, but the tf engine joined 1"
+    )
+    assert "leave TF_CONFIG unset" in str(err.value) and "MPI" not in str(err.value)

@@ -277,7 +277,7 @@ def gather_ranks(tf, world, gpus: list[str]) -> list[dict]:
     except AppError as exc:
         device_problem = str(exc)
     try:
-        check_world_size(world.size, os.environ)
+        check_world_size(world.size, os.environ, dist.current_name())
     except AppError as exc:
         world_problem = str(exc)
     return dist.allgather_object({**mine, "device_problem": device_problem, "world_problem": world_problem})

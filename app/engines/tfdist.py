@@ -66,7 +66,7 @@ def init(threads: int = 0, checks: bool = True) -> World:
     gpus = tf.config.list_physical_devices("GPU")
     # Never a silent fallback: N launched processes that are N one-worker jobs, or GPUs left unused.
     if checks:
-        check_world_size(_size, os.environ)
+        check_world_size(_size, os.environ, "tf")
         check_gpus_seen(len(gpus), os.environ, gpu_device_nodes(), dict(tf.sysconfig.get_build_info()))
     devices.place(gpus, local_rank, local_size, threads)
     if _size > 1:

@@ -100,8 +100,8 @@ def launched_size(env) -> tuple[str, int] | None:
     return None
 
 
-def check_world_size(size: int, env) -> None:
-    """[horovod] Refuse a job whose launcher started N processes that did not join one Horovod job of N."""
+def check_world_size(size: int, env, engine: str = "horovod") -> None:
+    """Refuse a job whose launcher started N processes that did not join one job of N under ``engine``."""
     launched = launched_size(env)
     if launched is None or launched[1] == size:
         return
@@ -111,8 +111,14 @@ def check_world_size(size: int, env) -> None:
             f"this Slurm job has {n} tasks (SLURM_NTASKS={n}) but `app` runs alone in its batch script: start "
             f"it with `srun app ...` (app submit's job script does), or with --np {n} on one node"
         )
+    if engine == "tf":
+        raise AppError(
+            f"{var}={n} processes were started, but the tf engine joined {size}: the ranks did not find each "
+            f"other, so {n} separate trainings would run. Start them with one srun over the job, or with "
+            "`app train --np N`, and leave TF_CONFIG unset (docs/engines.md)"
+        )
     raise AppError(
-        f"{var}={n} processes were started, but {size} joined one job: the ranks did not find each other, so "
+        f"{var}={n} processes were started, but Horovod joined {size}: the ranks did not find each other, so "
         f"{n} separate trainings would run. Check the launcher's MPI plugin (srun --mpi=pmix or pmi2, as "
         "`srun --mpi=list` shows), that the container keeps the launcher's environment (no --cleanenv), and "
         "that the image's MPI matches the host's (`app info`)"
