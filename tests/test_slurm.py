@@ -110,7 +110,7 @@ def test_smoke_job_runs_app_doctor_on_every_rank(cluster, tmp_path, profile):
     log = (tmp_path / "logs" / f"smoke-{job}.out").read_text()
     assert "scaleout doctor: 2 rank(s)" in log and "PROBLEM" not in log and "Error" not in log, log
     expected = (
-        ("engine tf size 2 (launcher: SLURM_STEP_NUM_TASKS=2)", "controller tf-ring,")
+        ("engine tf size 2 (launcher: SLURM_STEP_NUM_TASKS=2)", "tf-ring, launched by srun")
         if profile == "local-tf"
         else ("Horovod size 2 (launcher: HOROVOD_SIZE=2)", "controller gloo,")
     )
