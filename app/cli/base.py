@@ -203,10 +203,10 @@ def relaunch(np_: int | None, extra: list[str] = (), engine: str = "auto") -> No
     engine's own launcher), and exit with their status. The workers are told the engine that started them."""
     if not np_ or np_ == 1 or joined_launcher():
         return
-    from app.engines.engine import installed_guess
+    from app.engines.engine import for_launch
     from app.engines.local import launch_local
 
-    chosen = installed_guess() if engine == "auto" else engine
+    chosen = for_launch(engine)
 
     if detected_launcher():  # a one-task step of it (an interactive `srun --pty bash`): --np decides
         click.echo(

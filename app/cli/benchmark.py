@@ -152,13 +152,10 @@ def benchmark(
             "--timeline records Horovod's collectives, which --pipeline-only has none of; drop one"
         )
     if timeline:
-        from app.engines.engine import installed_guess
+        from app.engines.engine import TIMELINE_ON_TF, for_launch
 
-        if (installed_guess() if cfg.train.engine == "auto" else cfg.train.engine) == "tf":
-            raise UsageError(
-                "--timeline records Horovod's timeline; the tf engine has none: drop --timeline, or use "
-                "--engine horovod"
-            )
+        if for_launch(cfg.train.engine) == "tf":
+            raise UsageError(TIMELINE_ON_TF)
         from app.engines.horovod import enable_timeline
 
         enable_timeline()  # before the workers start: they inherit it

@@ -49,6 +49,11 @@ INTERFACE = (
     "failed_collective",  # whether an error means a peer failed or stopped answering
 )
 
+# `--timeline` under the tf engine: refused before a launch (app.cli.benchmark) and in a worker (tfdist).
+TIMELINE_ON_TF = (
+    "--timeline records Horovod's timeline; the tf engine has none: drop --timeline, or use --engine horovod"
+)
+
 _current: ModuleType | None = None
 _name: str | None = None
 
@@ -69,6 +74,11 @@ def installed_guess() -> str:
     """``auto``'s answer without importing anything (for a launcher deciding what to start): horovod where a
     Horovod package is installed, else tf. The workers decide for certain (:func:`resolve`)."""
     return "horovod" if importlib.util.find_spec("horovod") is not None else "tf"
+
+
+def for_launch(name: str) -> str:
+    """The engine a launcher starts for ``name``: ``auto`` by :func:`installed_guess`, else ``name`` itself."""
+    return installed_guess() if name == "auto" else name
 
 
 def resolve(name: str) -> str:

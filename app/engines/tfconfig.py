@@ -40,10 +40,14 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+def _config(workers: list[str], index: int) -> str:
+    """TF_CONFIG for worker ``index`` of ``workers`` (host:port each)."""
+    return json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
+
+
 def local_config(ports: list[int], index: int) -> str:
     """TF_CONFIG for worker ``index`` of ``len(ports)`` on this machine."""
-    workers = [f"localhost:{p}" for p in ports]
-    return json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
+    return _config([f"localhost:{p}" for p in ports], index)
 
 
 def read_config(env) -> tuple[list[str], int] | None:
@@ -113,8 +117,7 @@ def slurm_config(env, hosts: list[str]) -> str:
         )
     digest = int(hashlib.sha256(f"{job}.{step_id}".encode()).hexdigest()[:12], 16)
     base = PORT_BASE + digest % (PORT_SPAN - max(counts))
-    workers = [f"{h}:{base + i}" for h, n in zip(hosts, counts, strict=True) for i in range(n)]
-    return json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}})
+    return _config([f"{h}:{base + i}" for h, n in zip(hosts, counts, strict=True) for i in range(n)], rank)
 
 
 def expand_hosts(nodelist: str) -> list[str]:

@@ -27,8 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
+from app.core.config import FP16_ON_TF
 from app.core.errors import AppError, UsageError
 from app.engines import devices, tfconfig
+from app.engines.engine import TIMELINE_ON_TF
 from app.engines.world import World, check_gpus_seen, check_world_size, detected_launcher, gpu_device_nodes
 
 _strategy = None  # the MultiWorkerMirroredStrategy of a run on more than one worker
@@ -108,11 +110,8 @@ def model_scope():
 
 def distributed_optimizer(optimizer, accumulation_steps: int = 1, fp16_allreduce: bool = False):
     """[tf] The optimizer itself: under MWMS, Keras all-reduces the gradients in ``apply_gradients``."""
-    if fp16_allreduce:
-        raise UsageError(
-            "train.fp16_allreduce is Horovod's compression of gradients on the wire; the tf engine has none: "
-            "set it to false, or use --engine horovod"
-        )
+    if fp16_allreduce:  # train.engine auto that became tf here (config.validate refuses an explicit tf)
+        raise UsageError(f"train.fp16_allreduce: {FP16_ON_TF}")
     return optimizer
 
 
@@ -306,16 +305,8 @@ def schedule_callback(
 
 
 def _sum(values: np.ndarray) -> np.ndarray:
-    """``values`` (float64) summed elementwise over the ranks: one eager all-reduce."""
-    if _strategy is None:
-        return values
-    tf = _tf()
-
-    def total(value):
-        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, value)
-
-    out = _strategy.run(total, args=(tf.constant(values),))
-    return _strategy.experimental_local_results(out)[0].numpy()
+    """``values`` (float64) summed elementwise over the ranks: one eager all-reduce (:func:`sum_tensor`)."""
+    return values if _strategy is None else sum_tensor(_tf().constant(values)).numpy()
 
 
 def _sum_rows(row: np.ndarray) -> np.ndarray:
@@ -398,9 +389,7 @@ def average_model_state(model) -> None:
 
 def enable_timeline() -> None:
     """[tf] The tf engine has no Horovod timeline: said in one line."""
-    raise UsageError(
-        "--timeline records Horovod's timeline; the tf engine has none: drop --timeline, or use --engine horovod"
-    )
+    raise UsageError(TIMELINE_ON_TF)
 
 
 @contextlib.contextmanager
