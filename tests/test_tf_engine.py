@@ -1,6 +1,7 @@
-"""The tf engine (TensorFlow's MultiWorkerMirroredStrategy with tf_keras) for real: its cluster from `app --np N`
-and from Slurm's variables, 2 workers training, evaluating and accumulating, the same weights as the Horovod
-engine on one worker, and the one-line refusals of what it cannot do. `make test-tf221` runs them again in a venv
+"""The tf engine (TensorFlow's MirroredStrategy on one host, MultiWorkerMirroredStrategy across hosts, with tf_keras)
+for real: its cluster across hosts from Slurm's variables and its refusals, 2 replicas of one process training,
+evaluating and accumulating, the same weights as the Horovod engine on one worker, and the one-line refusals of
+what it cannot do. `make test-tf221` runs them again in a venv
 with TensorFlow 2.21 and no Horovod at all, but for the three that need the Horovod engine."""
 
 from __future__ import annotations
@@ -16,40 +17,7 @@ import pytest
 
 from conftest import ROOT, TINY_SYNTHETIC, run_app
 
-
-def run_tf_workers(np_: int, args: list[str], timeout: int = 600) -> list[subprocess.CompletedProcess]:
-    """``python args...`` as ``np_`` workers of one MWMS cluster on this machine (a TF_CONFIG each)."""
-    from app.engines import tfconfig
-
-    ports = tfconfig.free_ports(np_)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, *args],
-            cwd=ROOT,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": str(ROOT), "TF_CONFIG": tfconfig.local_config(ports, rank)},
-        )  # fmt: skip
-        for rank in range(np_)
-    ]
-    done = [subprocess.CompletedProcess(p.args, p.wait(timeout), *p.communicate()) for p in procs]
-    for rank, proc in enumerate(done):
-        assert proc.returncode == 0, f"rank {rank} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-    return done
-
-
 # ------------------------------------------------------------------ the cluster, without TensorFlow
-
-
-def test_local_workers_get_distinct_free_ports_and_their_own_index():
-    from app.engines import tfconfig
-
-    ports = tfconfig.free_ports(3)
-    assert len(set(ports)) == 3 and all(1024 <= p < 65536 for p in ports)
-    for index in range(3):
-        workers, mine = tfconfig.read_config({"TF_CONFIG": tfconfig.local_config(ports, index)})
-        assert workers == [f"localhost:{p}" for p in ports] and mine == index
 
 
 @pytest.mark.parametrize(
@@ -74,59 +42,74 @@ def test_a_tf_config_that_is_no_cluster_of_workers_is_one_line(value):
     assert "\n" not in str(err.value)
 
 
-def slurm_task(rank: int, node: int, local: int, **extra) -> dict[str, str]:
-    return {"SLURM_PROCID": str(rank), "SLURM_NODEID": str(node), "SLURM_LOCALID": str(local),
-            "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_JOB_ID": "4242",
-            "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "gpu[007-008]", **extra}  # fmt: skip
+def test_a_tf_config_that_no_launcher_started_is_taken_for_a_leftover():
+    """A TF_CONFIG left in a workstation's shell would make a lone worker wait for peers that never come."""
+    from app.core.errors import UsageError
+    from app.engines import tfconfig
+
+    stale = tfconfig._config(["localhost:1234", "localhost:1235"], 0)
+    with pytest.raises(
+        UsageError, match="^TF_CONFIG is set .* no srun step started this process .* unset TF_CONFIG"
+    ):
+        tfconfig.cluster({"TF_CONFIG": stale})
+
+
+def test_two_workers_on_one_host_are_refused_in_one_line():
+    from app.core.errors import UsageError
+    from app.engines import tfconfig
+
+    with pytest.raises(UsageError, match="puts 2 workers on gpu007: the tf engine runs one process per host"):
+        tfconfig.check_one_per_host(["gpu007:20001", "gpu007:20002", "gpu008:20001"])
+    tfconfig.check_one_per_host(["gpu007:20001", "gpu008:20001"])
+
+
+def slurm_task(rank: int, node: int, **extra) -> dict[str, str]:
+    return {"SLURM_PROCID": str(rank), "SLURM_NODEID": str(node), "SLURM_LOCALID": "0",
+            "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_JOB_ID": "4242",
+            "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "gpu[007-008]", "SCALEOUT_TF_PORT": "23456",
+            **extra}  # fmt: skip
 
 
 def test_a_slurm_step_becomes_one_tf_config_for_all_its_tasks():
     from app.engines import tfconfig
 
-    layout = [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
     configs = []
-    for rank, node, local in layout:
-        env = slurm_task(rank, node, local)
+    for rank in (0, 1):
+        env = slurm_task(rank, rank)
         workers, index = tfconfig.cluster(env)
         assert index == rank and json.loads(env["TF_CONFIG"])["task"]["index"] == rank
         configs.append(workers)
-    assert all(c == configs[0] for c in configs)  # every task sees the same cluster
-    hosts = [w.rsplit(":", 1)[0] for w in configs[0]]
-    ports = [int(w.rsplit(":", 1)[1]) for w in configs[0]]
-    assert hosts == ["gpu007", "gpu007", "gpu008", "gpu008"]
-    assert ports[1] == ports[0] + 1 and ports[2:] == ports[:2]  # one port per task on its node
-    assert tfconfig.PORT_BASE <= ports[0] < tfconfig.PORT_BASE + tfconfig.PORT_SPAN
-    other_job = tfconfig.slurm_config(slurm_task(0, 0, 0, SLURM_JOB_ID="4243"), ["gpu007", "gpu008"])
-    assert json.loads(other_job)["cluster"]["worker"][0] != configs[0][0]  # another job, other ports
+    assert configs[0] == configs[1] == ["gpu007:23456", "gpu008:23456"]  # one worker per node, the job's port
 
 
-def test_a_task_on_another_node_than_the_list_says_is_refused_in_one_line():
+@pytest.mark.parametrize(
+    "extra, words",
+    [({"SCALEOUT_TF_PORT": ""}, "SCALEOUT_TF_PORT='': the tf engine across nodes needs the port its job script"),
+     ({"SCALEOUT_TF_PORT": "80"}, "SCALEOUT_TF_PORT='80': the tf engine across nodes needs the port"),
+     ({"SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_STEP_NUM_TASKS": "4"},
+      "the tf engine runs one task per node, holding all of its GPUs; start srun with --ntasks-per-node=1"),
+     ({"SLURMD_NODENAME": "gpu008"}, "this task runs on gpu008, but the step's node list puts node 0 at gpu007")],
+)  # fmt: skip
+def test_a_slurm_step_the_tf_engine_cannot_use_is_one_line(extra, words):
     from app.core.errors import AppError
     from app.engines import tfconfig
 
-    with pytest.raises(
-        AppError, match="this task runs on gpu008, but the step's node list puts node 0 at gpu007"
-    ):
-        tfconfig.cluster(slurm_task(0, 0, 0, SLURMD_NODENAME="gpu008"))
+    with pytest.raises(AppError) as err:
+        tfconfig.cluster(slurm_task(0, 0, **extra))
+    assert words in str(err.value) and "\n" not in str(err.value)
 
 
 def test_a_tf_config_that_is_not_this_srun_step_s_is_refused_in_one_line():
     from app.core.errors import UsageError
     from app.engines import tfconfig
 
-    stale = tfconfig.local_config([1234, 1235], 0)  # a 2-worker TF_CONFIG from the submitting shell
+    stale = tfconfig._config(
+        ["a:1234", "b:1235", "c:1236"], 0
+    )  # a 3-worker TF_CONFIG from the submitting shell
     with pytest.raises(
-        UsageError, match="names 2 workers with this one at index 0, but srun started 4 tasks and"
+        UsageError, match="names 3 workers with this one at index 0, but srun started 2 tasks and"
     ):
-        tfconfig.cluster(slurm_task(1, 0, 1, TF_CONFIG=stale))
-
-
-def test_a_slurm_step_placed_cyclically_is_refused_in_one_line():
-    from app.core.errors import AppError
-    from app.engines import tfconfig
-
-    with pytest.raises(AppError, match="not by blocks: .* --distribution=block"):
-        tfconfig.cluster(slurm_task(1, 1, 0))  # rank 1 on the second node: cyclic
+        tfconfig.cluster(slurm_task(1, 1, TF_CONFIG=stale))
 
 
 def test_one_task_and_no_tf_config_is_one_worker():
@@ -193,7 +176,7 @@ def test_an_unknown_engine_is_a_usage_error():
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_two_tf_workers_train_evaluate_and_stay_in_sync(tmp_path):
+def test_two_tf_replicas_train_evaluate_and_stay_in_sync(tmp_path):
     run = tmp_path / "run"
     proc = run_app(["train", *TINY_SYNTHETIC, "--epochs", "2", "--run-dir", str(run), "--np", "2", "--engine", "tf",
                     "--set", "train.eval_steps=2", "--accumulation-steps", "2"])  # fmt: skip
@@ -201,9 +184,9 @@ def test_two_tf_workers_train_evaluate_and_stay_in_sync(tmp_path):
     assert (summary["engine"], summary["workers"], summary["launcher"]) == ("tf", 2, "local")
     assert (summary["accumulation_steps"], summary["global_batch"]) == (2, 32)  # MWMS with accumulation
     assert summary["replica_weight_spread"] == 0.0  # the same weights on both ranks
-    assert "(tf engine, ports " in proc.stderr
+    assert "(tf engine: 2 replica(s) in one process, no port opened)" in proc.stderr
     out = proc.stdout + proc.stderr
-    assert out.count("scaleout: ") == 1 and "launcher local, engine tf, ring all-reduce" in out
+    assert out.count("scaleout: ") == 1 and "launcher local, engine tf, local all-reduce" in out
     assert "[rank 1]" not in out, out  # rank 1 has nothing to say
     assert "eagerly has significant overhead" not in out and "grpc_server_lib" not in out
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -222,12 +205,14 @@ def test_two_tf_workers_train_evaluate_and_stay_in_sync(tmp_path):
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_tf_accumulation_on_one_worker_equals_two_tf_workers(tmp_path):
-    # The large-global-batch emulation on the tf engine: 1 worker x 2 accumulated passes == 2 workers x 1 pass.
+    # The large-global-batch emulation on the tf engine: 1 worker x 2 accumulated passes == 2 workers x 1 pass
+    # (2 replicas of one process, each given its own half of the process's batch).
     worker = str(ROOT / "tests" / "workers" / "accumulate.py")
-    proc = subprocess.run([sys.executable, worker, str(tmp_path / "one.npz"), "2", "tf"], capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    run_tf_workers(2, [worker, str(tmp_path / "two.npz"), "1", "tf"])
+    for out, accumulation, replicas in (("one", "2", "1"), ("two", "1", "2")):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "SCALEOUT_REPLICAS": replicas}
+        proc = subprocess.run([sys.executable, worker, str(tmp_path / f"{out}.npz"), accumulation, "tf"],
+                              capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
     subprocess.run([sys.executable, worker, str(tmp_path / "half.npz"), "1", "tf"], check=True,
                    capture_output=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
     one, two, half = (np.load(tmp_path / f"{n}.npz") for n in ("one", "two", "half"))
@@ -240,7 +225,7 @@ def test_tf_accumulation_on_one_worker_equals_two_tf_workers(tmp_path):
 
 
 @pytest.mark.distributed
-def test_app_doctor_checks_two_tf_workers_and_times_a_correct_all_reduce():
+def test_app_doctor_checks_two_tf_replicas_and_times_a_correct_all_reduce():
     proc = run_app(
         ["doctor", "--np", "2", "--engine", "tf", "--megabytes", "1", "--iterations", "2", "--json"]
     )
@@ -248,12 +233,14 @@ def test_app_doctor_checks_two_tf_workers_and_times_a_correct_all_reduce():
     checks = {c["name"]: c for c in report["checks"]}
     assert list(checks) == ["build", "devices", "world", "allreduce", "transport", "input"]
     assert all(c["ok"] for c in checks.values()), checks
-    assert "engine tf (MultiWorkerMirroredStrategy)" in checks["build"]["detail"]
-    assert "engine tf size 2 (launcher: SCALEOUT_SIZE=2)" in checks["world"]["detail"]
-    assert "controller tf-ring, launched by local" in checks["world"]["detail"]
+    assert "engine tf (MirroredStrategy)" in checks["build"]["detail"]
+    assert "engine tf size 1 x 2 replicas (launcher: SCALEOUT_SIZE=1)" in checks["world"]["detail"]
+    assert "controller tf-local, launched by local" in checks["world"]["detail"]
     assert report["allreduce"]["bytes"] == 2**20 and report["allreduce"]["seconds"] > 0
     assert "1 MiB on /CPU:0" in checks["allreduce"]["detail"] and "wrong" not in checks["allreduce"]["detail"]
-    assert checks["transport"]["detail"].startswith("TensorFlow's ring all-reduce over gRPC (no GPUs)")
+    assert checks["transport"]["detail"].startswith(
+        "TensorFlow's reduction between this process's devices (no"
+    )
 
 
 @pytest.mark.slow

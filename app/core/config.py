@@ -39,7 +39,15 @@ SAFE_HINT = f"use letters, digits and . _ + - only (first a letter, digit or _; 
 # Keys that may differ between a run's saved config and a resume of it: they do not change what is learned
 # so far (longer training, other logging, data moved to another disk).
 # train.engine: both engines train the same steps and their checkpoints hold the same variables (docs/engines.md).
-RESUMABLE_CHANGES = ("train.epochs", "train.decay_epochs", "data.data_dir", "run.", "train.engine")
+RESUMABLE_CHANGES = (
+    "train.epochs",
+    "train.decay_epochs",
+    "data.data_dir",
+    "run.",
+    "train.engine",
+    "train.tf_accept_unauthenticated_grpc",
+    "train.tf_join_timeout_s",
+)
 # ... except these: the seed fixes the data order and augmentation a resume must continue exactly.
 FIXED_ON_RESUME = ("run.seed",)
 
@@ -95,8 +103,14 @@ class TrainConfig:
     nesterov: bool = False
     fp16_allreduce: bool = False  # Horovod compression of gradients on the wire
     # Who distributes: horovod (Horovod's Keras integration, the reference study's), tf (TensorFlow's own
-    # MultiWorkerMirroredStrategy, for site modules without Horovod) or auto (Horovod where it imports, else tf).
+    # strategies, for site modules without Horovod) or auto (Horovod where it imports, else tf).
     engine: str = "auto"
+    # The tf engine across hosts runs TensorFlow's gRPC server on every interface with no authentication:
+    # anyone who reaches a node can run code as you. Refused unless this says yes (docs/engines.md).
+    tf_accept_unauthenticated_grpc: bool = False
+    # Seconds the tf engine's workers across hosts wait for each other at the start before ending, naming the
+    # ones that never came (a peer that never started would otherwise keep the allocation waiting for ever).
+    tf_join_timeout_s: float = 600.0
     steps_per_epoch: int = 0  # 0: the whole training split; >0 caps an epoch (quick tests, benchmarks)
     eval_steps: int = 0  # 0: the whole evaluation split
 
@@ -393,6 +407,7 @@ def validate(cfg: Config, origins: dict[str, str] | None = None) -> None:
     one_of(t.engine, ENGINES, "train.engine")
     need(not (t.fp16_allreduce and t.engine == "tf"), "train.fp16_allreduce", FP16_ON_TF)
     need(t.batch_size > 0, "train.batch_size", f"must be > 0, got {t.batch_size}")
+    need(t.tf_join_timeout_s > 0, "train.tf_join_timeout_s", f"seconds, > 0, got {t.tf_join_timeout_s}")
     need(t.accumulation_steps >= 1, "train.accumulation_steps", f"must be >= 1, got {t.accumulation_steps}")
     need(t.epochs > 0, "train.epochs", f"must be > 0, got {t.epochs}")
     need(t.base_lr > 0, "train.base_lr", f"must be > 0, got {t.base_lr}")

@@ -19,3 +19,27 @@ def place(gpus: list, local_rank: int, local_size: int, threads: int = 0) -> Non
         per_worker = threads or max(1, (os.cpu_count() or 1) // max(1, local_size))
         tf.config.threading.set_intra_op_parallelism_threads(per_worker)
         tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, per_worker)))
+
+
+def place_replicas(gpus: list, replicas: int, threads: int = 0) -> None:
+    """The tf engine's process holds ``replicas`` replicas: the first ``replicas`` GPUs (memory grown), or as many
+    logical devices on the CPU (for CPU runs and tests), which share this process's threads. Before any
+    TensorFlow op runs."""
+    import tensorflow as tf
+
+    from app.core.errors import UsageError
+
+    if gpus:
+        if len(gpus) < replicas:
+            raise UsageError(
+                f"{replicas} replicas asked for, but this process sees {len(gpus)} GPU(s): use --np {len(gpus)} "
+                "or fewer, or give the task the node's GPUs"
+            )
+        for gpu in gpus:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        tf.config.set_visible_devices(gpus[:replicas], "GPU")
+        return
+    if replicas > 1:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
+    place([], 0, 1, threads)

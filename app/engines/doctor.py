@@ -147,7 +147,9 @@ def _stop_on_signals() -> None:
         signal.signal(getattr(signal, name), stop)
 
 
-def run(megabytes: float, iterations: int, threads: int = 0, engine: str = "auto") -> dict:
+def run(
+    megabytes: float, iterations: int, threads: int = 0, engine: str = "auto", accept_grpc: bool = False
+) -> dict:
     """Every check through ``engine`` (train.engine's values), the same on every rank (each rank's part is
     gathered), for rank 0 to print. Stopped by a signal, this rank's checks so far and a ``stopped`` row
     (``report["stopped"]``: nothing was gathered)."""
@@ -160,7 +162,7 @@ def run(megabytes: float, iterations: int, threads: int = 0, engine: str = "auto
     checks: list[Check] = []
     _stop_on_signals()
     try:
-        report = _run(megabytes, iterations, threads, nccl_dir, checks)
+        report = _run(megabytes, iterations, threads, nccl_dir, checks, accept_grpc)
     except Stopped as exc:
         checks.append(Check("stopped", False, f"stopped by {exc} before every check ended (the job's time "
                                                "limit, or scancel); the rows above are what it found"))  # fmt: skip
@@ -197,17 +199,26 @@ def finish(failed: bool) -> None:
     dist.allgather_object(failed)
 
 
-def _run(megabytes: float, iterations: int, threads: int, nccl_dir: str | None, checks: list[Check]) -> dict:
+def _run(
+    megabytes: float,
+    iterations: int,
+    threads: int,
+    nccl_dir: str | None,
+    checks: list[Check],
+    accept_grpc: bool,
+) -> dict:
     from app.core.compat import import_tensorflow
     from app.engines import engine as dist
     from app.engines.info import horovod_build, tensorflow_build
 
     tf = import_tensorflow()
     hvd_build, tf_build = horovod_build(), tensorflow_build(tf)
-    world = dist.init(threads, checks=False)  # the checks become rows below instead of ending the command
+    world = dist.init(
+        threads, checks=False, accept_grpc=accept_grpc
+    )  # the checks become rows below instead of ending the command
     if world.rank == 0 and (differs := version.mismatch(os.environ.get(version.RENDERED_BY))):
         print(f"scaleout doctor: warning: {differs}", file=sys.stderr)
-    checks.append(check_build(tf, hvd_build, tf_build))
+    checks.append(check_build(tf, hvd_build, tf_build, world))
     gpus = [d.name for d in tf.config.list_physical_devices("GPU")]
     ranks = gather_ranks(tf, world, gpus)
     checks += [check_devices(ranks), check_world(ranks, world)]
@@ -227,7 +238,7 @@ def _run(megabytes: float, iterations: int, threads: int, nccl_dir: str | None, 
     }
 
 
-def check_build(tf, hvd_build: dict, tf_build: dict) -> Check:
+def check_build(tf, hvd_build: dict, tf_build: dict, world) -> Check:
     """1. TensorFlow's and the engine's builds: under Horovod, Horovod importable with NCCL/RCCL for a GPU build
     (the tf engine's collectives are TensorFlow's own); the same on every rank."""
     from app.engines import engine as dist
@@ -239,7 +250,8 @@ def check_build(tf, hvd_build: dict, tf_build: dict) -> Check:
     problems = []
     tf_engine = dist.current_name() == "tf"
     if tf_engine:
-        engine_build = "engine tf (MultiWorkerMirroredStrategy)"
+        strategy = "MultiWorkerMirroredStrategy" if world.size > 1 else "MirroredStrategy"
+        engine_build = f"engine tf ({strategy})"
     elif hvd_build["version"] is None:
         problems.append("Horovod is not importable")
     elif gpu_build and not hvd_build["tensor_operations"]["nccl"]:
@@ -300,13 +312,14 @@ def check_world(ranks: list[dict], world) -> Check:
     """3. Horovod's size against the launcher's task count, and the world as Horovod sees it."""
     bad = next((r for r in ranks if r["world_problem"]), None)
     launched = launched_size(os.environ)
+    replicas = f" x {world.replicas} replicas" if world.replicas > 1 else ""
     said = f"launcher: {launched[0]}={launched[1]}" if launched else "no launcher (one process)"
     return Check(
         "world",
         bad is None,
         f"rank {bad['rank']}: {bad['world_problem']}"
         if bad
-        else f"{_engine_name()} size {world.size} ({said}), {world.nodes} node(s), {world.local_size} rank(s) "
+        else f"{_engine_name()} size {world.size}{replicas} ({said}), {world.nodes} node(s), {world.local_size} rank(s) "
         f"on this node, controller {world.controller}, launched by {world.launcher}",
     )
 
@@ -329,11 +342,12 @@ def check_allreduce(tf, world, gpus: list[str], megabytes: float, iterations: in
             out = dist.sum_tensor(buffer, f"doctor.timed.{i}")
         result = out.numpy()
         elapsed = (time.perf_counter() - start) / iterations
-    expected = world.size * (world.size + 1) / 2
+    # [tf] each of a process's replicas contributes its buffer
+    expected = world.replicas * world.size * (world.size + 1) / 2
     gathered = dist.allgather_object((elapsed, int((result != expected).sum())))
     slowest = max(t for t, _ in gathered)
     wrong_ranks = [(rank, w) for rank, (_, w) in enumerate(gathered) if w]  # every rank's result is checked
-    algorithm, bus = bandwidths(count * 4, slowest, world.size)
+    algorithm, bus = bandwidths(count * 4, slowest, world.workers)
     wrong = (
         f"; rank {wrong_ranks[0][0]}: {wrong_ranks[0][1]} of {count} elements wrong (expected {expected:g})"
         if wrong_ranks
@@ -379,8 +393,12 @@ def check_transport(
             if not used:
                 problem = (" (NCCL_SOCKET_IFNAME asks for Slingshot's hsn interfaces: check the RCCL OFI plugin "
                            "and the /opt/cray and libcxi binds)")  # fmt: skip
-    elif dist.current_name() == "tf":
+    elif dist.current_name() == "tf" and world.size > 1:
         transport = "TensorFlow's ring all-reduce over gRPC (no GPUs); no NCCL on this path"
+    elif dist.current_name() == "tf":
+        transport = (
+            "TensorFlow's reduction between this process's devices (no GPUs, no port); no NCCL on this path"
+        )
     else:
         cpu_ops = os.environ.get("HOROVOD_CPU_OPERATIONS") or world.controller
         transport = f"Horovod CPU operations ({cpu_ops}); no NCCL on this path"

@@ -45,10 +45,14 @@ def _single(h) -> bool:
     return not h.is_initialized() or h.size() == 1
 
 
-def init(threads: int = 0, checks: bool = True) -> World:
+def init(
+    threads: int = 0, checks: bool = True, accept_grpc: bool = False, join_timeout_s: float = 600.0
+) -> World:
     """Start Horovod and pin this process to one GPU (one rank per GPU), or share the CPU cores fairly.
 
-    ``checks=False`` leaves the no-silent-fallback checks to the caller (`app doctor` reports them instead)."""
+    ``checks=False`` leaves the no-silent-fallback checks to the caller (`app doctor` reports them instead).
+    ``accept_grpc`` and ``join_timeout_s`` are the tf engine's: Horovod runs no gRPC server, and its own
+    rendezvous has its time limit (app.engines.rendezvous)."""
     import tensorflow as tf
 
     h = hvd()

@@ -1,7 +1,7 @@
-"""`--np N`: N local workers, through ``horovodrun --gloo`` (the Horovod engine) or started here with a TF_CONFIG
-each on free ports (the tf engine), with their signals, output and errors handled so that they behave as one
-command (one error line, Ctrl-C and a stop signal reaching every worker, nothing left running when the launcher
-dies).
+"""`--np N`: N local workers, through ``horovodrun --gloo`` with its rendezvous on loopback (the Horovod engine),
+or one process holding N replicas (the tf engine), with their signals, output and errors handled so that they
+behave as one command (one error line, Ctrl-C and a stop signal reaching every worker, nothing left running when
+the launcher dies). Nothing either starts listens beyond loopback.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ import threading
 import time
 
 from app.core.errors import REQUEUE_EXIT_CODE, AppError, UsageError
-from app.engines import tfconfig
-from app.engines.world import ERROR_DIR_VAR, LAUNCHED_BY_VAR, LOCAL_RANK_VARS, collected_errors
+from app.engines.world import ERROR_DIR_VAR, LAUNCHED_BY_VAR, LOCAL_RANK_VARS, REPLICAS_VAR, collected_errors
 
 
 def launch_local(np: int, argv: list[str], engine: str = "horovod") -> int:
@@ -37,6 +36,8 @@ def launch_local(np: int, argv: list[str], engine: str = "horovod") -> int:
             "--np with the Horovod engine needs horovodrun, which comes with Horovod: run `make install`, or pass --engine tf"
         )
     cmd = [horovodrun, "--gloo", "-np", str(np), "-H", f"localhost:{np}", sys.executable, "-m", "app", *argv]
+    # The wrapper runs horovodrun's own code with its rendezvous server on loopback (see _HOROVODRUN_WRAPPER).
+    cmd = [LOOPBACK_FLAG, *cmd]
     return _with_errors(np, lambda env: _run_horovodrun(cmd, env, np))
 
 
@@ -65,7 +66,7 @@ def _run_horovodrun(cmd: list[str], env: dict, np: int) -> int:
     # workers have no stop handler: every signal ends them through horovodrun, as Ctrl-C does.
     command = next((a for a in cmd[cmd.index("app") + 1 :] if not a.startswith("-")), None)
     forwarder = _Forwarder(np, stoppable=command == "train")
-    print("+ " + shlex.join(cmd), file=sys.stderr, flush=True)
+    print("+ " + shlex.join(a for a in cmd if a != LOOPBACK_FLAG), file=sys.stderr, flush=True)
     # horovodrun prefixes every worker line with "[rank]<stream>:". Rank 0 speaks for the run, so its prefix
     # goes; other ranks keep theirs (they only speak when something is wrong). horovodrun's own traceback on
     # a failed worker becomes one line, and TensorFlow's start-up noise is dropped (see app.core.compat).
@@ -106,6 +107,14 @@ def _run_horovodrun(cmd: list[str], env: dict, np: int) -> int:
 # and dies with its launcher (PR_SET_PDEATHSIG: SIGKILL), whereupon Horovod's middlemen end the workers, so a
 # killed or hung-up `app --np` leaves nothing running. A small exec wrapper instead of preexec_fn, which is
 # unsafe once the launcher has threads.
+#
+# Loopback: horovodrun's rendezvous server binds ('', port), every interface, for the whole run (measured with
+# ss), and Horovod has no option to bind it elsewhere. With LOOPBACK_FLAG the wrapper runs horovodrun's own
+# entry point in this process with that one function, horovod.runner.http.http_server.find_port, replaced by one
+# binding 127.0.0.1 on a port the kernel picks. Every host is local, so horovodrun already gives the workers
+# 127.0.0.1 as the rendezvous address and `lo` as Gloo's interface. Horovod 0.28.1 is its last release; a
+# Horovod without that function stops here in one line rather than listening on every interface.
+LOOPBACK_FLAG = "--scaleout-horovodrun-on-loopback"
 _HOROVODRUN_WRAPPER = """
 import ctypes, os, signal, sys
 # The launcher held its signals while starting this: one sent to its process group before this process left
@@ -120,8 +129,19 @@ parent = os.getppid()
 ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
 if os.getppid() != parent:
     sys.exit(1)
-os.execv(sys.argv[1], sys.argv[1:])
-"""
+if sys.argv[1] != "@LOOPBACK_FLAG@":
+    os.execv(sys.argv[1], sys.argv[1:])
+import horovod.runner.http.http_server as http_server
+if not hasattr(http_server, "find_port"):
+    sys.exit("Error: this Horovod's horovodrun cannot be kept on loopback (no http_server.find_port); use Horovod 0.28.1")
+def find_port(server_factory):
+    server = server_factory(("127.0.0.1", 0))
+    return server, server.server_address[1]
+http_server.find_port = find_port
+from horovod.runner.launch import run_commandline
+sys.argv = sys.argv[2:]
+sys.exit(run_commandline())
+""".replace("@LOOPBACK_FLAG@", LOOPBACK_FLAG)
 
 
 class _signals_held:
@@ -156,6 +176,7 @@ class _Forwarder:
 
         self.np, self.stoppable = np, stoppable
         self.pid: int | None = None
+        self.own = False
         self.group: list[int] = []
         self.ends = 0  # how many times the workers were told to end
         self.pending: dict[int, float] = {}  # stop signal -> when it came
@@ -169,6 +190,7 @@ class _Forwarder:
         """``pid``: horovodrun's, whose process group ends on Ctrl-C; ``group``: the tf engine's workers, each in
         a session of its own (``pid`` is then the first)."""
         self.pid, self.group = pid, group or [pid]
+        self.own = group is not None  # the tf engine's processes are the workers, horovodrun's are below it
         self.wake.set()
 
     def _note(self, signum, frame) -> None:  # a signal handler: no locks, no threads started here
@@ -194,7 +216,7 @@ class _Forwarder:
             pending = dict(self.pending)  # a copy: the handler may add to it meanwhile
             for signum, since in pending.items():
                 got = delivered.setdefault(signum, set())
-                for pid in (p for root in self.group for p in _worker_pids(root, itself=len(self.group) > 1)):
+                for pid in (p for root in self.group for p in _worker_pids(root, itself=self.own)):
                     if pid not in got and _catches(pid, signum):
                         with contextlib.suppress(ProcessLookupError):
                             os.kill(pid, signum)
@@ -249,24 +271,24 @@ def _worker_pids(root: int, itself: bool = False) -> list[int]:
 
 
 # ------------------------------------------------------------------ the tf engine's own launcher
-# `app train --np N --engine tf`: N workers, each told its place by a TF_CONFIG on ports the kernel found free
-# (never a fixed 8888). Rank 0's output is the command's; the other ranks' lines go to stderr marked [rank r].
-# When a worker fails, the others get PATIENCE_S to end on their own (they notice a peer gone at their next
-# collective), then are ended: nothing is left running.
+# `app train --np N --engine tf`: one process holding N replicas (app.engines.tfdist: no gRPC server, no port).
+# The process machinery below serves any number of processes: their output is relayed (rank 0's as the
+# command's, the others' on stderr marked [rank r]); when one fails, the others get PATIENCE_S to end on their
+# own, then are ended: nothing is left running.
 
 PATIENCE_S = 10  # after one worker failed: how long the others may take to notice and end on their own
 DONE_PATIENCE_S = 120  # after one worker succeeded: how long the others may take to finish too
 KILL_AFTER_S = 15  # after SIGINT: how long before SIGKILL
 
 
-def launch_tf(np: int, argv: list[str], env: dict) -> int:
-    """Start ``np`` workers of ``app <argv>`` and return the first failure's status (0 when all succeed)."""
-    ports = tfconfig.free_ports(np)
+def launch_tf(replicas: int, argv: list[str], env: dict) -> int:
+    """Start ``app <argv>`` as one process of ``replicas`` replicas; return its status."""
+    np = 1
     command = next((a for a in argv if not a.startswith("-")), None)
     forwarder = _Forwarder(np, stoppable=command == "train")
     cmd = [sys.executable, "-m", "app", *argv]
     print(
-        f"+ {np} x {shlex.join(cmd)} (tf engine, ports {', '.join(map(str, ports))})",
+        f"+ {shlex.join(cmd)} (tf engine: {replicas} replica(s) in one process, no port opened)",
         file=sys.stderr,
         flush=True,
     )
@@ -274,8 +296,8 @@ def launch_tf(np: int, argv: list[str], env: dict) -> int:
     with _signals_held():  # a signal during the start waits until every pid is known
         for rank in range(np):
             worker_env = {
-                **env, tfconfig.TF_CONFIG: tfconfig.local_config(ports, rank),
-                LOCAL_RANK_VARS["rank"]: str(rank), LOCAL_RANK_VARS["size"]: str(np),
+                **env, LOCAL_RANK_VARS["rank"]: str(rank), LOCAL_RANK_VARS["size"]: str(np),
+                REPLICAS_VAR: str(replicas),
             }  # fmt: skip
             # The wrapper horovodrun runs in: the worker dies with this launcher (PR_SET_PDEATHSIG).
             procs.append(
@@ -306,7 +328,7 @@ def launch_tf(np: int, argv: list[str], env: dict) -> int:
     rank, code = first, codes[first]
     if code != REQUEUE_EXIT_CODE and not os.listdir(env[ERROR_DIR_VAR]):  # else the workers' own lines follow
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
-        print(f"Error: worker {rank} of {np} failed ({how}); its output is above", file=sys.stderr)
+        print(f"Error: the worker process {how}; its output is above", file=sys.stderr)
     return code if code > 0 else 1
 
 

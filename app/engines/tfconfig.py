@@ -1,53 +1,33 @@
-"""The tf engine's cluster: ``TF_CONFIG`` for MultiWorkerMirroredStrategy, from `app --np N` (free local ports) or
-from Slurm's variables (one task per GPU, block distribution), and who this process is in it.
+"""The tf engine's cluster across hosts: ``TF_CONFIG`` for MultiWorkerMirroredStrategy, one worker per host, from
+Slurm's variables (one task per node) or as the user set it, and who this process is in it. A run on one host
+has none: its one process holds every replica (app.engines.tfdist).
 
-No TensorFlow here: the launcher and the tests use it. TensorFlow's own SlurmClusterResolver is not used: it
-runs `scontrol` (absent inside most containers), gives every task one fixed port (8888: two jobs on a node
-collide), and counts GPUs with nvidia-smi (absent on LUMI).
+No TensorFlow here: the job scripts' checks and the tests use it. TensorFlow's own SlurmClusterResolver is not
+used: it runs `scontrol` (absent inside most containers), gives every task one fixed port (8888: anyone reading
+`squeue` knows where the job listens), and counts GPUs with nvidia-smi (absent on LUMI).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
-import socket
 
 from app.core.errors import AppError, UsageError
+from app.core.ports import TF_PORT_BASE, TF_PORT_SPAN
 from app.engines.world import whole
 
 TF_CONFIG = "TF_CONFIG"
 HOSTS_VAR = "SCALEOUT_TF_HOSTS"  # the job's nodes, comma-separated, as the job script read them with scontrol
-# Each job step's tasks listen from a port of its own: PORT_BASE + a hash of (job id, step id) within PORT_SPAN,
-# plus the task's local index, so two jobs sharing a node seldom meet (a clash fails at start-up in one line,
-# naming the address). 20000-31999 stays below Linux's ephemeral ports (32768-60999 by default).
-PORT_BASE, PORT_SPAN = 20000, 12000
+# The port every node's worker listens on, drawn from /dev/urandom by the job script at each start (in
+# app.core.ports's range), so that nothing public (the job id in `squeue`) tells where the job listens.
+PORT_VAR = "SCALEOUT_TF_PORT"
+PORT_BASE, PORT_SPAN = TF_PORT_BASE, TF_PORT_SPAN
 _WORKER = re.compile(r"([A-Za-z0-9_.-]{1,255}):([0-9]{1,5})")
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports free on this machine now (the kernel picks them; all held until each is known,
-    so none repeats). Another program may take one before a worker binds it: the worker then fails naming it."""
-    sockets = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def _config(workers: list[str], index: int) -> str:
     """TF_CONFIG for worker ``index`` of ``workers`` (host:port each)."""
     return json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
-
-
-def local_config(ports: list[int], index: int) -> str:
-    """TF_CONFIG for worker ``index`` of ``len(ports)`` on this machine."""
-    return _config([f"localhost:{p}" for p in ports], index)
 
 
 def read_config(env) -> tuple[list[str], int] | None:
@@ -82,28 +62,27 @@ def _port(worker: str) -> int | None:
 
 
 def slurm_config(env, hosts: list[str]) -> str:
-    """TF_CONFIG of this Slurm task: every task of the step on its node (Slurm's block distribution, which
-    SLURM_NODEID and SLURM_LOCALID are checked against), each on a port of the job's own range."""
+    """TF_CONFIG of this Slurm task: one task per node of the step (its index is SLURM_NODEID, checked against
+    SLURM_PROCID and the node's name), each listening on the job's port (PORT_VAR)."""
     from app.engines.rendezvous import tasks_per_node
 
     step = "SLURM_STEP_TASKS_PER_NODE" if env.get("SLURM_STEP_TASKS_PER_NODE") else "SLURM_TASKS_PER_NODE"
     counts = tasks_per_node(env.get(step, ""), step)
-    rank, node, local = (whole(env.get(v, "")) for v in ("SLURM_PROCID", "SLURM_NODEID", "SLURM_LOCALID"))
-    job, step_id = whole(env.get("SLURM_JOB_ID", "")) or 0, whole(env.get("SLURM_STEP_ID", "")) or 0
+    rank, node = (whole(env.get(v, "")) for v in ("SLURM_PROCID", "SLURM_NODEID"))
     if len(counts) != len(hosts):
         raise AppError(
             f"{step}={env.get(step)} counts {len(counts)} node(s) but the step has {len(hosts)} ({', '.join(hosts)}); "
             "start the ranks with one srun over the whole job"
         )
-    if None in (rank, node, local) or node >= len(counts) or local >= counts[node]:
+    if any(n != 1 for n in counts):
         raise AppError(
-            "SLURM_PROCID, SLURM_NODEID and SLURM_LOCALID do not place this task in the step: start the ranks "
-            "with srun inside the job"
+            f"{step}={env.get(step)}: the tf engine runs one task per node, holding all of its GPUs; start srun "
+            "with --ntasks-per-node=1 (app submit's job scripts do)"
         )
-    if rank != sum(counts[:node]) + local:
+    if None in (rank, node) or node >= len(counts) or rank != node:
         raise AppError(
-            f"Slurm placed rank {rank} as task {local} of node {node}, not by blocks: the tf engine numbers its "
-            "workers node by node; start srun with --distribution=block"
+            "SLURM_PROCID and SLURM_NODEID do not place this task in the step: start the ranks with srun inside "
+            "the job, one task per node"
         )
     node_name = env.get("SLURMD_NODENAME", "").strip()
     if node_name and node_name != hosts[node]:
@@ -111,13 +90,24 @@ def slurm_config(env, hosts: list[str]) -> str:
             f"this task runs on {node_name}, but the step's node list puts node {node} at {hosts[node]}: start the "
             "ranks with one srun over the whole job (the job script's SCALEOUT_TF_HOSTS must list its nodes in order)"
         )
-    if max(counts) >= PORT_SPAN:
+    port = whole(env.get(PORT_VAR, ""))
+    if port is None or not PORT_BASE <= port < PORT_BASE + PORT_SPAN:
         raise AppError(
-            f"{max(counts)} tasks on one node: the tf engine gives each a port of {PORT_SPAN}; use fewer"
+            f"{PORT_VAR}={env.get(PORT_VAR, '')!r}: the tf engine across nodes needs the port its job script draws "
+            f"({PORT_BASE}-{PORT_BASE + PORT_SPAN - 1}); submit with app submit, or export one"
         )
-    digest = int(hashlib.sha256(f"{job}.{step_id}".encode()).hexdigest()[:12], 16)
-    base = PORT_BASE + digest % (PORT_SPAN - max(counts))
-    return _config([f"{h}:{base + i}" for h, n in zip(hosts, counts, strict=True) for i in range(n)], rank)
+    return _config([f"{h}:{port}" for h in hosts], rank)
+
+
+def check_one_per_host(workers: list[str]) -> None:
+    """One line when TF_CONFIG puts two workers on one host: the tf engine runs one process per host."""
+    hosts = [w.rsplit(":", 1)[0] for w in workers]
+    twice = next((h for h in hosts if hosts.count(h) > 1), None)
+    if twice is not None:
+        raise UsageError(
+            f"{TF_CONFIG} puts {hosts.count(twice)} workers on {twice}: the tf engine runs one process per host, "
+            "holding all its replicas; use `app train --np N` on one host, or one worker per host"
+        )
 
 
 def expand_hosts(nodelist: str) -> list[str]:
@@ -176,7 +166,15 @@ def cluster(env) -> tuple[list[str], int] | None:
     tasks = whole(env.get("SLURM_STEP_NUM_TASKS", ""))
     if found is not None:
         rank = whole(env.get("SLURM_PROCID", ""))
-        if tasks and tasks > 1 and (len(found[0]) != tasks or found[1] != rank):
+        if not tasks or tasks < 2:
+            # Nothing launched this process as one of several: most likely a leftover in the shell, whose
+            # peers would never come (MWMS would wait for them for ever).
+            raise UsageError(
+                f"{TF_CONFIG} is set (a cluster of {len(found[0])} workers) but no srun step started this process "
+                f"with others: a leftover from another run? unset {TF_CONFIG}; `app train --np N` and app submit's "
+                "jobs set up the tf engine themselves"
+            )
+        if len(found[0]) != tasks or found[1] != rank:
             raise UsageError(
                 f"{TF_CONFIG} names {len(found[0])} workers with this one at index {found[1]}, but srun started "
                 f"{tasks} tasks and this is task {rank}: unset {TF_CONFIG} (the tf engine builds one from Slurm's variables)"

@@ -1,20 +1,25 @@
-"""The tf engine: TensorFlow's own MultiWorkerMirroredStrategy (MWMS) with tf_keras, behind the same functions as
+"""The tf engine: TensorFlow's own distribution strategies with tf_keras, behind the same functions as
 app.engines.horovod, for the sites' TensorFlow modules (2.16-2.21) where no Horovod is built.
 
-What it does differently, each line marked ``[tf]``:
+One process per host holds all of that host's replicas (one per GPU; logical CPU devices on CPUs) under
+MirroredStrategy, which needs no server; only a run across hosts uses MultiWorkerMirroredStrategy (MWMS), whose
+gRPC server listens on every interface with no authentication, and only with the user's consent (:func:`init`).
+What it does differently from Horovod, each line marked ``[tf]``:
 
-- The model, optimizer and metrics are created inside the strategy's scope; MWMS gives every rank rank 0's
-  initial values as it creates the variables (no broadcast callback), and Keras reports metrics already summed
-  over the ranks (no averaging callback).
-- Each rank feeds its own shard through ``distribute_datasets_from_function``: no auto-sharding, no rebatching.
+- The model, optimizer and metrics are created inside the strategy's scope; the strategy gives every replica
+  the first one's initial values as it creates the variables (no broadcast callback), and Keras reports metrics
+  already summed over the replicas (no averaging callback).
+- Each process reads its own shard, batched for all its replicas, and the strategy splits each batch into one
+  per replica (``distribute_datasets_from_function``: no auto-sharding).
 - Gradients are all-reduced inside ``apply_gradients``, which must not sit in a tf.cond (MWMS's merge_call):
   accumulation is a Python-level choice between two compiled steps (:class:`AccumulatingModel`).
-- Batch-norm statistics are sync-on-read variables: reading one outside a replica is a collective. So every
-  rank writes each checkpoint (rank 0 into the run, the others into a temporary folder that is removed), and
-  evaluation runs inside the rank's replica (:func:`local_function`).
-- The collectives scaleout needs itself (agree, min, sum, objects) are one eager ``strategy.run`` each around
-  an all-reduce of float64 rows (exact for the integers and bytes they carry); an all-gather inside a
-  tf.function fails on MWMS ("destinations can not be empty", TF 2.18).
+- Batch-norm statistics are sync-on-read variables: across hosts, reading one outside a replica is a collective.
+  So there every process writes each checkpoint (rank 0 into the run, the others into a temporary folder that
+  is removed), and evaluation runs inside the first replica (:func:`local_function`).
+- The collectives scaleout needs itself (agree, min, sum, objects) are between processes: one eager
+  ``strategy.run`` each around an all-reduce of float64 rows (exact for the integers and bytes they carry), to
+  which each process's first replica gives its values; an all-gather inside a tf.function fails on MWMS
+  ("destinations can not be empty", TF 2.18).
 """
 
 from __future__ import annotations
@@ -23,18 +28,37 @@ import contextlib
 import os
 import pickle
 import signal
+import socket
+import sys
+import threading
 from pathlib import Path
 
 import numpy as np
 
 from app.core.config import FP16_ON_TF
-from app.core.errors import AppError, UsageError
+from app.core.errors import AppError, UsageError, brief
 from app.engines import devices, tfconfig
 from app.engines.engine import TIMELINE_ON_TF
-from app.engines.world import World, check_gpus_seen, check_world_size, detected_launcher, gpu_device_nodes
+from app.engines.world import (
+    REPLICAS_VAR,
+    World,
+    check_gpus_seen,
+    check_world_size,
+    detected_launcher,
+    gpu_device_nodes,
+    whole,
+)
 
-_strategy = None  # the MultiWorkerMirroredStrategy of a run on more than one worker
-_rank, _size = 0, 1
+_strategy = None  # MirroredStrategy over this host's replicas, or MultiWorkerMirroredStrategy across hosts
+_rank, _size, _replicas = 0, 1, 1  # this process among the processes (one per host), and its replicas
+
+# [tf] What a run across hosts opens, said in the refusal without consent and in the job log with it.
+GRPC_EXPOSURE = (
+    "TensorFlow's MultiWorkerMirroredStrategy across hosts runs a gRPC server on every interface of each node "
+    "for the whole run, with no authentication: anyone who can reach a node can run code as you (TensorFlow's "
+    "SECURITY.md)"
+)
+GRPC_CONSENT_KEY = "train.tf_accept_unauthenticated_grpc"
 
 
 def _tf():
@@ -44,15 +68,40 @@ def _tf():
 
 
 def strategy():
-    """The strategy training runs under: MWMS on more than one worker, else TensorFlow's default."""
+    """The strategy training runs under: Mirrored over several replicas, MWMS across hosts, else the default."""
     return _strategy if _strategy is not None else _tf().distribute.get_strategy()
 
 
-def init(threads: int = 0, checks: bool = True) -> World:
-    """Join the workers of TF_CONFIG (set by `app --np N`, or built from the Slurm step) and place this one."""
-    global _rank, _size
+def replicas_from_env(env) -> int:
+    """This process's replicas as `app --np` or the job script set them (REPLICAS_VAR), else 1."""
+    value = env.get(REPLICAS_VAR, "").strip()
+    if not value:
+        return 1
+    count = whole(value)
+    if not count:
+        raise UsageError(
+            f"{REPLICAS_VAR}={brief(value)}: a whole number of replicas, 1 or more (unset it for one)"
+        )
+    return count
+
+
+def init(
+    threads: int = 0, checks: bool = True, accept_grpc: bool = False, join_timeout_s: float = 600.0
+) -> World:
+    """Start this host's process: its replicas (one per GPU, or logical CPU devices) under MirroredStrategy, and
+    across hosts (TF_CONFIG, one worker per host) MultiWorkerMirroredStrategy, only with ``accept_grpc``, its
+    peers awaited for at most ``join_timeout_s``.
+
+    Why one process per host: TensorFlow's gRPC server, which MultiWorkerMirroredStrategy needs between
+    processes, listens on every interface and has no option to bind to loopback (grpc_server_lib binds
+    ``[::]:port``; TensorFlow 2.18, checked with ``ss``). One process holding every replica of its host needs no
+    server at all, so a one-host run opens no port; only a run across hosts does, with the user's consent.
+    """
+    global _rank, _size, _replicas
     tf = _tf()
-    launcher = detected_launcher() or "none"
+    # One task per node: a one-task srun step is srun's all the same (a job script's, or `srun app train`).
+    in_step = "SLURM_STEP_ID" in os.environ and "SLURM_PROCID" in os.environ
+    launcher = detected_launcher() or ("srun" if in_step else "none")
     if launcher not in ("none", "local", "srun"):
         raise UsageError(
             f"the tf engine's workers start with `app train --np N` or srun, not {launcher}: use one of those, or "
@@ -61,46 +110,115 @@ def init(threads: int = 0, checks: bool = True) -> World:
     found = tfconfig.cluster(os.environ)
     workers, _rank = found if found else ([], 0)
     _size = max(1, len(workers))
+    _replicas = replicas_from_env(os.environ)
     hosts = [w.rsplit(":", 1)[0] for w in workers] or ["localhost"]
-    mine = hosts[_rank]
-    local_rank = sum(1 for h in hosts[:_rank] if h == mine)
-    local_size = hosts.count(mine)
     gpus = tf.config.list_physical_devices("GPU")
     # Never a silent fallback: N launched processes that are N one-worker jobs, or GPUs left unused.
     if checks:
         check_world_size(_size, os.environ, "tf")
         check_gpus_seen(len(gpus), os.environ, gpu_device_nodes(), dict(tf.sysconfig.get_build_info()))
-    devices.place(gpus, local_rank, local_size, threads)
     if _size > 1:
-        _join(tf, bool(gpus), workers[_rank])
-    controller = "tf-nccl" if gpus else "tf-ring"
-    return World(_rank, _size, local_rank, local_size, len(set(hosts)), launcher, controller)
-
-
-def _join(tf, gpus: bool, address: str) -> None:
-    """[tf] Create the MultiWorkerMirroredStrategy (this process's server listens on ``address``): NCCL between
-    GPUs (TensorFlow-ROCm's NCCL path is RCCL on AMD GPUs), TensorFlow's ring over gRPC on CPUs."""
-    global _strategy
-    # scaleout's own collectives are rare (a stop check every few updates) and run eagerly on purpose (see the
-    # module's docstring): TensorFlow's warning about eager overhead on each of them is dropped.
+        tfconfig.check_one_per_host(workers)
+        if not accept_grpc:
+            raise UsageError(
+                f"{_size} hosts with the tf engine: {GRPC_EXPOSURE}. Use --engine horovod (or a profile with an "
+                f"image that has Horovod), or accept it with --set {GRPC_CONSENT_KEY}=true (docs/engines.md)"
+            )
+        if not gpus and _replicas > 1:
+            raise UsageError(
+                f"{REPLICAS_VAR}={_replicas} on CPU-only hosts: across hosts the tf engine has one CPU replica per "
+                "host; use one GPU-less replica per host, or GPUs"
+            )
+    devices.place_replicas(gpus, _replicas, threads)
+    # scaleout's own collectives are rare (a stop check every few updates, the batch-norm average at each epoch's
+    # end) and run eagerly on purpose: TensorFlow's warning about eager overhead on each of them is dropped.
     tf.get_logger().addFilter(lambda record: "eagerly has significant overhead" not in record.getMessage())
+    if _size > 1:
+        _join(tf, bool(gpus), workers, join_timeout_s)
+        if _rank == 0:
+            port = workers[0].rsplit(":", 1)[1]
+            print(
+                f"scaleout: warning: {GRPC_CONSENT_KEY}: TensorFlow's gRPC server listens on every interface of "
+                f"{', '.join(hosts)} at port {port} until this run ends, with no authentication: anyone who can "
+                "reach these nodes can run code as you (TensorFlow's SECURITY.md)",
+                file=sys.stderr,
+                flush=True,
+            )
+    elif _replicas > 1:
+        _strategy_here(tf, bool(gpus))
+    controller = "tf-nccl" if gpus and _replicas * _size > 1 else "tf-ring" if _size > 1 else "tf-local"
+    return World(_rank, _size, 0, 1, len(set(hosts)), launcher, controller, _replicas)
+
+
+def _strategy_here(tf, gpus: bool) -> None:
+    """[tf] MirroredStrategy over this process's replicas: no server, no port; NCCL between GPUs (RCCL on ROCm),
+    one device's reduction between logical CPU devices."""
+    global _strategy
+    kind = "GPU" if gpus else "CPU"
+    devices_here = [d.name for d in tf.config.list_logical_devices(kind)][:_replicas]
+    _strategy = tf.distribute.MirroredStrategy(devices=devices_here)
+
+
+def _join(tf, gpus: bool, workers: list[str], timeout_s: float) -> None:
+    """[tf] Create the MultiWorkerMirroredStrategy (this process's server listens on its port on every interface):
+    NCCL between GPUs (TensorFlow-ROCm's NCCL path is RCCL on AMD GPUs), TensorFlow's ring over gRPC on CPUs.
+
+    TensorFlow waits in C++ until every worker has come, for ever, where Python's signal handlers cannot run. So
+    while it waits, SIGTERM, SIGINT and SIGUSR1 take their default action (the process ends at once: scancel
+    works), and after ``timeout_s`` a watcher ends it, naming the peers whose port does not answer."""
+    global _strategy
     comm = tf.distribute.experimental.CommunicationImplementation
     options = tf.distribute.experimental.CommunicationOptions(implementation=comm.NCCL if gpus else comm.RING)
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+    for number in handlers:
+        signal.signal(number, signal.SIG_DFL)
+    joined = threading.Event()
+    peers = [w for i, w in enumerate(workers) if i != _rank]
+    threading.Thread(target=_join_deadline, args=(joined, peers, timeout_s), daemon=True).start()
     try:
         _strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     except (tf.errors.OpError, RuntimeError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise AppError(
-            f"the tf engine could not start this worker's server on {address} ({first}): another program may hold "
-            "the port; start again (app --np picks new ports; a Slurm job's ports follow its job id)"
+            f"the tf engine could not start this worker's server on {workers[_rank]} ({first}): another program "
+            "may hold the port; start the job again (its port is drawn at random at each start)"
         ) from None
+    finally:
+        joined.set()
     # [tf] MWMS's coordination service installs its own C-level SIGTERM handler (TensorFlow's preemption
     # notifier), which silently replaced scaleout's: SIGTERM then stopped nothing (measured). Whatever was there
     # before is put back (scaleout's stop handler, or the default: a command without one ends on scancel).
     for number, handler in handlers.items():
-        if handler is not None:
-            signal.signal(number, handler)
+        signal.signal(number, handler if handler is not None else signal.SIG_DFL)
+
+
+def _join_deadline(joined: threading.Event, peers: list[str], timeout_s: float) -> None:
+    """End this process when the workers have not all joined within ``timeout_s``, naming the peers whose port
+    does not answer (never started, or unreachable), in one line."""
+    if joined.wait(timeout_s):
+        return
+    silent = [p for p in peers if not _answers(p)]
+    who = (
+        f"no answer from {', '.join(silent)}"
+        if silent
+        else f"all of {', '.join(peers)} answer but did not join"
+    )
+    message = (
+        f"the tf engine's workers did not all join within {timeout_s:g} s (train.tf_join_timeout_s): {who}; check "
+        "that every node started its task (the job log), or raise train.tf_join_timeout_s"
+    )
+    print(f"Error: {message}", file=sys.stderr, flush=True)
+    os._exit(1)
+
+
+def _answers(address: str) -> bool:
+    """Whether something accepts a TCP connection at ``address`` (host:port) within two seconds."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=2):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def model_scope():
@@ -204,9 +322,13 @@ def accumulating_class():
 
 
 def distribute_dataset(dataset):
-    """[tf] This rank's own shard as MWMS feeds it: per-replica batches as they are, no auto-sharding."""
+    """[tf] This process's own shard, batched for all its replicas, as the strategy feeds it: each batch split
+    into one per replica (consecutive slices, in replica order), no auto-sharding."""
     if _strategy is None:
         return dataset
+    if _replicas > 1:
+        per_replica = dataset.element_spec[0].shape[0] // _replicas
+        dataset = dataset.rebatch(per_replica, drop_remainder=True)
     return _strategy.distribute_datasets_from_function(lambda context: dataset)
 
 
@@ -214,7 +336,7 @@ def local_function(fn):
     """[tf] ``fn`` compiled to run inside this rank's replica, where a batch-norm statistic is read locally: outside
     one, each read would be a collective (and ranks evaluating different numbers of batches would hang)."""
     tf = _tf()
-    if _strategy is None:
+    if _size == 1:  # one process: reading a statistic outside a replica reduces over its own devices only
         return tf.function(fn)
 
     @tf.function
@@ -255,8 +377,8 @@ def train_step_function(model, jit_compile: bool = False):
 
 
 def saves_on_every_rank() -> bool:
-    """[tf] Writing a checkpoint reads the sync-on-read variables, a collective: every rank writes."""
-    return _strategy is not None
+    """[tf] Across hosts, writing a checkpoint reads the sync-on-read variables, a collective: every rank writes."""
+    return _size > 1
 
 
 def failed_collective(exc: BaseException) -> bool:
@@ -305,8 +427,18 @@ def schedule_callback(
 
 
 def _sum(values: np.ndarray) -> np.ndarray:
-    """``values`` (float64) summed elementwise over the ranks: one eager all-reduce (:func:`sum_tensor`)."""
-    return values if _strategy is None else sum_tensor(_tf().constant(values)).numpy()
+    """``values`` (float64) summed elementwise over the processes: one eager all-reduce in which each process's
+    first replica gives its values and its other replicas zeros."""
+    if _size == 1:
+        return values
+    tf = _tf()
+    mine = tf.constant(values)
+
+    def own(context):
+        first = context.replica_id_in_sync_group % _replicas == 0
+        return mine if first else tf.zeros_like(mine)
+
+    return sum_tensor(_strategy.experimental_distribute_values_from_function(own)).numpy()
 
 
 def _sum_rows(row: np.ndarray) -> np.ndarray:
@@ -318,13 +450,16 @@ def _sum_rows(row: np.ndarray) -> np.ndarray:
 
 
 def sum_tensor(tensor, name: str = ""):
-    """[tf] ``tensor`` summed over all ranks, by MWMS's all-reduce on its device (`app doctor`'s timed one)."""
+    """[tf] ``tensor`` summed over every replica of every process (each replica gives it, or its own value of a
+    distributed one), by the strategy's all-reduce on its device (`app doctor`'s timed one)."""
     if _strategy is None:
         return tensor
     tf = _tf()
 
     def total(value):
-        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, value)
+        # Each replica's own copy on its device: the same tensor given to several replicas of one process is
+        # taken for one mirrored value, which a SUM leaves as it is (measured: 1 + 1 = 1 on 2 CPU replicas).
+        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, tf.identity(value))
 
     return _strategy.experimental_local_results(_strategy.run(total, args=(tensor,)))[0]
 
@@ -346,7 +481,7 @@ def allreduce_sum(values):
 
 def allgather_object(obj) -> list:
     """[tf] Every rank's (picklable) object, in rank order: lengths first, then the bytes, as float64 rows."""
-    if _strategy is None:
+    if _size == 1:
         return [obj]
     data = np.frombuffer(pickle.dumps(obj), np.uint8)
     lengths = _sum_rows(np.asarray([data.size], np.float64))[:, 0].astype(int)
@@ -360,7 +495,7 @@ def allgather_object(obj) -> list:
 def broadcast_object(obj, root: int = 0):
     """[tf] Rank ``root``'s object on every rank: its length, then its bytes, each one all-reduce in which the
     other ranks add zeros (the size of the object, whatever the number of ranks)."""
-    if _strategy is None:
+    if _size == 1:
         return obj
     data = np.frombuffer(pickle.dumps(obj), np.uint8) if _rank == root else np.zeros(0, np.uint8)
     (length,) = _sum(np.asarray([data.size], np.float64)).astype(int)
@@ -371,8 +506,8 @@ def broadcast_object(obj, root: int = 0):
 
 
 def average_model_state(model) -> None:
-    """[tf] The batch-norm statistics averaged over the ranks, in one all-reduce inside each rank's replica
-    (where each rank's own values are read and written): every rank then holds, evaluates and saves the same."""
+    """[tf] The batch-norm statistics averaged over every replica, in one all-reduce inside each replica (where its
+    own values are read and written): every replica then holds, evaluates and saves the same."""
     tf = _tf()
     variables = [v for v in model.non_trainable_variables if v.dtype.is_floating]
     if _strategy is None or not variables:

@@ -16,8 +16,11 @@ from dataclasses import dataclass
 
 from app.core.errors import AppError, UsageError, brief, show
 
-# What `app --np N --engine tf` (app.engines.local) tells each of its workers.
+# What `app --np N --engine tf` (app.engines.local) tells the one process it starts.
 LOCAL_RANK_VARS = {"rank": "SCALEOUT_RANK", "size": "SCALEOUT_SIZE"}
+# The tf engine's replicas in this process (one per local GPU, or logical CPU devices): `app --np N` and the job
+# scripts of tf-engine profiles set it; unset, one.
+REPLICAS_VAR = "SCALEOUT_REPLICAS"
 
 # Environment variables by which each launcher tells a process its rank.
 LAUNCHER_RANK_VARS = {
@@ -197,21 +200,32 @@ def gpu_device_nodes() -> list[str]:
 
 @dataclass(frozen=True)
 class World:
-    """Who this process is among the workers, and how they were started and talk."""
+    """Who this process is among the workers, and how they were started and talk.
+
+    ``rank`` and ``size`` count processes: what the launcher started, what reads its own data shard and takes
+    part in scaleout's collectives. A process may hold several ``replicas`` (the tf engine's one process per
+    host over the host's GPUs); ``workers`` counts the replicas of all processes, the data-parallel width that
+    the global batch and the LR scale with. Under Horovod each process is one replica.
+    """
 
     rank: int = 0
     size: int = 1
     local_rank: int = 0
     local_size: int = 1
     nodes: int = 1
-    launcher: str = "none"  # local (app --np, tf engine) | horovodrun | mpirun | srun | pmix | none
-    controller: str = (
-        "gloo"  # Horovod's controller (mpi, gloo), or the tf engine's all-reduce (tf-ring, tf-nccl)
-    )
+    launcher: str = "none"  # local (app --np) | horovodrun | mpirun | srun | pmix | none
+    # Horovod's controller (mpi, gloo), or the tf engine's all-reduce (tf-local, tf-ring, tf-nccl)
+    controller: str = "gloo"
+    replicas: int = 1
 
     @property
     def is_chief(self) -> bool:
         return self.rank == 0
+
+    @property
+    def workers(self) -> int:
+        """The replicas of every process: the number of workers the global batch is split over."""
+        return self.size * self.replicas
 
 
 def detected_launcher() -> str | None:
@@ -347,7 +361,9 @@ def resume_command(run_dir) -> str:
     command = f"app train --run-dir {shlex.quote(str(run_dir))}"
     launched = launched_size(os.environ)
     if os.environ.get(LAUNCHED_BY_VAR) == "app --np" and launched:
-        return f"{command} --np {launched[1]}"
+        # [tf] `app --np N` started one process of N replicas
+        replicas = whole(os.environ.get(REPLICAS_VAR, "")) or 1
+        return f"{command} --np {launched[1] * replicas}"
     launcher = detected_launcher()
     if launcher and launched and launched[1] > 1:
         return f"{command} started by {launcher} with {launched[1]} processes, as before"

@@ -119,23 +119,27 @@ def run(
     source = open_source(cfg.data, world.rank, world.size, cfg.run.seed)
     model = None if pipeline_only else build_model(cfg, source.spec, world)
     out = []
-    planned = {b: steps_for(images, b, world.size, n_windows) if images else steps for b in batch_sizes}
+    planned = {b: steps_for(images, b, world.workers, n_windows) if images else steps for b in batch_sizes}
     for count, batch in [(count, batch) for count in threads for batch in batch_sizes]:
         inputs = input_threads(count, world, reporter)
         steps = planned[batch]
         # As many epochs of the real data as the steps need (a small dataset is simply cycled through).
-        per_epoch = steps if synthetic else distributed.allreduce_min(source.spec.train_examples // batch)
+        # [tf] a process holding several replicas reads one batch for all of them (split by the engine)
+        batch_here = batch * world.replicas
+        per_epoch = (
+            steps if synthetic else distributed.allreduce_min(source.spec.train_examples // batch_here)
+        )
         if per_epoch < 1:
             raise UsageError(
                 f"--batch-sizes {batch}: more than this worker's {source.spec.train_examples} examples"
             )
         ds = train_dataset(
-            source, batch, per_epoch, math.ceil((steps + timeline_steps) / per_epoch), 0, cfg.run.seed, world.rank,
+            source, batch_here, per_epoch, math.ceil((steps + timeline_steps) / per_epoch), 0, cfg.run.seed, world.rank,
             cfg.data.shuffle_buffer, synthetic=synthetic, deterministic=cfg.data.deterministic,
             threads=inputs.pool,
         )  # fmt: skip
         step_fn = None if model is None else distributed.train_step_function(model, cfg.model.jit_compile)
-        iterator = iter(ds)
+        iterator = iter(ds if model is None else distributed.distribute_dataset(ds))
         times, waits, gpu_samples = measure(iterator, step_fn, steps, world)
         timeline = None
         if timeline_steps and world.size == 1 and world.is_chief and batch == batch_sizes[0]:
@@ -144,7 +148,7 @@ def run(
             timeline = record_timeline(iterator, step_fn, timeline_steps, results, world, batch)
         result = {
             **describe(cfg, source, policy, batch, world, count, inputs, pipeline_only),
-            **summarize_steps(times, waits, batch * world.size, n_windows),
+            **summarize_steps(times, waits, batch * world.workers, n_windows),
             "peak_memory_mb": peak_memory_mb(),
             "timeline": timeline,
             "gpu_samples": gpu_samples,  # None without nvidia-smi or rocm-smi (app/engines/gpusample.py)
@@ -153,7 +157,7 @@ def run(
         # The wall-time of this much work on rank 0, every step (the first, which compiles, too; not the start
         # of the process): CSC's scalability test compares these.
         result |= {"steps": steps, "images_target": images or None, "wall_s": sum(times)}
-        result["images_per_s"]["per_worker"] = result["images_per_s"]["mean"] / world.size
+        result["images_per_s"]["per_worker"] = result["images_per_s"]["mean"] / world.workers
         # What one CPU thread of the input pipeline delivers: --pipeline-only's per-core figure (docs/training.md)
         result["images_per_s"]["per_thread"] = result["images_per_s"]["per_worker"] / inputs.count
         # [horovod] the slowest rank sets the pace: report the largest step time any rank saw.
@@ -276,8 +280,8 @@ def describe(cfg, source, policy: str, batch: int, world, count: int, inputs, pi
         "xla": cfg.model.jit_compile,
         "batch_size": batch,
         "accumulation_steps": cfg.train.accumulation_steps,
-        "global_batch": batch * world.size * cfg.train.accumulation_steps,
-        "workers": world.size,
+        "global_batch": batch * world.workers * cfg.train.accumulation_steps,
+        "workers": world.workers,
         "nodes": world.nodes,
         "threads_per_worker": count or None,
         "input_threads": {"per_worker": inputs.count, "from": inputs.source, "private_pool": inputs.private},

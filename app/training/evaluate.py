@@ -74,7 +74,13 @@ def evaluate_run(cfg: Config, run_dir: Path, epoch: int | None = None, threads: 
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as exc:
         raise input_error(source, exc, evaluation=True) from None
     step = int(checkpoint.read_state(found[1]).get("step", 0))
-    result = {"epoch": found[0], "step": step, "checkpoint": str(found[1]), "workers": world.size, **scores}
+    result = {
+        "epoch": found[0],
+        "step": step,
+        "checkpoint": str(found[1]),
+        "workers": world.workers,
+        **scores,
+    }
     if world.is_chief:  # named as the checkpoint: a mid-epoch one's results never replace the epoch's own
         write_json(Path(run_dir) / f"eval-{found[1].name}.json", result)
         top5 = f" top-5 {result['val_top5']:.4f}" if "val_top5" in result else ""

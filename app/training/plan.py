@@ -26,7 +26,7 @@ class Plan:
 
 def plan(cfg: Config, spec: Spec, world: World) -> Plan:
     t = cfg.train
-    local = spec.train_examples // t.batch_size
+    local = spec.train_examples // (t.batch_size * world.replicas)  # a process reads for all its replicas
     if t.steps_per_epoch:
         local = min(local, t.steps_per_epoch) if cfg.data.source != "synthetic" else t.steps_per_epoch
     steps = distributed.allreduce_min(local)  # [horovod] unequal step counts would deadlock the allreduce
@@ -34,36 +34,37 @@ def plan(cfg: Config, spec: Spec, world: World) -> Plan:
     if steps <= 0:
         raise UsageError(
             f"train.batch_size {t.batch_size} x accumulation {t.accumulation_steps} is more than this rank's "
-            f"{spec.train_examples} training examples; lower the batch size or use fewer workers"
+            f"{spec.train_examples // world.replicas} training examples; lower the batch size or use fewer workers"
         )
-    return Plan(steps, t.batch_size * world.size, cfg.global_batch(world.size), t.accumulation_steps)
+    return Plan(steps, t.batch_size * world.workers, cfg.global_batch(world.workers), t.accumulation_steps)
 
 
 def keep_global_batch(cfg: Config, state: dict, world: World, reporter: Reporter) -> Config:
     """A resume on another number of workers keeps the checkpoint's global batch by changing the
     accumulation steps where they can absorb it; else it stops with what would change, unless
     ``run.allow_new_global_batch`` says to go on with the new one."""
-    saved_workers, saved_global = int(state.get("workers", world.size)), int(state.get("global_batch", 0))
+    workers = world.workers
+    saved_workers, saved_global = int(state.get("workers", workers)), int(state.get("global_batch", 0))
     t = cfg.train
-    if saved_workers == world.size or not saved_global or cfg.global_batch(world.size) == saved_global:
+    if saved_workers == workers or not saved_global or cfg.global_batch(workers) == saved_global:
         return cfg
-    per_update = t.batch_size * world.size
+    per_update = t.batch_size * workers
     if saved_global % per_update == 0:
         accumulation = saved_global // per_update
         reporter.note(
-            f"resuming on {world.size} workers instead of {saved_workers}: train.accumulation_steps "
+            f"resuming on {workers} workers instead of {saved_workers}: train.accumulation_steps "
             f"{t.accumulation_steps} -> {accumulation} keeps the global batch at {saved_global}"
         )
         return dataclasses.replace(cfg, train=dataclasses.replace(t, accumulation_steps=accumulation))
     if cfg.run.allow_new_global_batch:
         reporter.note(
-            f"resuming on {world.size} workers instead of {saved_workers}: the global batch changes from "
-            f"{saved_global} to {cfg.global_batch(world.size)} (run.allow_new_global_batch), the LR with it"
+            f"resuming on {workers} workers instead of {saved_workers}: the global batch changes from "
+            f"{saved_global} to {cfg.global_batch(workers)} (run.allow_new_global_batch), the LR with it"
         )
         return cfg
     raise UsageError(
-        f"resuming on {world.size} workers instead of {saved_workers} would change the global batch from "
-        f"{saved_global} to {cfg.global_batch(world.size)} (train.batch_size {t.batch_size} x {world.size} "
+        f"resuming on {workers} workers instead of {saved_workers} would change the global batch from "
+        f"{saved_global} to {cfg.global_batch(workers)} (train.batch_size {t.batch_size} x {workers} "
         f"workers x accumulation {t.accumulation_steps}), and no whole number of accumulation steps keeps it; "
         f"resume on {saved_workers} workers, or accept the change with --set run.allow_new_global_batch=true"
     )

@@ -126,7 +126,7 @@ def build_model(cfg: Config, spec: Spec, world: World):
             model, cfg.train.accumulation_steps
         )  # [tf] accumulation in the step
         sgd = tf.keras.optimizers.SGD(
-            learning_rate=make_schedule(cfg, world.size).lr(0.0),
+            learning_rate=make_schedule(cfg, world.workers).lr(0.0),
             momentum=cfg.train.momentum,
             nesterov=cfg.train.nesterov,
         )
@@ -155,7 +155,11 @@ def setup(cfg: Config, threads: int = 0) -> tuple[World, Reporter, str]:
     if cfg.model.jit_compile:
         os.environ.setdefault("HOROVOD_ENABLE_XLA_OPS", "1")  # allreduce inside XLA-compiled steps
     distributed.use(cfg.train.engine)  # which engine answers every distributed.* call from here on
-    world = distributed.init(threads)
+    world = distributed.init(
+        threads,
+        accept_grpc=cfg.train.tf_accept_unauthenticated_grpc,
+        join_timeout_s=cfg.train.tf_join_timeout_s,
+    )
     tf.keras.utils.set_random_seed(cfg.run.seed)  # the same initial weights on every rank
     if cfg.run.deterministic_ops:  # bitwise-reproducible kernels: a resumed run equals an uninterrupted one
         tf.config.experimental.enable_op_determinism()

@@ -54,7 +54,7 @@ def delivers(rate: float | None, inputs: RankThreads) -> str:
 
 
 def header(reporter: Reporter, cfg: Config, spec: Spec, world: World, p: Plan, policy: str, inputs: RankThreads, run_dir, start_epoch: int, start_step: int = 0, rate: float | None = None) -> None:  # fmt: skip
-    s = make_schedule(cfg, world.size)
+    s = make_schedule(cfg, world.workers)
     t = cfg.train
     if not t.warmup_epochs:
         warmup = "none"
@@ -72,12 +72,12 @@ def header(reporter: Reporter, cfg: Config, spec: Spec, world: World, p: Plan, p
     reporter.table(
         f"scaleout: {cfg.name}",
         [
-            ("workers", f"{world.size} ({world.nodes} node{'s' if world.nodes > 1 else ''}, {world.local_size} per node), launcher {world.launcher}, {engine_words(world)}"),
+            ("workers", f"{world.workers} ({world.nodes} node{'s' if world.nodes > 1 else ''}, {world.local_size * world.replicas} per node), launcher {world.launcher}, {engine_words(world)}"),
             ("model", f"{cfg.model.name}, {spec.image_shape[0]}x{spec.image_shape[1]}x{spec.image_shape[2]}, {spec.num_classes} classes"),
-            ("data", f"{spec.name}: {spec.train_examples:,} train / {spec.eval_examples:,} eval examples per worker ({spec.sharding}-level shards)"),
+            ("data", f"{spec.name}: {spec.train_examples:,} train / {spec.eval_examples:,} eval examples per {'process' if world.replicas > 1 else 'worker'} ({spec.sharding}-level shards)"),
             ("input", f"{inputs.count} thread{'s' if inputs.count > 1 else ''} per rank ({inputs.source}"
                       + ("" if inputs.private else "; TensorFlow's shared pool") + ")" + delivers(rate, inputs)),
-            ("batch", f"{t.batch_size} per worker x {world.size} workers x {t.accumulation_steps} accumulation = {p.global_batch} global"),
+            ("batch", f"{t.batch_size} per worker x {world.workers} workers x {t.accumulation_steps} accumulation = {p.global_batch} global"),
             ("learning rate", f"base {t.base_lr:g} per {t.reference_batch}" + (f" -> scaled {s.target_lr:.5g}" if t.scale_lr else " (not scaled)")),
             ("warmup", warmup),
             ("schedule", decay[t.schedule]),
@@ -138,7 +138,7 @@ def train_and_evaluate(
 
     write = CheckpointWriter(
         run_dir, model, cfg.run.keep_checkpoints,
-        {"workers": world.size, "global_batch": p.global_batch, "steps_per_epoch": p.steps_per_epoch,
+        {"workers": world.workers, "global_batch": p.global_batch, "steps_per_epoch": p.steps_per_epoch,
          "precision": policy, "engine": distributed.current_name()},
         world.is_chief, pending_config=pending,
     )  # fmt: skip
@@ -325,7 +325,7 @@ def fit(
         """The callbacks of one model.fit call whose first epoch starts ``first_step`` steps in."""
         out = [
             *distributed.first_callbacks(),  # [horovod] broadcast initial state, then average metrics
-            lr_callback(make_schedule(cfg, world.size), p.steps_per_epoch, first_step),
+            lr_callback(make_schedule(cfg, world.workers), p.steps_per_epoch, first_step),
             distributed.average_state_callback(),  # [horovod] one set of batch-norm statistics, then evaluate
         ]
         if eval_ds is not None:
@@ -359,8 +359,9 @@ def fit(
     try:
         for first_epoch, first_step in segments:
             last = first_epoch + 1 if first_step else cfg.train.epochs
+            # [tf] a process holding several replicas reads one batch for all of them (split by the engine)
             train_ds = train_dataset(
-                source, cfg.train.batch_size, p.steps_per_epoch, last, first_epoch, cfg.run.seed, world.rank,
+                source, cfg.train.batch_size * world.replicas, p.steps_per_epoch, last, first_epoch, cfg.run.seed, world.rank,
                 cfg.data.shuffle_buffer, synthetic=cfg.data.source == "synthetic",
                 deterministic=cfg.data.deterministic, skip_steps=first_step, threads=threads,
             )  # fmt: skip
@@ -390,7 +391,7 @@ def summarize(
         "name": cfg.name,
         "model": cfg.model.name,
         "dataset": cfg.data.name if cfg.data.source == "tfds" else cfg.data.source,
-        "workers": world.size,
+        "workers": world.workers,
         "nodes": world.nodes,
         "launcher": world.launcher,
         "engine": distributed.current_name(),
@@ -398,7 +399,7 @@ def summarize(
         "batch_size": cfg.train.batch_size,
         "accumulation_steps": cfg.train.accumulation_steps,
         "global_batch": p.global_batch,
-        "scaled_lr": make_schedule(cfg, world.size).target_lr,
+        "scaled_lr": make_schedule(cfg, world.workers).target_lr,
         "precision": policy,
         "epochs": int(last.get("epoch", 0)),
         "final": last,

@@ -4,7 +4,7 @@
   2 workers: accumulate.py OUT 1 [ENGINE]   (one micro-batch each, all-reduced)
 Both see the same two micro-batches of 8 images, so with deterministic ops they must end with equal weights.
 ENGINE: horovod (default; Horovod's backward_passes_per_step) or tf (the tf engine's accumulating model; its
-workers are started with a TF_CONFIG each).
+2 workers are 2 replicas of one process, SCALEOUT_REPLICAS=2).
 """
 
 import sys
@@ -32,11 +32,16 @@ with distributed.model_scope():
 rng = np.random.default_rng(42)
 x = rng.normal(size=(2, 8, 16, 16, 3)).astype("float32")
 y = rng.integers(0, 10, size=(2, 8))
-mine = slice(world.rank, world.rank + 1) if world.size == 2 else slice(0, 2)
-ds = tf.data.Dataset.from_tensor_slices((x[mine], y[mine]))
+if (
+    world.workers == 2 and world.replicas == 2
+):  # [tf] one process, two replicas: one batch, split between them
+    ds = tf.data.Dataset.from_tensors((x.reshape(16, 16, 16, 3), y.reshape(16)))
+else:
+    mine = slice(world.rank, world.rank + 1) if world.size == 2 else slice(0, 2)
+    ds = tf.data.Dataset.from_tensor_slices((x[mine], y[mine]))
 before = [v.numpy().copy() for v in model.trainable_variables]
 model.fit(
-    distributed.distribute_dataset(ds), epochs=1, steps_per_epoch=len(x[mine]),
+    distributed.distribute_dataset(ds), epochs=1, steps_per_epoch=int(ds.cardinality()),
     callbacks=distributed.first_callbacks()[:1], verbose=0,
 )  # fmt: skip
 after = [v.numpy() for v in model.trainable_variables]
