@@ -108,9 +108,10 @@ def test_smoke_job_runs_app_doctor_on_every_rank(cluster, tmp_path, profile):
                      said="1 node(s), 2 GPUs, partition debug")  # fmt: skip
     cluster.wait(job)
     log = (tmp_path / "logs" / f"smoke-{job}.out").read_text()
-    assert "scaleout doctor: 2 rank(s)" in log and "PROBLEM" not in log and "Error" not in log, log
+    ranks = 1 if profile == "local-tf" else 2  # the tf engine: one process per node, holding its 2 replicas
+    assert f"scaleout doctor: {ranks} rank(s)" in log and "PROBLEM" not in log and "Error" not in log, log
     expected = (
-        ("engine tf size 2 (launcher: SLURM_STEP_NUM_TASKS=2)", "tf-ring, launched by srun")
+        ("engine tf size 1 x 2 replicas (launcher:", "SLURM_STEP_NUM_TASKS=1)", "tf-local, launched by srun")
         if profile == "local-tf"
         else ("Horovod size 2 (launcher: HOROVOD_SIZE=2)", "controller gloo,")
     )

@@ -55,8 +55,10 @@ def test_golden_scripts(cluster, gpus):
             render(cluster, gpus)
         assert str(err.value) == IMPOSSIBLE[(cluster, gpus)]
         return
-    # The scaleout that rendered it changes with every edit of app/: the golden files hold a placeholder.
-    script = render(cluster, gpus).script.replace(version.identity(), "VERSION DIGEST")
+    # The scaleout that rendered it changes with every edit of app/: the golden files hold a placeholder. The tf
+    # engine's profiles across nodes need the consent to what they open (refused without it: tested below).
+    accept = cluster.endswith("-module") and gpus > profiles.load_cluster(cluster).gpus_per_node
+    script = render(cluster, gpus, accept_grpc=accept).script.replace(version.identity(), "VERSION DIGEST")
     assert script.count('export SCALEOUT_RENDERED_BY="VERSION DIGEST"\n') == 1
     path = GOLDEN / f"{cluster}-{gpus}gpu.sbatch"
     if os.environ.get("UPDATE_GOLDEN"):
@@ -1543,8 +1545,9 @@ def test_a_study_whose_image_is_missing_leaves_no_folder_behind(tmp_path):
 
 # --- engine: tf and site modules (issue 20) -------------------------------------------------------------------
 def test_a_module_profile_loads_its_modules_and_starts_tf_ranks_without_an_image(shims, tmp_path):
-    """roihu-module: CSC's python-tensorflow/2.21 module and a venv on top, no image; plain srun starts the
-    ranks with --engine tf, after the node names for their TF_CONFIG; no Horovod rendezvous."""
+    """roihu-module: CSC's python-tensorflow/2.21 module and a venv on top, no image; plain srun starts one task
+    per node with --engine tf, holding the node's GPUs (no port on one node); across nodes, with consent, after
+    the node names and a port for their TF_CONFIG; no Horovod rendezvous."""
     with_module = tmp_path / "shims"
     shutil.copytree(shims, with_module)
     (with_module / "module").write_text(SHIM)
@@ -1552,19 +1555,61 @@ def test_a_module_profile_loads_its_modules_and_starts_tf_ranks_without_an_image
     (with_module / "scontrol").write_text(SHIM + "printf 'node1\\nnode2\\n'\n")  # node names, one a line
     job = render("roihu-module", 4, python=str(with_module / "python"))
     assert job.image is None and "apptainer" not in job.script and "rendezvous" not in job.script
-    calls, seen = run_sandboxed(job.script, with_module, SHIM_EXEC="1", SHIM_ENV="SCALEOUT_TF_HOSTS")
+    assert "#SBATCH --ntasks-per-node=1\n#SBATCH --cpus-per-task=288\n" in job.script
+    calls, seen = run_sandboxed(job.script, with_module, SHIM_EXEC="1", SHIM_ENV="SCALEOUT_REPLICAS")
     names = [c[0] for c in calls]
-    # The purge, the module, the node names, then the ranks: no rendezvous, no container.
-    assert names == ["module", "module", "scontrol", "srun", "python"], calls
+    # The purge, the module, then the one task per node: no node names, no rendezvous, no container.
+    assert names == ["module", "module", "srun", "python"], calls
     assert calls[1] == ["module", "load", "python-tensorflow/2.21"]
+    assert calls[2][1:3] == ["--kill-on-bad-exit=1", "--mpi=none"]
+    assert calls[3][-2:] == ["--engine", "tf"] and calls[3][1:4] == ["-m", "app", "train"]
+    assert seen[3] == ["4"]  # the node's replicas
+    # Across nodes (a smoke job: a training job's shared-folder check would write into the sandbox).
+    across = render(
+        "roihu-module", 8, configs=[], smoke=True, python=str(with_module / "python"), accept_grpc=True
+    )
+    calls, seen = run_sandboxed(across.script, with_module, SHIM_EXEC="1", SHIM_ENV="SCALEOUT_TF_HOSTS")
+    assert [c[0] for c in calls] == ["module", "module", "scontrol", "srun", "python"], calls
     assert calls[2] == ["scontrol", "show", "hostnames", "node1"]
-    assert calls[3][1:3] == ["--kill-on-bad-exit=1", "--mpi=none"]
-    assert calls[4][-2:] == ["--engine", "tf"] and calls[4][1:4] == ["-m", "app", "train"]
-    assert seen[4] == ["node1,node2"]  # what each rank builds its TF_CONFIG from
+    assert seen[4] == ["node1,node2"]  # what each task builds its TF_CONFIG from
+    training = render("roihu-module", 8, accept_grpc=True).script
+    assert "SET_ARGS=(--set train.tf_accept_unauthenticated_grpc=true)" in training
+
+
+def test_a_tf_engine_job_across_nodes_is_refused_without_consent_and_says_what_opens():
+    with pytest.raises(UsageError) as err:
+        render("roihu-module", 8)
+    message = str(err.value)
+    assert message.startswith(
+        "--gpus 8 on roihu-module spans 2 nodes, where the tf engine runs TensorFlow's gRPC"
+    )
+    assert "no authentication" in message and "--accept-unauthenticated-grpc" in message
+    assert "Use at most 4 GPUs (one node)" in message and "such as roihu" in message and "\n" not in message
+    smoke = render("lumi-module", 16, configs=[], smoke=True, accept_grpc=True).script
+    assert "app doctor --engine tf --accept-unauthenticated-grpc" in smoke
+
+
+def test_the_tf_engine_s_port_across_nodes_is_drawn_at_random_at_each_start(shims, tmp_path):
+    """Nothing public tells the port: two starts of the same job (same job id) draw two ports."""
+    with_module = tmp_path / "shims"
+    shutil.copytree(shims, with_module)
+    (with_module / "module").write_text(SHIM)
+    (with_module / "module").chmod(0o755)
+    (with_module / "scontrol").write_text(SHIM + "printf 'node1\\nnode2\\n'\n")
+    job = render(
+        "roihu-module", 8, configs=[], smoke=True, python=str(with_module / "python"), accept_grpc=True
+    )
+    ports = set()
+    for _ in range(4):
+        calls, seen = run_sandboxed(job.script, with_module, SHIM_EXEC="1", SHIM_ENV="SCALEOUT_TF_PORT")
+        (port,) = seen[4]
+        assert 20000 <= int(port) < 32000
+        ports.add(port)
+    assert len(ports) > 1  # 4 draws from 12,000 ports: all equal by chance once in ~1.7e12
 
 
 def test_lumi_module_uses_csc_s_module_folder_first():
-    script = render("lumi-module", 16).script
+    script = render("lumi-module", 16, accept_grpc=True).script
     use, load = (
         script.index("module use /appl/local/csc/modulefiles\n"),
         script.index("module load tensorflow/2.16 ||"),
@@ -1616,11 +1661,14 @@ def test_engine_and_module_keys_are_checked(change, problem, monkeypatch, tmp_pa
     assert next(v for k, v in expected.items() if k in problem) in result.output, result.output
 
 
-def test_a_tf_engine_job_that_may_share_its_node_says_so():
-    result = CliRunner().invoke(cli, ["submit", "--cluster", "roihu-module", "--gpus", "2", "-c", SYNTHETIC,
-                                      "--account", "project_2001234", "--dry-run"])  # fmt: skip
-    assert result.exit_code == 0, result.output
-    assert "Note: the tf engine's workers listen on their ports without authentication" in result.stderr
-    whole = CliRunner().invoke(cli, ["submit", "--cluster", "lumi-module", "--gpus", "8", "-c", SYNTHETIC,
-                                     "--account", "project_465000123", "--dry-run"])  # fmt: skip
-    assert whole.exit_code == 0 and "without authentication" not in whole.stderr  # --exclusive: its own nodes
+def test_a_one_node_tf_engine_job_opens_no_port_and_says_nothing_of_one():
+    """One node: one task holds its GPUs (MirroredStrategy), no server: no note of any port, whole node or not."""
+    for cluster, gpus, account in (
+        ("roihu-module", 2, "project_2001234"),
+        ("lumi-module", 8, "project_465000123"),
+    ):
+        result = CliRunner().invoke(cli, ["submit", "--cluster", cluster, "--gpus", str(gpus), "-c", SYNTHETIC,
+                                          "--account", account, "--dry-run"])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        assert "authentication" not in result.stderr and "SCALEOUT_TF_PORT" not in result.stdout
+        assert f"export SCALEOUT_REPLICAS={gpus}\n" in result.stdout

@@ -250,7 +250,13 @@ class Fraction(click.ParamType):
 
 
 # The Slurm options of the study commands (app study, issue 9).
-SLURM_KEYS = ("cluster", "account", "partition", "time", "image", "stage_gb")
+SLURM_KEYS = ("cluster", "account", "partition", "time", "image", "stage_gb", "accept_grpc")
+
+# What a tf-engine job across nodes opens; without this flag it is refused (app/cluster/jobscript.py).
+ACCEPT_GRPC_HELP = (
+    "Accept that the tf engine across nodes runs TensorFlow's unauthenticated gRPC server on every interface of "
+    "each node for the whole job (docs/engines.md); refused without it."
+)
 
 
 def slurm_options(cluster_help: str, time_help: str):
@@ -268,6 +274,9 @@ def slurm_options(cluster_help: str, time_help: str):
             default=None,
             help="Copy --data-dir to node-local disk first (GB).",
         ),  # fmt: skip
+        click.option(
+            "--accept-unauthenticated-grpc", "accept_grpc", is_flag=True, default=None, help=ACCEPT_GRPC_HELP
+        ),  # fmt: skip
     ]
 
     def decorate(f):
@@ -280,16 +289,23 @@ def slurm_options(cluster_help: str, time_help: str):
 
 def slurm_words(slurm: dict) -> list[str]:
     """The study's Slurm options as command-line words (for the command that continues it)."""
-    flags = {"stage_gb": "--stage"}
-    return [
-        w for k in SLURM_KEYS if slurm.get(k) is not None for w in (flags.get(k, f"--{k}"), str(slurm[k]))
-    ]
+    flags = {"stage_gb": "--stage", "accept_grpc": "--accept-unauthenticated-grpc"}
+    words = []
+    for k in SLURM_KEYS:
+        if slurm.get(k) is True:
+            words.append(flags[k])
+        elif slurm.get(k) is not None:
+            words += [flags.get(k, f"--{k}"), str(slurm[k])]
+    return words
 
 
 def refuse_slurm_options(slurm: dict, keys, fix: str) -> None:
     given = next((k for k in keys if slurm.get(k) is not None), None)
     if given is not None:
-        raise UsageError(f"{'--stage' if given == 'stage_gb' else '--' + given} {fix}")
+        flag = {"stage_gb": "--stage", "accept_grpc": "--accept-unauthenticated-grpc"}.get(
+            given, f"--{given}"
+        )
+        raise UsageError(f"{flag} {fix}")
 
 
 def main() -> None:

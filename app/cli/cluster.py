@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from app.cli.base import ENGINE_OPTION, NP_OPTION, THREADS_OPTION, Int, cli, relaunch
+from app.cli.base import ACCEPT_GRPC_HELP, ENGINE_OPTION, NP_OPTION, THREADS_OPTION, Int, cli, relaunch
 from app.core.errors import UsageError
 
 
@@ -26,7 +26,8 @@ from app.core.errors import UsageError
 @NP_OPTION
 @ENGINE_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (rank 0).")
-def doctor(megabytes, iterations, threads, np_, engine, as_json):
+@click.option("--accept-unauthenticated-grpc", "accept_grpc", is_flag=True, help=ACCEPT_GRPC_HELP)
+def doctor(megabytes, iterations, threads, np_, engine, as_json, accept_grpc):
     """Check that this allocation is ready to train: build, GPUs, ranks, a timed allreduce, NCCL's network.
 
     Run it as training runs: inside a job (`srun app doctor`, or `app submit --smoke`), or locally with --np.
@@ -42,7 +43,7 @@ def doctor(megabytes, iterations, threads, np_, engine, as_json):
     relaunch(np_, engine=engine or "auto")
     from app.engines import doctor as doctor_stage
 
-    report = doctor_stage.run(megabytes, iterations, threads, engine or "auto")
+    report = doctor_stage.run(megabytes, iterations, threads, engine or "auto", accept_grpc)
     failed = any(not c["ok"] for c in report["checks"])  # the same on every rank: the checks are gathered
     if report["rank"] == 0 and not report.get("stopped"):  # its node's input capacity: a warning at most
         from app.training.benchmark import input_check
@@ -100,6 +101,7 @@ def doctor(megabytes, iterations, threads, np_, engine, as_json):
               help="Requeues of the job at its time limit at most (each needs a new checkpoint since its start).")  # fmt: skip
 @click.option("--smoke", is_flag=True,
               help="Run `app doctor` in the same job shape instead of training (no -c; 10 min; a test partition).")  # fmt: skip
+@click.option("--accept-unauthenticated-grpc", "accept_grpc", is_flag=True, help=ACCEPT_GRPC_HELP)
 @click.option("--dry-run", is_flag=True, help="Print the rendered script; submit nothing.")
 @click.option("--test-only", is_flag=True, help="Ask sbatch --test-only whether and when it would run.")
 def submit(
@@ -117,6 +119,7 @@ def submit(
     name,
     max_requeues,
     smoke,
+    accept_grpc,
     dry_run,
     test_only,
 ):
@@ -141,17 +144,11 @@ def submit(
     job = jobscript.render(
         profile, gpus, list(configs), list(sets), time_limit, account, partition,
         image, data_dir, stage_gb, name, resume=resume, smoke=smoke, max_requeues=max_requeues,
+        accept_grpc=accept_grpc,
     )  # fmt: skip
     note = profiles.access_note(profile, job.partition)
     if note:
         click.echo(f"Note: {note}", err=True)
-    if profile.engine == "tf" and gpus > 1 and "#SBATCH --exclusive" not in job.script:
-        click.echo(
-            f"Note: the tf engine's workers listen on their ports without authentication, and this job may share "
-            f"its node with other users' jobs: prefer whole nodes ({profile.gpus_per_node} GPUs each; "
-            "docs/engines.md#security-the-tf-engines-ports)",
-            err=True,
-        )
     if dry_run:  # exactly the script sbatch would get (click.echo would strip escape sequences off a pipe)
         sys.stdout.write(job.script)
         return

@@ -74,7 +74,7 @@ def render(
     data_dir: str | None = None, stage_gb: int | None = None, name: str | None = None,
     log_dir: Path = Path("logs"), runs_dir: Path = Path("runs"), python: str | None = None,
     resume: str | None = None, smoke: bool = False, task: list[str] | None = None, cfg=None,
-    into: str | None = None, max_requeues: int = MAX_REQUEUES,
+    into: str | None = None, max_requeues: int = MAX_REQUEUES, accept_grpc: bool = False,
 ) -> Job:  # fmt: skip
     """The sbatch script for ``gpus`` GPUs on ``cluster``; every check that can fail, fails here. With
     ``resume`` (a run directory) the job continues that run with its saved config instead of starting one.
@@ -82,13 +82,19 @@ def render(
     With ``task`` (an `app` command and its arguments, e.g. a study's benchmark) the job runs that command with
     the configs instead of `app train`; ``cfg``, when given, is the configs' already built and checked Config
     (a study's config.yaml that a dry run has not written yet). ``into`` is the run directory of a new run
-    (a study's), instead of runs/<name>-<job id>."""
+    (a study's), instead of runs/<name>-<job id>. ``accept_grpc`` accepts what the tf engine opens across nodes
+    (refused without it)."""
     configs, sets = [str(c) for c in configs], list(sets)
     _check_arguments(gpus, configs, sets, data_dir, stage_gb, resume, into, smoke, cfg)
     if not 0 <= max_requeues <= 10_000:  # a number bash's test compares, and more requeues than any run needs
         raise UsageError(f"--max-requeues {max_requeues}: give a number from 0 to 10000")
     _check_plain_values(account, name, partition, image, log_dir, runs_dir)
     shape = _job_shape(cluster, gpus, time_limit, partition, account, smoke)
+    across = cluster.engine == "tf" and shape.nodes > 1
+    if across and not accept_grpc:
+        raise UsageError(tf_across_nodes(cluster, gpus, shape.nodes))
+    if across and not smoke:
+        sets = [*sets, "train.tf_accept_unauthenticated_grpc=true"]
     name = _job_name(configs, sets, data_dir, name, resume, smoke, cfg)
     gres = cluster.gpu_request.format(gpus=shape.tasks)
     stage, staged_bind = "", []
@@ -103,6 +109,8 @@ def render(
     command, announce, purpose = _command(smoke, task)
     # The profile's engine, never auto: an image whose Horovod fails to import must fail, not train otherwise.
     command += f" --engine {cluster.engine}"
+    if across and smoke:
+        command += " --accept-unauthenticated-grpc"
     values = {
         **_header(
             cluster,
@@ -117,7 +125,7 @@ def render(
             requeue=not task and not smoke,
             full_node=full_node,
         ),
-        **launch_values(cluster, app, extra),
+        **launch_values(cluster, app, extra, shape.nodes, shape.tasks),
         "run_dir": shlex.quote(resume)
         if resume is not None
         else shlex.quote(into)
@@ -356,13 +364,22 @@ def _header(
 ) -> dict[str, object]:  # fmt: skip
     """The template's values for the #SBATCH lines: the job's shape, its log, and its stop signal and requeue."""
     lead = signal_lead(shape.time_s)
+    # [tf] one task per node holds the node's GPUs (app.engines.tfdist); Horovod runs one task per GPU.
+    per_node = cluster.engine == "tf"
+    layout = (
+        f"One task per node, holding its {shape.tasks} GPU(s)"
+        if per_node
+        else f"One task per GPU, {shape.tasks} per node"
+    )
     return {
         "purpose": purpose,
         "cluster": cluster.name,
         "job_name": name,
         "nodes": shape.nodes,
-        "tasks_per_node": shape.tasks,
-        "cpus_per_task": cluster.cpus_per_gpu,
+        "tasks_per_node": 1 if per_node else shape.tasks,
+        "cpus_per_task": cluster.cpus_per_gpu * (shape.tasks if per_node else 1),
+        "gpus_per_node": shape.tasks,
+        "layout": layout,
         "gpu_request": gres,
         "time": shape.time_limit,
         "partition": shape.partition.name,
@@ -423,3 +440,14 @@ def render_after(first: Job, cluster: Cluster, name: str, args: list[str], after
     )  # fmt: skip
     partition = re.search(r"^#SBATCH --partition=(\S+)$", script, re.M).group(1)
     return Job(script, name, 1, partition, first.log_dir, first.runs_dir, None, args[0], first.app)
+
+
+def tf_across_nodes(cluster: Cluster, gpus: int, nodes: int) -> str:
+    """The refusal of a tf-engine job across nodes without consent: what it would open, and the choices."""
+    instead = f"a profile whose image has Horovod, such as {cluster.name.removesuffix('-module').removesuffix('-tf')}"
+    return (
+        f"--gpus {gpus} on {cluster.name} spans {nodes} nodes, where the tf engine runs TensorFlow's gRPC server on "
+        "every interface of each node for the whole job, with no authentication: anyone who can reach the nodes "
+        f"can run code as you (TensorFlow's SECURITY.md). Use at most {cluster.gpus_per_node} GPUs (one node), or "
+        f"the Horovod engine ({instead}), or accept it with --accept-unauthenticated-grpc (docs/engines.md)"
+    )

@@ -10,6 +10,7 @@ import shlex
 
 from app.cluster.profile_rules import ENV_PLACEHOLDERS, PLACEHOLDER, TASK_PLACEHOLDERS
 from app.cluster.profiles import Cluster
+from app.core.ports import TF_PORT_BASE, TF_PORT_SPAN
 
 
 def _env_value(value: str) -> str:
@@ -76,13 +77,27 @@ export HOROVOD_GLOO_RENDEZVOUS_ADDR="$rdv_addr" HOROVOD_GLOO_RENDEZVOUS_PORT="$p
 """
 
 
-# engine: tf. The ranks build their TF_CONFIG from Slurm's variables (app/engines/tfconfig.py); the node names come
-# from scontrol here, on the batch host, since the container or the module environment may not have it.
-TF_HOSTS = """
-# engine: tf. srun starts the ranks without MPI; each builds its TF_CONFIG (TensorFlow's MultiWorkerMirroredStrategy)
-# from Slurm's variables and these node names, on ports of this job's own (app/engines/tfconfig.py).
-SCALEOUT_TF_HOSTS=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -) && [ -n "$SCALEOUT_TF_HOSTS" ] || { echo "Error: scontrol show hostnames gave no node names for $SLURM_JOB_NODELIST; not starting the ranks" >&2; exit 1; }
-export SCALEOUT_TF_HOSTS
+# engine: tf. One task per node holds the node's replicas (app/engines/tfdist.py), told their number here.
+TF_ONE_NODE = """
+# engine: tf. srun starts one task on the node, holding its {replicas} replica(s) under TensorFlow's
+# MirroredStrategy: no server, no port (app/engines/tfdist.py).
+export SCALEOUT_REPLICAS={replicas}
+"""
+
+# Across nodes, the tasks build their TF_CONFIG from Slurm's variables (app/engines/tfconfig.py): the node names
+# come from scontrol here, on the batch host, since the container or the module environment may not have it,
+# and the port is drawn from /dev/urandom at each start, so that nothing public (the job id) tells it.
+TF_NODES = """
+# engine: tf across nodes, accepted with train.tf_accept_unauthenticated_grpc: each node's task holds its
+# {replicas} replica(s) and joins the others through TensorFlow's MultiWorkerMirroredStrategy, whose gRPC server
+# listens on every interface of every node of this job, with no authentication, until the step ends: anyone who
+# reaches these nodes can run code as you (TensorFlow's SECURITY.md; docs/engines.md).
+export SCALEOUT_REPLICAS={replicas}
+SCALEOUT_TF_HOSTS=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -) && [ -n "$SCALEOUT_TF_HOSTS" ] || {{ echo "Error: scontrol show hostnames gave no node names for $SLURM_JOB_NODELIST; not starting the ranks" >&2; exit 1; }}
+draw=$(od -An -N2 -tu2 /dev/urandom | tr -dc 0-9) && [ -n "$draw" ] || {{ echo "Error: cannot read /dev/urandom for the tf engine's port" >&2; exit 1; }}
+SCALEOUT_TF_PORT=$(( {base} + draw % {span} ))
+export SCALEOUT_TF_HOSTS SCALEOUT_TF_PORT
+echo "scaleout: warning: the tf engine's unauthenticated gRPC server (TensorFlow's) will listen on every interface of $SCALEOUT_TF_HOSTS at port $SCALEOUT_TF_PORT until the step ends (train.tf_accept_unauthenticated_grpc)" >&2
 """
 
 
@@ -98,12 +113,19 @@ def _modules(cluster: Cluster) -> str:
     return f"# The site's software (container in jobs/clusters/{cluster.name}.yaml):\n{''.join(lines)}"
 
 
-def launch_values(cluster: Cluster, app: str, extra: tuple[str, ...]) -> dict[str, str]:
+def launch_values(
+    cluster: Cluster, app: str, extra: tuple[str, ...], nodes: int = 1, replicas: int = 1
+) -> dict[str, str]:
     """The template's values for the launch: srun's options (``--mpi`` pmix, pmi2 or none, then the profile's),
     the profile's environment and site modules, and before the ranks start what the engine needs: Horovod's
-    rendezvous server with ``mpi: none``, the node names for the tf engine."""
+    rendezvous server with ``mpi: none``; the tf engine's ``replicas`` per task, and across ``nodes`` the node
+    names and a port."""
     env_block, task_env = _environment(cluster)
-    before = TF_HOSTS if cluster.engine == "tf" else _rendezvous(app) if cluster.mpi == "none" else ""
+    if cluster.engine == "tf":
+        block = TF_NODES if nodes > 1 else TF_ONE_NODE
+        before = block.format(replicas=replicas, base=TF_PORT_BASE, span=TF_PORT_SPAN)
+    else:
+        before = _rendezvous(app) if cluster.mpi == "none" else ""
     return {
         "srun_args": " ".join(shlex.quote(a) for a in (f"--mpi={cluster.mpi}", *cluster.srun_args, *extra)),
         "env_block": env_block,
