@@ -345,3 +345,75 @@ def test_what_the_tf_engine_cannot_do_is_refused_in_one_line(tmp_path):
         "Error: --timeline records Horovod's timeline; the tf engine has none: drop --timeline, or use "
         "--engine horovod"
     )
+
+
+# ------------------------------------------------------------------ joining across hosts
+
+
+def _across_hosts_env(tmp_path) -> dict[str, str]:
+    """Rank 0 of a 2-node srun step whose other node never comes (its name does not resolve)."""
+    import random
+    import socket
+
+    from app.core.ports import TF_PORT_BASE, TF_PORT_SPAN
+
+    for port in random.sample(
+        range(TF_PORT_BASE, TF_PORT_BASE + TF_PORT_SPAN), 50
+    ):  # as a job script draws it
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+                break
+            except OSError:
+                continue
+    return {**os.environ, "PYTHONPATH": str(ROOT), "SLURM_PROCID": "0", "SLURM_NODEID": "0", "SLURM_LOCALID": "0",
+            "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_JOB_ID": "1", "SLURM_STEP_ID": "0",
+            "SCALEOUT_TF_HOSTS": "localhost,peer-that-never-came.invalid", "SCALEOUT_TF_PORT": str(port),
+            "TMPDIR": str(tmp_path)}  # fmt: skip
+
+
+def test_a_run_across_hosts_needs_consent_naming_what_it_opens(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "app", "train", *TINY_SYNTHETIC, "--engine", "tf", "--run-dir",
+                           str(tmp_path / "run")], env=_across_hosts_env(tmp_path), capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(
+        "Error: 2 hosts with the tf engine: TensorFlow's MultiWorkerMirroredStrategy"
+    ), proc.stderr
+    assert "--set train.tf_accept_unauthenticated_grpc=true" in proc.stderr and proc.stderr.count("\n") == 1
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_worker_whose_peer_never_comes_ends_at_its_deadline_and_on_sigterm(tmp_path):
+    import signal
+    import time
+
+    args = [sys.executable, "-m", "app", "train", *TINY_SYNTHETIC, "--engine", "tf", "--run-dir", str(tmp_path / "r"),
+            "--set", "train.tf_accept_unauthenticated_grpc=true", "--set", "train.tf_join_timeout_s=8"]  # fmt: skip
+    env = _across_hosts_env(tmp_path)
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr  # ended by its watcher: TensorFlow holds the GIL
+    (error,) = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
+    assert error == (
+        "Error: the tf engine's workers did not all join within 8 s (train.tf_join_timeout_s): no answer from "
+        f"peer-that-never-came.invalid:{env['SCALEOUT_TF_PORT']}; check that every node started its task (the "
+        "job log), or raise train.tf_join_timeout_s"
+    )
+    # SIGTERM to the step's processes while it waits (what scancel sends): it ends at once, whatever the deadline.
+    env = _across_hosts_env(tmp_path)
+    args[-1] = "train.tf_join_timeout_s=600"
+    waiting = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                               start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while subprocess.run(["ss", "-ltnH", f"sport = :{env['SCALEOUT_TF_PORT']}"], capture_output=True,
+                         text=True).stdout.strip() == "":  # fmt: skip
+        assert waiting.poll() is None and time.monotonic() < deadline, waiting.communicate()
+        time.sleep(0.2)
+    time.sleep(1)  # inside TensorFlow's wait
+    t0 = time.monotonic()
+    os.killpg(waiting.pid, signal.SIGTERM)
+    _, err = waiting.communicate(timeout=30)
+    assert waiting.returncode == -signal.SIGKILL and time.monotonic() - t0 < 5, err
+    assert "Error: stopped by SIGTERM while the tf engine's workers were joining; nothing was trained" in err
+    assert not (tmp_path / "r" / "checkpoints").exists()

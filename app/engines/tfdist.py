@@ -27,18 +27,16 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
-import signal
-import socket
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
 
 from app.core.config import FP16_ON_TF
-from app.core.errors import AppError, UsageError, brief
-from app.engines import devices, tfconfig
+from app.core.errors import UsageError, brief
+from app.engines import devices, tfconfig, tfjoin
 from app.engines.engine import TIMELINE_ON_TF
+from app.engines.tfaccumulate import accumulating_class
 from app.engines.world import (
     REPLICAS_VAR,
     World,
@@ -97,7 +95,7 @@ def init(
     ``[::]:port``; TensorFlow 2.18, checked with ``ss``). One process holding every replica of its host needs no
     server at all, so a one-host run opens no port; only a run across hosts does, with the user's consent.
     """
-    global _rank, _size, _replicas
+    global _strategy, _rank, _size, _replicas
     tf = _tf()
     # One task per node: a one-task srun step is srun's all the same (a job script's, or `srun app train`).
     in_step = "SLURM_STEP_ID" in os.environ and "SLURM_PROCID" in os.environ
@@ -134,7 +132,7 @@ def init(
     # end) and run eagerly on purpose: TensorFlow's warning about eager overhead on each of them is dropped.
     tf.get_logger().addFilter(lambda record: "eagerly has significant overhead" not in record.getMessage())
     if _size > 1:
-        _join(tf, bool(gpus), workers, join_timeout_s)
+        _strategy = tfjoin.join(tf, bool(gpus), workers, _rank, join_timeout_s)
         if _rank == 0:
             port = workers[0].rsplit(":", 1)[1]
             print(
@@ -157,68 +155,6 @@ def _strategy_here(tf, gpus: bool) -> None:
     kind = "GPU" if gpus else "CPU"
     devices_here = [d.name for d in tf.config.list_logical_devices(kind)][:_replicas]
     _strategy = tf.distribute.MirroredStrategy(devices=devices_here)
-
-
-def _join(tf, gpus: bool, workers: list[str], timeout_s: float) -> None:
-    """[tf] Create the MultiWorkerMirroredStrategy (this process's server listens on its port on every interface):
-    NCCL between GPUs (TensorFlow-ROCm's NCCL path is RCCL on AMD GPUs), TensorFlow's ring over gRPC on CPUs.
-
-    TensorFlow waits in C++ until every worker has come, for ever, where Python's signal handlers cannot run. So
-    while it waits, SIGTERM, SIGINT and SIGUSR1 take their default action (the process ends at once: scancel
-    works), and after ``timeout_s`` a watcher ends it, naming the peers whose port does not answer."""
-    global _strategy
-    comm = tf.distribute.experimental.CommunicationImplementation
-    options = tf.distribute.experimental.CommunicationOptions(implementation=comm.NCCL if gpus else comm.RING)
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
-    for number in handlers:
-        signal.signal(number, signal.SIG_DFL)
-    joined = threading.Event()
-    peers = [w for i, w in enumerate(workers) if i != _rank]
-    threading.Thread(target=_join_deadline, args=(joined, peers, timeout_s), daemon=True).start()
-    try:
-        _strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-    except (tf.errors.OpError, RuntimeError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise AppError(
-            f"the tf engine could not start this worker's server on {workers[_rank]} ({first}): another program "
-            "may hold the port; start the job again (its port is drawn at random at each start)"
-        ) from None
-    finally:
-        joined.set()
-    # [tf] MWMS's coordination service installs its own C-level SIGTERM handler (TensorFlow's preemption
-    # notifier), which silently replaced scaleout's: SIGTERM then stopped nothing (measured). Whatever was there
-    # before is put back (scaleout's stop handler, or the default: a command without one ends on scancel).
-    for number, handler in handlers.items():
-        signal.signal(number, handler if handler is not None else signal.SIG_DFL)
-
-
-def _join_deadline(joined: threading.Event, peers: list[str], timeout_s: float) -> None:
-    """End this process when the workers have not all joined within ``timeout_s``, naming the peers whose port
-    does not answer (never started, or unreachable), in one line."""
-    if joined.wait(timeout_s):
-        return
-    silent = [p for p in peers if not _answers(p)]
-    who = (
-        f"no answer from {', '.join(silent)}"
-        if silent
-        else f"all of {', '.join(peers)} answer but did not join"
-    )
-    message = (
-        f"the tf engine's workers did not all join within {timeout_s:g} s (train.tf_join_timeout_s): {who}; check "
-        "that every node started its task (the job log), or raise train.tf_join_timeout_s"
-    )
-    print(f"Error: {message}", file=sys.stderr, flush=True)
-    os._exit(1)
-
-
-def _answers(address: str) -> bool:
-    """Whether something accepts a TCP connection at ``address`` (host:port) within two seconds."""
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=2):
-            return True
-    except (OSError, ValueError):
-        return False
 
 
 def model_scope():
@@ -246,79 +182,6 @@ def prepare_model(model, accumulation_steps: int = 1):
         model = wrapped
     model.distribute_reduction_method = "first"
     return model
-
-
-class _Sums:
-    """The accumulated gradients, out of Keras's sight: a plain object (not tracked, so never in a checkpoint,
-    and never read across ranks), holding one local variable per trainable weight."""
-
-    def __init__(self, variables):
-        tf = _tf()
-        on_read, add = tf.VariableSynchronization.ON_READ, tf.VariableAggregation.SUM
-        self.sums = [
-            tf.Variable(tf.zeros_like(v), trainable=False, synchronization=on_read, aggregation=add)
-            for v in variables
-        ]
-
-
-def accumulating_class():
-    """The Keras model class whose training step accumulates ``accumulation_steps`` backward passes per update,
-    as Horovod's ``backward_passes_per_step`` does: the mean of the micro-batches' gradients, then one update
-    (all-reduced across the ranks)."""
-    tf = _tf()
-
-    class AccumulatingModel(tf.keras.Model):
-        accumulation_steps = 1
-
-        def train_step(self, data):
-            x, y = data[0], data[1]
-            optimizer = self.optimizer
-            scaled = isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
-            with tf.GradientTape() as tape:
-                y_pred = self(x, training=True)
-                loss = self.compute_loss(x, y, y_pred, None)
-                target = optimizer.get_scaled_loss(loss) if scaled else loss
-            grads = tape.gradient(target, self.trainable_variables)
-            if scaled:
-                grads = optimizer.get_unscaled_gradients(grads)
-            k = float(self.accumulation_steps)
-            for total, grad in zip(self._sums.sums, grads, strict=True):
-                total.assign_add(tf.cast(grad, total.dtype) / k)
-            if (
-                self._apply_now
-            ):  # a Python flag: each value is its own compiled step (see make_train_function)
-                optimizer.apply_gradients(
-                    zip([t.read_value() for t in self._sums.sums], self.trainable_variables, strict=True)
-                )
-                for total in self._sums.sums:
-                    total.assign(tf.zeros_like(total))
-            return self.compute_metrics(x, y, y_pred, None)
-
-        def make_train_function(self, force=False):
-            """Two compiled steps, accumulate and accumulate-then-update, chosen per batch in Python: the update
-            all-reduces, and MWMS allows no collective inside a tf.cond."""
-            if self.train_function is not None and not force:
-                return self.train_function
-            if getattr(self, "_sums", None) is None:
-                with self.distribute_strategy.scope():
-                    self._sums = _Sums(self.trainable_variables)
-            steps = {}
-            for apply_now in (False, True):
-                self.train_function, self._apply_now = None, apply_now
-                steps[apply_now] = super().make_train_function(force=True)
-            count = [
-                0
-            ]  # backward passes since this function was made: each model.fit starts on an update boundary
-
-            def train_function(iterator):
-                count[0] += 1
-                self._apply_now = count[0] % self.accumulation_steps == 0  # read when a step is traced
-                return steps[self._apply_now](iterator)
-
-            self.train_function = train_function
-            return train_function
-
-    return AccumulatingModel
 
 
 def distribute_dataset(dataset):

@@ -1,0 +1,88 @@
+"""[tf] Joining the tf engine's workers across hosts: MultiWorkerMirroredStrategy's start, bounded in time and
+ended by a stop signal.
+
+TensorFlow waits in C++ until every worker has come, for ever, holding Python's GIL (a Python thread does not run
+meanwhile: measured on TensorFlow 2.18), and its coordination service installs its own SIGTERM handler, which
+only notes the signal. So neither a thread nor a Python signal handler of this process can end the wait. A
+small watcher process does: it ends this process (SIGKILL) after the deadline, naming the peers whose port does
+not answer, or when a stop signal reaches it (scancel and Slurm's time limit signal every process of the step).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+from app.core.errors import AppError
+
+# The watcher: argv = parent pid, seconds, peers (host:port). Standard library only; it starts in ~50 ms.
+_WATCHER = """
+import os, signal, socket, sys, time
+parent, timeout, peers = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
+
+def end(message):
+    print("Error: " + message, file=sys.stderr, flush=True)
+    try:
+        os.kill(parent, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    os._exit(0)
+
+def stopped(signum, frame):
+    end("stopped by %s while the tf engine's workers were joining; nothing was trained or written"
+        % signal.Signals(signum).name)
+
+def answers(address):
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=2):
+            return True
+    except (OSError, ValueError):
+        return False
+
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP):
+    signal.signal(s, stopped)
+deadline = time.monotonic() + timeout
+while time.monotonic() < deadline:
+    if os.getppid() != parent:
+        os._exit(0)
+    time.sleep(0.2)
+silent = [p for p in peers if not answers(p)]
+who = "no answer from " + ", ".join(silent) if silent else "all of %s answer but did not join" % ", ".join(peers)
+end("the tf engine's workers did not all join within %g s (train.tf_join_timeout_s): %s; check that every node "
+    "started its task (the job log), or raise train.tf_join_timeout_s" % (timeout, who))
+"""
+
+
+def join(tf, gpus: bool, workers: list[str], rank: int, timeout_s: float):
+    """The MultiWorkerMirroredStrategy of ``workers`` (this process is ``rank``; its server listens on its port on
+    every interface): NCCL between GPUs (TensorFlow-ROCm's NCCL path is RCCL on AMD GPUs), TensorFlow's ring over
+    gRPC on CPUs. At most ``timeout_s`` to join; a stop signal to the step ends the wait."""
+    import os
+
+    comm = tf.distribute.experimental.CommunicationImplementation
+    options = tf.distribute.experimental.CommunicationOptions(implementation=comm.NCCL if gpus else comm.RING)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+    peers = [w for i, w in enumerate(workers) if i != rank]
+    watcher = subprocess.Popen(
+        [sys.executable, "-c", _WATCHER, str(os.getpid()), str(timeout_s), *peers], stdin=subprocess.DEVNULL
+    )
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    except (tf.errors.OpError, RuntimeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise AppError(
+            f"the tf engine could not start this worker's server on {workers[rank]} ({first}): another program "
+            "may hold the port; start the job again (its port is drawn at random at each start)"
+        ) from None
+    finally:
+        watcher.kill()
+        watcher.wait()
+    # MWMS's coordination service installed its own C-level SIGTERM handler (TensorFlow's preemption notifier),
+    # which silently replaced scaleout's: SIGTERM then stopped nothing (measured). Whatever was there before is
+    # put back (scaleout's stop handler, or the default: a command without one ends on scancel).
+    for number, handler in handlers.items():
+        if handler is not None:
+            signal.signal(number, handler)
+    return strategy
