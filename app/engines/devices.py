@@ -42,4 +42,4 @@ def place_replicas(gpus: list, replicas: int, threads: int = 0) -> None:
     if replicas > 1:
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
-    place([], 0, 1, threads)
+    place([], 0, 1, threads * replicas)  # --threads counts per worker: the process computes for all of them

@@ -173,7 +173,9 @@ def input_threads(threads: int, world: World, reporter: Reporter) -> RankThreads
     """The size of each rank's tf.data thread pool and where it came from (--threads, SLURM_CPUS_PER_TASK, or
     the node's CPUs shared among its workers: app.engines.world.threads_per_rank), with a note when
     SLURM_CPUS_PER_TASK held something other than a number of CPUs."""
-    chosen = threads_per_rank(threads, os.environ, os.cpu_count(), world.local_size, world.launcher)
+    # [tf] --threads counts per worker; a process holding several replicas reads for all of them
+    per_process = threads * world.replicas
+    chosen = threads_per_rank(per_process, os.environ, os.cpu_count(), world.local_size, world.launcher)
     if chosen.note:
         reporter.note(escape(f"input threads: {chosen.note}"))  # the variable's value may hold [markup]
     return chosen
