@@ -496,3 +496,38 @@ def test_measured_on_names_each_environment_once_with_its_precision():
         "(not recorded: measured before scaleout recorded its environment)",
     ]
     assert measured_on([]) == []
+
+
+def test_results_and_runs_of_two_engines_are_kept_apart(tmp_path):
+    # Issue 32: a tf point (3,000 images/s) and a Horovod point (3,800) at 32 workers averaged to 3,400.
+    rows = [result(256, 1, 125.0, engine="horovod"), result(256, 32, 3800.0, engine="horovod"),
+            result(256, 1, 125.0, engine="tf"), result(256, 32, 3000.0, engine="tf")]  # fmt: skip
+    mixed = write(tmp_path / "mixed.jsonl", rows)
+    code, out = report_cli(mixed, "--out", tmp_path / "r0")
+    assert code == 2 and out == (
+        "Error: results mix engines horovod and tf: one scaling table compares one engine; pass --engine "
+        "horovod or --engine tf to report one"
+    )
+    assert not (tmp_path / "r0" / "scaling.md").exists()
+    for engine, efficiency in (("horovod", 0.95), ("tf", 0.75)):
+        table = report.scaling([r for r in rows if r["engine"] == engine])
+        assert table[256][-1].efficiency == pytest.approx(efficiency)
+        code, out = report_cli(mixed, "--out", tmp_path / engine, "--engine", engine)
+        assert code == 0, out
+        assert f"{efficiency:.0%}" in (tmp_path / engine / "scaling.md").read_text()
+    code, out = report_cli(mixed, "--out", tmp_path / "none", "--engine", "unrecorded")
+    assert (
+        code == 2
+        and out == "Error: --engine unrecorded: none of the inputs was measured or trained on that engine"
+    )
+    # Runs: a Horovod run against a tf-engine run is no worker-count speedup.
+    a = make_run(tmp_path, "a", [0.5, 0.7], 10.0, 1)
+    b = make_run(tmp_path, "b", [0.5, 0.7], 4.0, 4)
+    summary = json.loads((b / "summary.json").read_text())
+    (b / "summary.json").write_text(json.dumps({**summary, "engine": "tf"}))
+    code, out = report_cli(a, b, "--out", tmp_path / "runs")
+    assert code == 2 and out.startswith(
+        "Error: these runs mix engines tf and unrecorded: their times compare"
+    )
+    code, out = report_cli(a, b, "--out", tmp_path / "runs", "--engine", "tf")
+    assert code == 0, out

@@ -152,10 +152,7 @@ def benchmark(
             "--timeline records Horovod's collectives, which --pipeline-only has none of; drop one"
         )
     if timeline:
-        from app.engines.engine import TIMELINE_ON_TF, for_launch
-
-        if for_launch(cfg.train.engine) == "tf":
-            raise UsageError(TIMELINE_ON_TF)
+        refuse_timeline_on_tf(True, None, cfg)
         from app.engines.horovod import enable_timeline
 
         enable_timeline()  # before the workers start: they inherit it
@@ -181,7 +178,13 @@ def benchmark(
     type=Fraction(),
     help="Accuracy for time-to-accuracy, in (0, 1] (default: the lowest best accuracy among the runs).",
 )
-def report(inputs, out, target_accuracy):
+@click.option(
+    "--engine",
+    type=click.Choice(["horovod", "tf", "unrecorded"]),
+    help="Report this engine's results and runs only (a table compares one engine; 'unrecorded': results "
+    "written before results named their engine).",
+)
+def report(inputs, out, target_accuracy, engine):
     """Tables and plots from benchmark results (JSON lines) and training run directories.
 
     Scaling: throughput vs workers, speedup and efficiency per per-worker batch size (Markdown, CSV, PNG).
@@ -197,5 +200,22 @@ def report(inputs, out, target_accuracy):
     from app.reports import app_report as report_stage
 
     report_stage.make_report(
-        list(inputs), out, target_accuracy, Console(width=None if sys.stdout.isatty() else 120)
+        list(inputs), out, target_accuracy, Console(width=None if sys.stdout.isatty() else 120), engine
     )
+
+
+def refuse_timeline_on_tf(timeline: bool, cluster: str | None, cfg) -> None:
+    """--timeline where the study's runs would use the tf engine (the cluster profile's, or the config's here),
+    refused in the plan rather than in each job after its queue wait."""
+    if not timeline:
+        return
+    from app.cluster import profiles
+    from app.engines.engine import TIMELINE_ON_TF, for_launch
+
+    if cluster and profiles.load_cluster(cluster).engine == "tf":
+        raise UsageError(
+            f"--timeline records Horovod's timeline; {cluster}'s engine is tf, which has none: drop --timeline, "
+            "or use a profile whose image has Horovod"
+        )
+    if not cluster and for_launch(cfg.train.engine) == "tf":
+        raise UsageError(TIMELINE_ON_TF)

@@ -12,6 +12,7 @@ from pathlib import Path
 from app.core.errors import UsageError
 from app.reports.benchmarks import (
     SCALING_COLUMNS,
+    engine_of,
     load_results,
     plot_scaling,
     scaling,
@@ -45,9 +46,12 @@ def load(inputs: list[Path], note=None) -> tuple[list[dict], list[Run]]:
     return results, runs
 
 
-def make_report(inputs: list[Path], out: Path, target: float | None, console) -> list[Path]:
-    """Everything `app report` writes; returns the files."""
+def make_report(
+    inputs: list[Path], out: Path, target: float | None, console, engine: str | None = None
+) -> list[Path]:
+    """Everything `app report` writes; returns the files. ``engine`` keeps that engine's results and runs."""
     results, runs = load(inputs, lambda message: console.print(f"note: {message}"))
+    results, runs = one_engine(results, runs, engine)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: exists and is not a folder; name a folder (it is created if missing)")
     try:
@@ -63,6 +67,23 @@ def make_report(inputs: list[Path], out: Path, target: float | None, console) ->
     written = [out / p.name for p in written]
     console.print(f"wrote {', '.join(str(p) for p in written)}")
     return written
+
+
+def one_engine(results: list[dict], runs: list[Run], engine: str | None) -> tuple[list[dict], list[Run]]:
+    """``engine``'s results and runs only (all when None); runs of several engines are refused in one line,
+    as results are (app.reports.benchmarks.check_comparable): a speedup between engines is no scaling."""
+    if engine is not None:
+        results = [r for r in results if engine_of(r) == engine]
+        runs = [r for r in runs if engine_of(r.summary) == engine]
+        if not results and not runs:
+            raise UsageError(f"--engine {engine}: none of the inputs was measured or trained on that engine")
+    engines = sorted({engine_of(r.summary) for r in runs})
+    if len(engines) > 1:
+        raise UsageError(
+            f"these runs mix engines {' and '.join(engines)}: their times compare engines, not worker counts; "
+            "pass --engine horovod or --engine tf to report one"
+        )
+    return results, runs
 
 
 def _write(results: list[dict], runs: list, out: Path, target: float | None) -> tuple[list[Path], list]:

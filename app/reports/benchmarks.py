@@ -83,8 +83,19 @@ class Point:
     cores_shared: int = 0  # CPU-only workers on one node: that node's cores, which they share; else 0
 
 
+def engine_of(record: dict) -> str:
+    """The engine a result or a run's summary names ("unrecorded" before results named theirs, 2026-12-06)."""
+    return str(record.get("engine") or "unrecorded")
+
+
 def check_comparable(results: list[dict]) -> None:
-    """One table compares one model, image size, precision and kind: anything else is a mix-up."""
+    """One table compares one engine, model, image size, precision and kind: anything else is a mix-up."""
+    engines = sorted({engine_of(r) for r in results})
+    if len(engines) > 1:
+        raise UsageError(
+            f"results mix engines {' and '.join(engines)}: one scaling table compares one engine; pass "
+            "--engine horovod or --engine tf to report one"
+        )
     for key in ("kind", "model", "image_size", "precision", "xla", "threads_per_worker"):
         values = sorted({str(r.get(key)) for r in results})
         if len(values) > 1:

@@ -270,9 +270,12 @@ def input_check(threads: int, env, local_size: int, launcher: str = "") -> dict:
 
 
 def describe(cfg, source, policy: str, batch: int, world, count: int, inputs, pipeline_only: bool) -> dict:
-    """What a result line measured: the model and data, the batch, the workers and the input threads."""
+    """What a result line measured: the engine, the model and data, the batch, the workers and the input threads."""
+    from app.engines import engine as distributed
+
     return {
         "kind": "pipeline" if pipeline_only else "train",
+        "engine": distributed.current_name(),
         "model": None if pipeline_only else cfg.model.name,
         "data": cfg.data.source if cfg.data.source != "tfds" else cfg.data.name,
         "image_size": source.spec.image_shape[0],
