@@ -945,3 +945,27 @@ def test_a_study_whose_every_job_is_refused_leaves_no_folder(gated, monkeypatch,
     assert code == 0, stderr
     assert "submitted job 101: workers-1" in stdout and (out / "g" / "jobs.json").is_file()
     assert "Note: workers-2 is not submitted: sbatch --test-only refuses it on partition gated" in stdout
+
+
+def test_a_timeline_on_the_tf_engine_is_refused_in_the_plan(tmp_path, monkeypatch, capsys):
+    # Issue 32: the jobs would each refuse --timeline on their compute node, after the queue wait.
+    base = [
+        "study",
+        "scaling",
+        "-c",
+        "configs/synthetic.yaml",
+        "--timeline",
+        "--out",
+        str(tmp_path),
+        "--dry-run",
+    ]
+    code, out, err = app_main([*base, "--gpus", "1,2", "--cluster", "local-tf"], monkeypatch, capsys)
+    assert code == 2 and err == (
+        "Error: --timeline records Horovod's timeline; local-tf's engine is tf, which has none: drop --timeline, "
+        "or use a profile whose image has Horovod\n"
+    )
+    code, out, err = app_main([*base, "--np", "1,2", "--set", "train.engine=tf"], monkeypatch, capsys)
+    assert code == 2 and err.startswith(
+        "Error: --timeline records Horovod's timeline; the tf engine has none"
+    )
+    assert not list(tmp_path.iterdir())

@@ -419,6 +419,7 @@ def study_scaling(configs, sets, np_list, gpu_list, batch_sizes, steps, images, 
 
     from rich.console import Console
 
+    from app.cli.benchmark import refuse_timeline_on_tf
     from app.core import config
     from app.study.dataset import train_examples
     from app.study.local import run_scaling_local
@@ -431,6 +432,7 @@ def study_scaling(configs, sets, np_list, gpu_list, batch_sizes, steps, images, 
     cfg = config.build(configs, sets, options)
     name = name or f"{cfg.name}-scaling"
     workers = np_list if np_list is not None else gpu_list
+    refuse_timeline_on_tf(timeline, cluster, cfg)
     if independent is None:
         from app.engines.world import gpu_device_nodes
 
