@@ -24,8 +24,10 @@ RECIPE = [*TINY_SYNTHETIC, "--set", "train.steps_per_epoch=6", "--set", "run.sto
           "--set", "run.deterministic_ops=true", "--set", "train.base_lr=0.4"]  # fmt: skip
 
 
-def start(args: list[str], env: dict | None = None, prefix: list[str] | None = None) -> subprocess.Popen:
-    cmd = [*(prefix or []), sys.executable, "-m", "app", *args]
+def start(
+    args: list[str], env: dict | None = None, prefix: list[str] | None = None, app: list[str] | None = None
+) -> subprocess.Popen:
+    cmd = [*(prefix or []), *(app or [sys.executable, "-m", "app"]), *args]
     return subprocess.Popen(
         cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
@@ -155,9 +157,8 @@ def test_a_crash_inside_a_checkpoint_write_keeps_the_previous_one(tmp_path):
     run = tmp_path / "run"
     run_app(["train", *TINY_SYNTHETIC, "--epochs", "1", "--run-dir", str(run)])
     marker = tmp_path / "writing"
-    proc = start(
-        ["train", "--run-dir", str(run), "--epochs", "2"], {"SCALEOUT_TEST_PAUSE_IN_CHECKPOINT": str(marker)}
-    )
+    pausing = [sys.executable, str(ROOT / "tests" / "workers" / "pause_in_checkpoint.py"), str(marker)]
+    proc = start(["train", "--run-dir", str(run), "--epochs", "2"], app=pausing)
     deadline = time.monotonic() + 300
     while not marker.exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()

@@ -830,10 +830,13 @@ def test_a_clean_environment_whatever_the_site_modules_do(module, shims, tmp_pat
     (tmp_path / "job.sbatch").write_text(script)
     env = {
         "PATH": f"{shims}:/usr/bin:/bin", "HOME": str(home), "SHIM_CALLS": str(calls), "SHIM_ENVS": str(envs),
-        "SHIM_ENV": "PYTHONPATH PYTHONHOME PYTHONNOUSERSITE APP_TRAIN_ACCUMULATION_STEPS APP_BENCHMARK_STEPS APPLE",
+        "SHIM_ENV": "PYTHONPATH PYTHONHOME PYTHONNOUSERSITE APP_TRAIN_ACCUMULATION_STEPS APP_BENCHMARK_STEPS APPLE "
+                    "SCALEOUT_ALLOW_CPU SCALEOUT_REPLICAS SCALEOUT_RENDERED_BY",
         "PYTHONPATH": "/elsewhere", "PYTHONHOME": "/elsewhere",
-        # The login shell's settings of app's options (issue 22, item 2) are not the job's; other names stay.
+        # The login shell's settings of app's options (issue 22, item 2) and scaleout's switches (issue 32)
+        # are not the job's; other names stay, and the job's own SCALEOUT_* are set by the job script.
         "APP_TRAIN_ACCUMULATION_STEPS": "1", "APP_BENCHMARK_STEPS": "5", "APPLE": "kept",
+        "SCALEOUT_ALLOW_CPU": "1", "SCALEOUT_REPLICAS": "7", "SCALEOUT_RENDERED_BY": "a login shell's",
         "SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "1", "SLURM_CPUS_PER_TASK": "1", "TMPDIR": str(tmp_path),
         **({"BASH_FUNC_module%%": module} if module else {}),
     }  # fmt: skip
@@ -841,14 +844,9 @@ def test_a_clean_environment_whatever_the_site_modules_do(module, shims, tmp_pat
         ["bash", "job.sbatch"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30
     )
     assert proc.returncode == 0, proc.stderr
-    assert (envs / "0").read_text().split("\0")[:6] == [
-        "<unset>",
-        "<unset>",
-        "1",
-        "<unset>",
-        "<unset>",
-        "kept",
-    ]
+    seen = (envs / "0").read_text().split("\0")[:9]
+    assert seen[:8] == ["<unset>", "<unset>", "1", "<unset>", "<unset>", "kept", "<unset>", "<unset>"]
+    assert seen[8] == version.identity()  # the job script's own
     if module:
         assert (home / "module.log").read_text() == "module purge\n"
 

@@ -412,7 +412,7 @@ AFTER_TEMPLATE = """#!/bin/bash
 
 if command -v module >/dev/null 2>&1; then module purge >/dev/null 2>&1 || true; fi
 unset PYTHONPATH PYTHONHOME
-for name in $(compgen -e); do case $name in APP_*) unset "$name" ;; esac; done  # as the jobs it follows
+for name in $(compgen -e); do case $name in APP_* | SCALEOUT_*) unset "$name" ;; esac; done  # as its jobs
 export PYTHONNOUSERSITE=1 MPLCONFIGDIR=${{TMPDIR:-/tmp}}
 {app} {command}
 """

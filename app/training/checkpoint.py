@@ -205,7 +205,6 @@ def save(run_dir: Path, checkpoint, epoch: int, state: dict, keep: int, step: in
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         checkpoint.write(str(tmp / PREFIX))
-        _before_write_hook()  # tests: the data files are there, state.json and the rename are not
         files = {}
         for file in sorted(tmp.iterdir()):
             _fsync(file)  # the data on disk before the rename makes it count
@@ -276,15 +275,6 @@ def _write_error(root: Path, exc: Exception) -> AppError:
             text,
         )  # fmt: skip
     return AppError(f"{root}: cannot write a checkpoint ({reason}); the earlier checkpoints there are intact")
-
-
-def _before_write_hook() -> None:
-    """Tests only: SCALEOUT_TEST_PAUSE_IN_CHECKPOINT=<file> makes the writer touch <file> and sleep, so a test
-    can kill it in the middle of a checkpoint write."""
-    marker = os.environ.get("SCALEOUT_TEST_PAUSE_IN_CHECKPOINT")
-    if marker:
-        Path(marker).touch()
-        time.sleep(60)
 
 
 def _prune(root: Path, keep: int) -> None:
