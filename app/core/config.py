@@ -36,20 +36,6 @@ WARMUPS = ("gradual", "constant")  # Goyal et al.'s two warmups (see app.trainin
 NAME_MAX = 128  # characters; Slurm's own limit for a job name is 1024
 SAFE = re.compile(rf"[A-Za-z0-9_][A-Za-z0-9_.+-]{{0,{NAME_MAX - 1}}}")
 SAFE_HINT = f"use letters, digits and . _ + - only (first a letter, digit or _; at most {NAME_MAX})"
-# Keys that may differ between a run's saved config and a resume of it: they do not change what is learned
-# so far (longer training, other logging, data moved to another disk).
-# train.engine: both engines train the same steps and their checkpoints hold the same variables (docs/engines.md).
-RESUMABLE_CHANGES = (
-    "train.epochs",
-    "train.decay_epochs",
-    "data.data_dir",
-    "run.",
-    "train.engine",
-    "train.tf_accept_unauthenticated_grpc",
-    "train.tf_join_timeout_s",
-)
-# ... except these: the seed fixes the data order and augmentation a resume must continue exactly.
-FIXED_ON_RESUME = ("run.seed",)
 
 
 @dataclass
@@ -482,18 +468,6 @@ def checkpoint_interval(value: str) -> tuple[str, float] | None:
 def flat(cfg: Config) -> dict[str, object]:
     """``section.key -> value`` for every field (for diffs between a saved run and a resume)."""
     return flatten(cfg.to_dict(), "config")
-
-
-def conflicts(saved: Config, given: Config) -> list[str]:
-    """Keys whose values differ between a run's saved config and the one given for resuming it."""
-    a, b = flat(saved), flat(given)
-    return [
-        f"{k} {brief(a[k])} (saved) vs {brief(b[k])} (given)"
-        for k in a
-        if a[k] != b[k]
-        and k != "name"
-        and (k in FIXED_ON_RESUME or not any(k.startswith(p) for p in RESUMABLE_CHANGES))
-    ]
 
 
 def dump(cfg: Config) -> str:

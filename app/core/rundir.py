@@ -7,11 +7,37 @@ import os
 import typing
 from pathlib import Path
 
-from app.core.config import SECTIONS, Config, build, conflicts, flat, flatten
-from app.core.errors import NO_ROOM_ERRNOS, AppError, UsageError, show
+from app.core.config import SECTIONS, Config, build, flat, flatten
+from app.core.errors import NO_ROOM_ERRNOS, AppError, UsageError, brief, show
 from app.core.yamlfile import parse_yaml, read_text
 
 FRESH = "start a new --run-dir"  # how `app train` starts over; `app submit --resume` says its own
+# Keys that may differ between a run's saved config and a resume of it: they do not change what is learned
+# so far (longer training, other logging, data moved to another disk).
+# train.engine: both engines train the same steps and their checkpoints hold the same variables (docs/engines.md);
+# train.tf_*: the tf engine's consent to its gRPC server across hosts and its join deadline.
+RESUMABLE_CHANGES = (
+    "train.epochs",
+    "train.decay_epochs",
+    "data.data_dir",
+    "run.",
+    "train.engine",
+    "train.tf_",
+)
+# ... except these: the seed fixes the data order and augmentation a resume must continue exactly.
+FIXED_ON_RESUME = ("run.seed",)
+
+
+def conflicts(saved: Config, given: Config) -> list[str]:
+    """Keys whose values differ between a run's saved config and the one given for resuming it."""
+    a, b = flat(saved), flat(given)
+    return [
+        f"{k} {brief(a[k])} (saved) vs {brief(b[k])} (given)"
+        for k in a
+        if a[k] != b[k]
+        and k != "name"
+        and (k in FIXED_ON_RESUME or not any(k.startswith(p) for p in RESUMABLE_CHANGES))
+    ]
 
 
 def load_saved(path: str | Path, fresh: str = FRESH) -> dict[str, object]:
