@@ -160,12 +160,12 @@ THREADS_OPTION = click.option("--threads", type=Int(min=0), default=0, show_defa
                                    "(0: the node's cores shared among its workers; the input pipeline takes "
                                    "SLURM_CPUS_PER_TASK first).")  # fmt: skip
 NP_OPTION = click.option("--np", "np_", type=Int(min=1), metavar="N",
-                         help="Start N local workers (one workstation): through horovodrun --gloo, or with "
-                              "--engine tf each with its TF_CONFIG.")  # fmt: skip
+                         help="Start N local workers (one workstation): N processes through horovodrun --gloo "
+                              "(Horovod), or one process holding N replicas (--engine tf); nothing listens "
+                              "beyond loopback.")  # fmt: skip
 ENGINE_OPTION = click.option("--engine", type=click.Choice(["auto", "horovod", "tf"]),
-                             help="Who distributes (train.engine): horovod, tf (TensorFlow's own "
-                                  "MultiWorkerMirroredStrategy, no Horovod needed) or auto (Horovod where it "
-                                  "imports, else tf).")  # fmt: skip
+                             help="Who distributes (train.engine): horovod, tf (TensorFlow's own strategies, "
+                                  "no Horovod needed) or auto (Horovod where it imports, else tf).")  # fmt: skip
 
 
 def config_options(func=None, *, threads=THREADS_OPTION):
