@@ -179,7 +179,10 @@ def test_an_unknown_engine_is_a_usage_error():
 def test_two_tf_replicas_train_evaluate_and_stay_in_sync(tmp_path):
     run = tmp_path / "run"
     proc = run_app(["train", *TINY_SYNTHETIC, "--epochs", "2", "--run-dir", str(run), "--np", "2", "--engine", "tf",
-                    "--set", "train.eval_steps=2", "--accumulation-steps", "2"])  # fmt: skip
+                    "--set", "train.eval_steps=2", "--accumulation-steps", "2",
+                    "--set", "train.tf_accept_unauthenticated_grpc=true"])  # fmt: skip
+    # The consent is this start's (one host needs none): the run's saved config keeps it false.
+    assert "tf_accept_unauthenticated_grpc: false" in (run / "config.yaml").read_text()
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["engine"], summary["workers"], summary["launcher"]) == ("tf", 2, "local")
     assert (summary["accumulation_steps"], summary["global_batch"]) == (2, 32)  # MWMS with accumulation
@@ -417,3 +420,39 @@ def test_a_worker_whose_peer_never_comes_ends_at_its_deadline_and_on_sigterm(tmp
     assert waiting.returncode == -signal.SIGKILL and time.monotonic() - t0 < 5, err
     assert "Error: stopped by SIGTERM while the tf engine's workers were joining; nothing was trained" in err
     assert not (tmp_path / "r" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(
+    "value, gpus, expected",
+    [
+        ("", 0, 1),
+        ("", 4, 4),
+        ("2", 4, 2),
+        ("0", 0, None),
+        ("-1", 0, None),
+        ("abc", 0, None),
+        ("999999999", 0, None),
+    ],
+)
+def test_the_replicas_of_a_process_come_from_the_launcher_or_its_gpus(value, gpus, expected):
+    from app.core.errors import UsageError
+    from app.engines import tfdist
+
+    env = {"SCALEOUT_REPLICAS": value} if value else {}
+    if expected is None:
+        with pytest.raises(
+            UsageError, match="^SCALEOUT_REPLICAS=.*: a whole number of replicas from 1 to 256"
+        ):
+            tfdist.replicas_from_env(env, gpus)
+    else:  # unset: one per GPU the process sees (a user's own srun with one task per node), else one
+        assert tfdist.replicas_from_env(env, gpus) == expected
+
+
+def test_the_local_launcher_keeps_nccl_on_loopback_and_drops_an_outer_replica_count(monkeypatch):
+    from app.engines import local
+
+    seen = {}
+    monkeypatch.setenv("SCALEOUT_REPLICAS", "7")
+    monkeypatch.setattr(local, "launch_tf", lambda np, argv, env: seen.update(env) or 0)
+    assert local.launch_local(2, ["train"], "tf") == 0
+    assert seen["NCCL_SOCKET_IFNAME"] == "lo" and "SCALEOUT_REPLICAS" not in seen

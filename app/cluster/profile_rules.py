@@ -42,7 +42,8 @@ ENV_RESERVED = ("RUN_DIR", "DATA_DIR", "CONFIG_ARGS", "SET_ARGS", "status", "por
                 "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE",
                 "HOROVOD_HOSTNAME", "HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT", "HOROVOD_CONTROLLER",
                 "HOROVOD_CPU_OPERATIONS", "IFS", "PATH", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS4", "CDPATH",
-                "GLOBIGNORE", "LD_PRELOAD", "LD_LIBRARY_PATH", "TF_CONFIG", "SCALEOUT_TF_HOSTS")  # fmt: skip
+                "GLOBIGNORE", "LD_PRELOAD", "LD_LIBRARY_PATH", "TF_CONFIG", "SCALEOUT_TF_HOSTS",
+                "SCALEOUT_TF_PORT", "SCALEOUT_REPLICAS", "draw")  # fmt: skip
 # Prefixes of names that steer Slurm (SLURM_*, SRUN_* and SBATCH_* input variables are srun/sbatch options by
 # another route), the container runtime (APPTAINER_CLEANENV would drop the rendezvous variables) or bash itself.
 ENV_RESERVED_PREFIXES = (
@@ -100,7 +101,7 @@ KEYS = ("name", "gpus_per_node", "gpu_request", "cpus_per_gpu", "partitions", "m
         "full_node_srun_args", "env", "account_required", "default_time", "gpu_type", "arch", "container",
         "scratch", "memory", "engine")  # fmt: skip
 # engine: who distributes in the profile's jobs (app.engines.engine): horovod (the image's Horovod) or tf
-# (TensorFlow's own MultiWorkerMirroredStrategy, e.g. on a site's TensorFlow module without Horovod).
+# (TensorFlow's own strategies, one task per node, e.g. on a site's TensorFlow module without Horovod).
 ENGINES = ("horovod", "tf")
 # A site module to load (container.modules, runtime native): python-tensorflow/2.21, LUMI/24.03, partition/G.
 MODULE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+/-]{0,127}")

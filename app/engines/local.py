@@ -45,9 +45,10 @@ def _with_errors(np: int, run) -> int:
     """``run(env)``'s exit status, the workers' own error lines printed once each (rank 0's first)."""
     with tempfile.TemporaryDirectory(prefix="scaleout-errors-") as errors:
         # An outer launcher's identity of this one process (a one-task srun step's PMIx rank) is not the workers'.
-        outer = ("PMIX_", "OMPI_COMM_WORLD_", "PMI_RANK", "PMI_SIZE", "TF_CONFIG")
+        outer = ("PMIX_", "OMPI_COMM_WORLD_", "PMI_RANK", "PMI_SIZE", "TF_CONFIG", REPLICAS_VAR)
         env = {k: v for k, v in os.environ.items() if not k.startswith(outer)}
-        env.update({LAUNCHED_BY_VAR: "app --np", ERROR_DIR_VAR: errors})
+        # One machine: NCCL's bootstrap sockets (GPU runs of either engine) on loopback, as everything else.
+        env.update({LAUNCHED_BY_VAR: "app --np", ERROR_DIR_VAR: errors, "NCCL_SOCKET_IFNAME": "lo"})
         code = run(env)
         reported = collected_errors(errors)
     for error in reported:
@@ -131,7 +132,10 @@ if os.getppid() != parent:
     sys.exit(1)
 if sys.argv[1] != "@LOOPBACK_FLAG@":
     os.execv(sys.argv[1], sys.argv[1:])
-import horovod.runner.http.http_server as http_server
+try:
+    import horovod.runner.http.http_server as http_server
+except ImportError as exc:
+    sys.exit("Error: horovodrun's runner does not import in " + sys.executable + " (" + str(exc) + "): run make install")
 if not hasattr(http_server, "find_port"):
     sys.exit("Error: this Horovod's horovodrun cannot be kept on loopback (no http_server.find_port); use Horovod 0.28.1")
 def find_port(server_factory):

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from app.core.config import FP16_ON_TF
-from app.core.errors import UsageError, brief
+from app.core.errors import AppError, UsageError, brief
 from app.engines import devices, tfconfig, tfjoin
 from app.engines.engine import TIMELINE_ON_TF
 from app.engines.tfaccumulate import accumulating_class
@@ -70,15 +70,20 @@ def strategy():
     return _strategy if _strategy is not None else _tf().distribute.get_strategy()
 
 
-def replicas_from_env(env) -> int:
-    """This process's replicas as `app --np` or the job script set them (REPLICAS_VAR), else 1."""
+MAX_REPLICAS = 256  # per process: more GPUs than any node has, and logical CPU devices beyond use
+
+
+def replicas_from_env(env, gpus: int) -> int:
+    """This process's replicas as `app --np` or the job script set them (REPLICAS_VAR), else one per GPU it
+    sees (a user's own `srun --ntasks-per-node=1`), else 1."""
     value = env.get(REPLICAS_VAR, "").strip()
     if not value:
-        return 1
+        return max(1, gpus)
     count = whole(value)
-    if not count:
+    if not count or count > MAX_REPLICAS:
         raise UsageError(
-            f"{REPLICAS_VAR}={brief(value)}: a whole number of replicas, 1 or more (unset it for one)"
+            f"{REPLICAS_VAR}={brief(value)}: a whole number of replicas from 1 to {MAX_REPLICAS} (unset it for one "
+            "per GPU)"
         )
     return count
 
@@ -108,9 +113,9 @@ def init(
     found = tfconfig.cluster(os.environ)
     workers, _rank = found if found else ([], 0)
     _size = max(1, len(workers))
-    _replicas = replicas_from_env(os.environ)
     hosts = [w.rsplit(":", 1)[0] for w in workers] or ["localhost"]
     gpus = tf.config.list_physical_devices("GPU")
+    _replicas = replicas_from_env(os.environ, len(gpus))
     # Never a silent fallback: N launched processes that are N one-worker jobs, or GPUs left unused.
     if checks:
         check_world_size(_size, os.environ, "tf")
@@ -131,8 +136,17 @@ def init(
     # scaleout's own collectives are rare (a stop check every few updates, the batch-norm average at each epoch's
     # end) and run eagerly on purpose: TensorFlow's warning about eager overhead on each of them is dropped.
     tf.get_logger().addFilter(lambda record: "eagerly has significant overhead" not in record.getMessage())
+    if _size == 1:
+        # One host: NCCL's (RCCL's) bootstrap sockets on loopback too, whatever the profile names for the
+        # network (NCCL_SOCKET_IFNAME selects its bootstrap interface; by default the first that is not lo).
+        os.environ["NCCL_SOCKET_IFNAME"] = "lo"
     if _size > 1:
         _strategy = tfjoin.join(tf, bool(gpus), workers, _rank, join_timeout_s)
+        if _strategy.num_replicas_in_sync != _size * _replicas:  # every host must hold as many replicas
+            raise AppError(
+                f"the tf engine's hosts hold {_strategy.num_replicas_in_sync} replicas in all, not {_size} x "
+                f"{_replicas}: give every node the same GPUs ({REPLICAS_VAR})"
+            )
         if _rank == 0:
             port = workers[0].rsplit(":", 1)[1]
             print(

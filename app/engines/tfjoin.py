@@ -16,10 +16,13 @@ import sys
 
 from app.core.errors import AppError
 
-# The watcher: argv = parent pid, seconds, peers (host:port). Standard library only; it starts in ~50 ms.
+# The watcher: argv = parent pid, seconds; the peers (host:port, one a line) on stdin, not in argv, which every
+# user of the node can read. Standard library only; it starts in ~50 ms. It starts with the stop signals
+# blocked (inherited from join()) and unblocks them once its handlers are in place: none is lost meanwhile.
 _WATCHER = """
 import os, signal, socket, sys, time
-parent, timeout, peers = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
+parent, timeout = int(sys.argv[1]), float(sys.argv[2])
+peers = sys.stdin.read().split()
 
 def end(message):
     print("Error: " + message, file=sys.stderr, flush=True)
@@ -43,6 +46,7 @@ def answers(address):
 
 for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP):
     signal.signal(s, stopped)
+signal.pthread_sigmask(signal.SIG_SETMASK, [])
 deadline = time.monotonic() + timeout
 while time.monotonic() < deadline:
     if os.getppid() != parent:
@@ -65,9 +69,18 @@ def join(tf, gpus: bool, workers: list[str], rank: int, timeout_s: float):
     options = tf.distribute.experimental.CommunicationOptions(implementation=comm.NCCL if gpus else comm.RING)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
     peers = [w for i, w in enumerate(workers) if i != rank]
-    watcher = subprocess.Popen(
-        [sys.executable, "-c", _WATCHER, str(os.getpid()), str(timeout_s), *peers], stdin=subprocess.DEVNULL
-    )
+    stops = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, stops)  # the watcher inherits the mask, then unblocks
+    try:
+        watcher = subprocess.Popen(
+            [sys.executable, "-c", _WATCHER, str(os.getpid()), str(timeout_s)],
+            stdin=subprocess.PIPE,
+            text=True,
+        )
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    watcher.stdin.write("\n".join(peers))
+    watcher.stdin.close()
     try:
         strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     except (tf.errors.OpError, RuntimeError) as exc:
