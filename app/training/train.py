@@ -7,6 +7,7 @@ checkpoint/metrics (rank 0 only). Lines that exist only because of distribution 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -113,6 +114,10 @@ def train_and_evaluate(
     header(reporter, cfg, spec, world, p, policy, inputs, run_dir, start_epoch, start_step, rate)
     for why in skipped:
         reporter.note(f"skipping checkpoint {why}")
+    if skipped:  # app.training.checkpoint: moved aside by the next save, where only the newest copy stays
+        reporter.note(
+            "the next checkpoint moves skipped ones to checkpoints/superseded/, which keeps the newest"
+        )
 
     model = build_model(cfg, spec, world)
     if found:
@@ -225,7 +230,9 @@ def nothing_to_resume(run_dir: Path, skipped: list[str]) -> str | None:
     (all damaged) or the metrics of trained epochs. Starting from zero there would rewrite its metrics and later
     prune or set aside its checkpoints: the one line says so and what to do, and nothing is touched."""
     trained = (
-        read_metrics(run_dir, note=lambda message: None) if (run_dir / "metrics.jsonl").is_file() else []
+        read_metrics(run_dir, lambda message: None, damaged=[])
+        if (run_dir / "metrics.jsonl").is_file()
+        else []
     )
     if not skipped and not trained:
         return None
@@ -279,7 +286,12 @@ def save_config(
     checkpoint to write, when it changed), the last stop's marker removed, metrics.jsonl cut back to the
     epochs the checkpoint holds."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    text, pending = dump(cfg), None
+    # The consent to the tf engine's open gRPC server is this start's, never the run's: a later resume of the
+    # run directory across hosts asks again (a job script passes it at each start, requeues included).
+    saved = dataclasses.replace(
+        cfg, train=dataclasses.replace(cfg.train, tf_accept_unauthenticated_grpc=False)
+    )
+    text, pending = dump(saved), None
     if not resumed:
         write_text_atomic(run_dir / "config.yaml", text)
     elif read_text(run_dir / "config.yaml") != text:
@@ -395,7 +407,10 @@ def summarize(
         "nodes": world.nodes,
         "launcher": world.launcher,
         "engine": distributed.current_name(),
-        "horovod_controller": world.controller,
+        # The engine's controller or all-reduce; horovod_controller (Horovod's mpi or gloo) as before 2026-12-06
+        "controller": world.controller,
+        "horovod_controller": world.controller if distributed.current_name() == "horovod" else None,
+        "replicas_per_process": world.replicas,
         "batch_size": cfg.train.batch_size,
         "accumulation_steps": cfg.train.accumulation_steps,
         "global_batch": p.global_batch,
