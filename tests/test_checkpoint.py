@@ -232,6 +232,11 @@ def test_a_resume_on_more_workers_numbers_new_checkpoints_lower_yet_they_win(tmp
     twice = checkpoint.save(tmp_path, ckpt, 2, {"steps_per_epoch": 600}, keep=2, step=1200)  # same name again
     assert checkpoint.latest(tmp_path)[1] == twice
     assert len(list((checkpoint.checkpoint_dir(tmp_path) / checkpoint.SUPERSEDED).iterdir())) == 1
+    # Issue 32: superseded/ keeps only the newest copy, however many starts skip one.
+    checkpoint.save(tmp_path, ckpt, 3, {"steps_per_epoch": 600}, keep=2, step=600)
+    checkpoint.save(tmp_path, ckpt, 3, {"steps_per_epoch": 300}, keep=2, step=100)
+    (kept,) = (checkpoint.checkpoint_dir(tmp_path) / checkpoint.SUPERSEDED).iterdir()
+    assert kept.name == "epoch-0003-step-0000600"
 
 
 @pytest.mark.parametrize(
@@ -286,3 +291,21 @@ def test_a_damaged_checkpoint_of_the_same_name_is_kept_aside_when_that_epoch_is_
     kept = checkpoint.checkpoint_dir(tmp_path) / checkpoint.SUPERSEDED / "epoch-0002"
     assert (kept / "state.json").read_text() == '{"epoch": "two"}'
     assert (kept / "ckpt.index").is_file()  # the weights the user may still want
+
+
+def test_a_state_without_its_file_list_and_a_truncated_data_file_is_skipped(tmp_path):
+    # Issue 32: with nothing to check sizes against, the truncated data file surfaced as a 57-line traceback
+    # ("Read less bytes than requested") when the resume restored it.
+    import json
+
+    _, ckpt = make(1.0)
+    checkpoint.save(tmp_path, ckpt, 1, {}, keep=3)
+    newest = checkpoint.save(tmp_path, ckpt, 2, {}, keep=3)
+    state = json.loads((newest / "state.json").read_text())
+    del state["files"]
+    (newest / "state.json").write_text(json.dumps(state))
+    (data,) = newest.glob("ckpt.data-*")
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    skipped: list[str] = []
+    assert checkpoint.latest(tmp_path, skipped)[0] == 1
+    assert len(skipped) == 1 and skipped[0].startswith(f"{newest}: TensorFlow cannot read it (")

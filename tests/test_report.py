@@ -523,11 +523,36 @@ def test_results_and_runs_of_two_engines_are_kept_apart(tmp_path):
     # Runs: a Horovod run against a tf-engine run is no worker-count speedup.
     a = make_run(tmp_path, "a", [0.5, 0.7], 10.0, 1)
     b = make_run(tmp_path, "b", [0.5, 0.7], 4.0, 4)
-    summary = json.loads((b / "summary.json").read_text())
-    (b / "summary.json").write_text(json.dumps({**summary, "engine": "tf"}))
+    for run, engine in ((a, "horovod"), (b, "tf")):
+        summary = json.loads((run / "summary.json").read_text())
+        (run / "summary.json").write_text(json.dumps({**summary, "engine": engine}))
     code, out = report_cli(a, b, "--out", tmp_path / "runs")
-    assert code == 2 and out.startswith(
-        "Error: these runs mix engines tf and unrecorded: their times compare"
-    )
+    assert code == 2 and out.startswith("Error: these runs mix engines horovod and tf: their times compare")
     code, out = report_cli(a, b, "--out", tmp_path / "runs", "--engine", "tf")
+    assert code == 0 and "note: --engine tf: 1 result(s) or run(s) of other engines left out" in out, out
+    # Results and runs from before results named their engine ("unrecorded") go with either.
+    old = make_run(tmp_path, "old", [0.5, 0.7], 5.0, 2)
+    code, out = report_cli(a, old, "--out", tmp_path / "old")
     assert code == 0, out
+
+
+@pytest.mark.parametrize(
+    "line, words",
+    [('{"epoch": 1, "epoch_time_s": 1e308}', "epoch_time_s is 1e+308, outside 0 to 3.2e+07"),
+     ('{"epoch": 1, "val_accuracy": 1.5}', "val_accuracy is 1.5, outside 0 to 1"),
+     ('{"epoch": 1, "accuracy": -0.1}', "accuracy is -0.1, outside 0 to 1"),
+     ('{"epoch": 1000000000000000000000000000000}', "epoch 1000000000000000000000000000000 is above 1,000,000")],
+)  # fmt: skip
+def test_impossible_metrics_of_a_run_are_one_line(tmp_path, line, words):
+    # Issue 32: an epoch time of 1e308 was printed as "inf min", accuracies above 1 were compared.
+    run = make_run(tmp_path, "run", [0.5], 10.0, 2)
+    (run / "metrics.jsonl").write_text(line + "\n")
+    code, text = report_cli(run, "--out", tmp_path / "out")
+    assert (code, text) == (2, f"Error: {run / 'metrics.jsonl'} line 1: {words}; the file is damaged")
+
+
+def test_impossible_batch_sizes_and_workers_in_results_are_one_line(tmp_path):
+    path = write(tmp_path / "r.jsonl", [result(10**30, 1, 100.0)])
+    code, text = report_cli(path, "--out", tmp_path / "out")
+    assert code == 2
+    assert text.startswith(f"Error: {path} line 1: batch_size must be at most 10,000,000, got 1")

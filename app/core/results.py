@@ -44,10 +44,12 @@ def parse_json(text: str, where: str, fix: str) -> object:
         raise UsageError(f"{where}: nested too deeply to read; {fix}") from None
 
 
-def json_lines(path: Path, what: str, note, skip_bad: bool = False) -> list[tuple[int, object]]:
+def json_lines(
+    path: Path, what: str, note, skip_bad: bool = False, bad: list | None = None
+) -> list[tuple[int, object]]:
     """(line number, value) of every non-empty line. A last line cut short (no newline after it, not JSON)
     is what an interrupted write leaves: it is skipped with a note. Any other bad line is an error (with
-    ``skip_bad``, skipped with a note too)."""
+    ``skip_bad``, skipped with a note too, and kept as (line number, text) in ``bad`` when given)."""
     text = read_text(path, f"JSON-lines file (at most {size_text(READ_LIMIT)})")
     lines = text.splitlines()
     last = max((n for n, line in enumerate(lines, 1) if line.strip()), default=0)
@@ -63,12 +65,16 @@ def json_lines(path: Path, what: str, note, skip_bad: bool = False) -> list[tupl
                 continue
             if skip_bad:
                 (note or note_to_stderr)(f"{path} line {n}: not JSON ({exc.msg}); left out")
+                if bad is not None:
+                    bad.append((n, line))
                 continue
             raise UsageError(f"{path} line {n}: not JSON ({exc.msg}); each line must be {what}") from None
         except UsageError as exc:
             if not skip_bad:
                 raise
             (note or note_to_stderr)(f"{exc}; left out")
+            if bad is not None:
+                bad.append((n, line))
             continue
     return out
 
@@ -101,30 +107,58 @@ def is_positive_int(value) -> bool:
 
 
 METRIC_NUMBERS = ("accuracy", "val_accuracy", "val_loss", "epoch_time_s")
+# What a training run can have written: shares from 0 to 1, a loss and an epoch's seconds that are no
+# overflow (a year per epoch), an epoch number below a million. Anything else is a damaged or forged line.
+METRIC_RANGES = {"accuracy": (0.0, 1.0), "val_accuracy": (0.0, 1.0), "val_top5": (0.0, 1.0),
+                 "val_loss": (0.0, 1e9), "epoch_time_s": (0.0, 3.2e7)}  # fmt: skip
+MAX_EPOCH = 10**6
 
 
-def read_metrics(run_dir: Path, note=None) -> list[dict]:
+def read_metrics(run_dir: Path, note=None, damaged: list | None = None) -> list[dict]:
     """The per-epoch rows of a run's metrics.jsonl ([] before the first epoch ends).
 
     A torn last line (an interrupted write) is skipped with a ``note`` (default: one line on stderr); any
-    other damage is an error naming the file and line. Null values (a metric that was not a finite number)
-    are dropped from their row, as if the metric was absent.
+    other damage is an error naming the file and line, or, with a ``damaged`` list (a resume, which must go
+    on), left out with a note and kept there as (line number, text). Null values (a metric that was not a
+    finite number) are dropped from their row, as if the metric was absent.
     """
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         return []
     rows = []
-    for n, row in json_lines(path, "one epoch's metrics", note):
+    lenient = damaged is not None
+    for n, row in json_lines(path, "one epoch's metrics", note, skip_bad=lenient, bad=damaged):
+        problem = None
         if not isinstance(row, dict) or not is_positive_int(row.get("epoch")):
-            raise UsageError(
-                f"{path} line {n}: not an epoch's metrics (no epoch number); the file is damaged"
+            problem = f"{path} line {n}: not an epoch's metrics (no epoch number); the file is damaged"
+        elif row["epoch"] > MAX_EPOCH:
+            problem = (
+                f"{path} line {n}: epoch {brief(row['epoch'])} is above {MAX_EPOCH:,}; the file is damaged"
             )
-        row = {k: v for k, v in row.items() if v is not None}
-        bad = [k for k in METRIC_NUMBERS if k in row and not is_number(row[k])]
-        if bad:
-            raise UsageError(
-                f"{path} line {n}: {bad[0]} is not a number ({brief(row[bad[0]])}); the file is damaged"
-            )
+        else:
+            row = {k: v for k, v in row.items() if v is not None}
+            bad = [k for k in METRIC_NUMBERS if k in row and not is_number(row[k])]
+            out = [
+                k
+                for k, (low, high) in METRIC_RANGES.items()
+                if is_number(row.get(k)) and not low <= row[k] <= high
+            ]
+            if bad:
+                problem = (
+                    f"{path} line {n}: {bad[0]} is not a number ({brief(row[bad[0]])}); the file is damaged"
+                )
+            elif out:
+                low, high = METRIC_RANGES[out[0]]
+                problem = (
+                    f"{path} line {n}: {out[0]} is {brief(row[out[0]])}, outside {low:g} to {high:g}; the file is "
+                    "damaged"
+                )
+        if problem and not lenient:
+            raise UsageError(problem)
+        if problem:
+            (note or note_to_stderr)(f"{problem}; left out")
+            damaged.append((n, json.dumps(row)))
+            continue
         rows.append(row)
     return rows
 

@@ -51,7 +51,7 @@ def make_report(
 ) -> list[Path]:
     """Everything `app report` writes; returns the files. ``engine`` keeps that engine's results and runs."""
     results, runs = load(inputs, lambda message: console.print(f"note: {message}"))
-    results, runs = one_engine(results, runs, engine)
+    results, runs = one_engine(results, runs, engine, lambda message: console.print(f"note: {message}"))
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: exists and is not a folder; name a folder (it is created if missing)")
     try:
@@ -69,15 +69,22 @@ def make_report(
     return written
 
 
-def one_engine(results: list[dict], runs: list[Run], engine: str | None) -> tuple[list[dict], list[Run]]:
+def one_engine(
+    results: list[dict], runs: list[Run], engine: str | None, note=print
+) -> tuple[list[dict], list[Run]]:
     """``engine``'s results and runs only (all when None); runs of several engines are refused in one line,
     as results are (app.reports.benchmarks.check_comparable): a speedup between engines is no scaling."""
     if engine is not None:
+        left = len(results) + len(runs)
         results = [r for r in results if engine_of(r) == engine]
         runs = [r for r in runs if engine_of(r.summary) == engine]
         if not results and not runs:
             raise UsageError(f"--engine {engine}: none of the inputs was measured or trained on that engine")
-    engines = sorted({engine_of(r.summary) for r in runs})
+        if len(results) + len(runs) < left:  # said, never silent
+            note(
+                f"--engine {engine}: {left - len(results) - len(runs)} result(s) or run(s) of other engines left out"
+            )
+    engines = sorted({engine_of(r.summary) for r in runs} - {"unrecorded"})  # older or unfinished runs
     if len(engines) > 1:
         raise UsageError(
             f"these runs mix engines {' and '.join(engines)}: their times compare engines, not worker counts; "
@@ -95,7 +102,8 @@ def _write(results: list[dict], runs: list, out: Path, target: float | None) -> 
         table = scaling(results)
         rows = scaling_rows(table)
         kind = results[0].get("kind", "train")
-        what = f"{results[0].get('model') or 'input pipeline'}, {results[0].get('image_size')} px, {results[0].get('precision')}"
+        engine = next((e for r in results if (e := engine_of(r)) != "unrecorded"), "engine unrecorded")
+        what = f"{results[0].get('model') or 'input pipeline'}, {results[0].get('image_size')} px, {results[0].get('precision')}, {engine}"
         lines = verdicts(table)
         measured = measured_on([(r.get("env"), r.get("precision")) for r in results])
         written += write_table(out, "scaling", SCALING_COLUMNS, rows, lines, measured)

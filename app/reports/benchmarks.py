@@ -13,6 +13,7 @@ from app.core.results import is_number, is_positive_int, json_lines, note_to_std
 from app.reports.tables import Col, _pyplot, _save_figure, fixed, percent, times
 
 MAX_RATE = 1e9  # images/s: no benchmark of any machine comes near; more is a damaged or forged line
+MAX_COUNT = 10**7  # batch size or workers: more than any machine has; more is a damaged or forged line
 REQUIRED = ("batch_size", "workers", "images_per_s")
 GOOD, FAIR = 0.90, 0.70  # scaling-efficiency bands for the one-line verdicts
 INPUT_BOUND = 0.10  # a run whose steps wait this long for data is input-bound
@@ -48,6 +49,8 @@ def _check_result(row, where: str) -> dict:
     for key in ("batch_size", "workers"):
         if not is_positive_int(row[key]):
             raise UsageError(f"{where}: {key} must be a positive integer, got {brief(row[key])}")
+        if row[key] > MAX_COUNT:
+            raise UsageError(f"{where}: {key} must be at most {MAX_COUNT:,}, got {brief(row[key])}")
     ips = row["images_per_s"]
     if not is_number(ips["mean"]) or not 0 < ips["mean"] <= MAX_RATE:
         raise UsageError(
@@ -90,7 +93,7 @@ def engine_of(record: dict) -> str:
 
 def check_comparable(results: list[dict]) -> None:
     """One table compares one engine, model, image size, precision and kind: anything else is a mix-up."""
-    engines = sorted({engine_of(r) for r in results})
+    engines = sorted({engine_of(r) for r in results} - {"unrecorded"})  # older results: taken as they come
     if len(engines) > 1:
         raise UsageError(
             f"results mix engines {' and '.join(engines)}: one scaling table compares one engine; pass "

@@ -143,7 +143,16 @@ def timeline_rows(results: list[dict]) -> list[list]:
             for (b, w), t in sorted(newest.items())]  # fmt: skip
 
 
-def verdicts(table: dict[int, list[benchmarks.Point]], independent, timelines: list[list]) -> list[str]:
+def workers_word(results: list[dict]) -> str:
+    """Whose workers the results measured, in words ("Horovod workers", "tf-engine workers", or "workers" for
+    results that do not name their engine)."""
+    engine = benchmarks.engine_of(results[0]) if results else "unrecorded"
+    return {"horovod": "Horovod workers", "tf": "tf-engine workers"}.get(engine, "workers")
+
+
+def verdicts(
+    table: dict[int, list[benchmarks.Point]], independent, timelines: list[list], who: str = "workers"
+) -> list[str]:
     """app report's lines, then the study's answers: the best per-worker batch, where adding workers stops
     paying, communication against core sharing, and where the time goes at the most workers."""
     lines = benchmarks.verdicts(table)
@@ -181,7 +190,7 @@ def verdicts(table: dict[int, list[benchmarks.Point]], independent, timelines: l
             if solo and p.workers == max(n for n, b in independent if b == batch):
                 ratio = p.images_per_s / sum(solo)
                 lines.append(
-                    f"RQ2: batch {batch}/worker: {p.workers} Horovod workers reach {ratio:.0%} of {p.workers} "
+                    f"RQ2: batch {batch}/worker: {p.workers} {who} reach {ratio:.0%} of {p.workers} "
                     f"independent processes on the same cores: that gap, not the {p.efficiency:.0%} against one "
                     "worker, is what communication costs here"
                 )
@@ -240,7 +249,8 @@ def write_report(folder: Path, plan: ScalingPlan, console) -> list[Path]:
     table = benchmarks.scaling(results)
     rows = benchmarks.scaling_rows(table)
     costs, solo, traces = cost_rows(table), independent_rows(table, independent), timeline_rows(results)
-    lines = verdicts(table, independent, traces)
+    who = workers_word(results)
+    lines = verdicts(table, independent, traces, who)
     gpus, sampled = on_gpus(results), csc.gpu_samples(results)
     cost_cols = cost_columns(gpus)
     csc_rows, csc_lines = csc.rows(table, sampled, csc.wall_times(results)), csc.verdict(table, gpus)
@@ -248,7 +258,7 @@ def write_report(folder: Path, plan: ScalingPlan, console) -> list[Path]:
                 (f"What an ImageNet-1k epoch costs ({IMAGENET_TRAIN_EXAMPLES:,} images at the throughput measured "
                  f"here: {measured_what(results)}; a projection)", cost_cols,
                  costs),
-                ("Horovod against independent processes on the same cores", INDEPENDENT_COLUMNS, solo),
+                (f"Workers against independent processes on the same cores ({who})", INDEPENDENT_COLUMNS, solo),
                 ("Where the time goes (Horovod timeline)", TIMELINE_COLUMNS, traces),
                 ("CSC gpularge scalability test", csc.COLUMNS, csc_rows)]  # fmt: skip
     with staged(out) as stage:

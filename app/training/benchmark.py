@@ -158,8 +158,9 @@ def run(
         # of the process): CSC's scalability test compares these.
         result |= {"steps": steps, "images_target": images or None, "wall_s": sum(times)}
         result["images_per_s"]["per_worker"] = result["images_per_s"]["mean"] / world.workers
-        # What one CPU thread of the input pipeline delivers: --pipeline-only's per-core figure (docs/training.md)
-        result["images_per_s"]["per_thread"] = result["images_per_s"]["per_worker"] / inputs.count
+        # What one CPU thread of the input pipeline delivers: --pipeline-only's per-core figure (docs/training.md);
+        # a thread pool is a process's, which under the tf engine reads for all its replicas
+        result["images_per_s"]["per_thread"] = result["images_per_s"]["mean"] / (world.size * inputs.count)
         # [horovod] the slowest rank sets the pace: report the largest step time any rank saw.
         result["step_time_s"] = max(distributed.allgather_object(result["step_time_s"]))
         if world.is_chief:

@@ -137,8 +137,11 @@ def problem(path: Path) -> str | None:
     import tensorflow as tf
 
     try:
-        tf.train.load_checkpoint(str(path / PREFIX))
-    except (tf.errors.OpError, ValueError) as exc:
+        reader = tf.train.load_checkpoint(str(path / PREFIX))
+        if not files:  # no file list to check sizes and checksums against: read every tensor once instead
+            for name in reader.get_variable_to_shape_map():
+                reader.get_tensor(name)
+    except (tf.errors.OpError, ValueError, IndexError) as exc:  # IndexError: "Read less bytes than requested"
         return f"TensorFlow cannot read it ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
     return None
 
@@ -234,7 +237,9 @@ def save(run_dir: Path, checkpoint, epoch: int, state: dict, keep: int, step: in
     return final
 
 
-SUPERSEDED = "superseded"  # checkpoints/superseded/: kept for inspection, never resumed from
+# checkpoints/superseded/: kept for inspection, never resumed from; only the newest copy stays (each holds a
+# whole model: ResNet-50's is ~200 MB, and a requeued job that skips one at every start would fill the disk)
+SUPERSEDED = "superseded"
 
 
 def _supersede_after(root: Path, final: Path) -> None:
@@ -252,13 +257,16 @@ def _supersede_after(root: Path, final: Path) -> None:
 
 
 def _set_aside(root: Path, path: Path) -> None:
-    """Move checkpoint ``path`` into ``checkpoints/superseded/``, under a new name if that one is taken."""
+    """Move checkpoint ``path`` into ``checkpoints/superseded/``, where it replaces the copy kept before."""
     aside = root / SUPERSEDED
     aside.mkdir(exist_ok=True)
     target = aside / path.name
     if target.exists():
         target = aside / f"{path.name}-{time.time_ns()}"
     os.rename(path, target)
+    for older in aside.iterdir():
+        if older != target:
+            shutil.rmtree(older, ignore_errors=True)
 
 
 def _write_error(root: Path, exc: Exception) -> AppError:
