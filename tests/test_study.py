@@ -684,6 +684,8 @@ def test_dry_run_prints_the_plan_quoted_and_writes_nothing(tmp_path, monkeypatch
         out / "study_fashion_mnist" / "runs" / "gradual-warmup-k8-s1"
     )
     assert "gradual-warmup-k8-s1: 2 worker(s) x 4 accumulation x 128 = 1024, LR 0.8, warmup gradual" in stdout
+    # The folder on the last line is a shell word too (issue 32: it was echoed raw after the last command).
+    assert f"would create {shlex.quote(str(out / 'study_fashion_mnist'))}: 5 to train" in stdout
     assert not out.exists() and not (Path.cwd() / "pwned").exists()
 
 

@@ -45,8 +45,8 @@ def splan(workers=(1, 2), batches=(16, 32), independent=False, cluster=None, tim
 
 def result(batch: int, workers: int, ips: float, ci: float = 1.0, gpus: int = 1, cores: int = 64, nodes=1,
            trace: dict | None = None) -> dict:  # fmt: skip
-    return {"kind": "train", "model": "resnet50", "image_size": 224, "precision": "mixed_bfloat16", "xla": False,
-            "batch_size": batch, "workers": workers, "nodes": nodes, "images_per_s": {"mean": ips, "ci95": ci},
+    return {"kind": "train", "engine": "horovod", "model": "resnet50", "image_size": 224,
+            "precision": "mixed_bfloat16", "xla": False, "batch_size": batch, "workers": workers, "nodes": nodes, "images_per_s": {"mean": ips, "ci95": ci},
             "input_wait_fraction": 0.01, "env": {"gpu_count": gpus, "cpu_count": cores}, "timeline": trace}  # fmt: skip
 
 

@@ -184,10 +184,17 @@ def test_row_lost_between_checkpoint_and_metrics_comes_back_from_the_checkpoint(
     run = tmp_path / "run"
     run_app(["train", *TINY_SYNTHETIC, "--epochs", "2", "--run-dir", str(run)])
     first, second = (run / "metrics.jsonl").read_text().splitlines()
-    (run / "metrics.jsonl").write_text(first + "\n")  # as if killed after checkpoint 2, before its row
-    run_app(["train", "--run-dir", str(run), "--epochs", "3"])
+    # As if killed after checkpoint 2, before its row; and a line that a crash of the file system left as
+    # NULs before the first (issue 32: it blocked every resume): kept aside, and the resume goes on.
+    (run / "metrics.jsonl").write_text("\x00\x00\x00\n" + first + "\n")
+    proc = run_app(["train", "--run-dir", str(run), "--epochs", "3"])
     assert [r["epoch"] for r in rows(run)] == [1, 2, 3]
     assert rows(run)[1] == json.loads(second)  # the checkpoint kept the very row
+    aside = run / "metrics.damaged.jsonl"
+    assert (
+        f"{run / 'metrics.jsonl'}: damaged line(s) 1 set aside in {aside}; the resume goes on" in proc.stdout
+    )
+    assert aside.read_text() == "\x00\x00\x00\n"
 
 
 def test_resume_whose_checkpoint_does_not_fit_keeps_the_saved_config(tmp_path):

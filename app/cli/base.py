@@ -299,6 +299,13 @@ def slurm_words(slurm: dict) -> list[str]:
     return words
 
 
+def quoted(path) -> str:
+    """A path as a shell word: output that people copy or cut into scripts quotes what it echoes."""
+    import shlex
+
+    return shlex.quote(str(path))
+
+
 def refuse_slurm_options(slurm: dict, keys, fix: str) -> None:
     given = next((k for k in keys if slurm.get(k) is not None), None)
     if given is not None:

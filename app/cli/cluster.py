@@ -123,7 +123,7 @@ def submit(
     dry_run,
     test_only,
 ):
-    """Submit a training job for N GPUs to a Slurm cluster (one task per GPU).
+    """Submit a training job for N GPUs to a Slurm cluster (one task per GPU; per node under the tf engine).
 
     Near its time limit the job checkpoints and requeues itself; a run that stopped for good (cancelled,
     failed, out of requeues) continues in a new job with --resume RUN_DIR. On a new cluster, first submit

@@ -13,11 +13,13 @@ from app.cli.base import (
     SLURM_KEYS,
     Int,
     cli,
+    quoted,
     refuse_slurm_options,
     refuse_steps_with_images,
     slurm_options,
     slurm_words,
 )
+from app.cli.study_setup import prepare_study, submit_study
 from app.core.errors import AppError, UsageError, brief, one_line
 from app.core.iterables import zip_equal
 from app.engines.world import joined_launcher
@@ -84,39 +86,6 @@ def _ks(ctx, param, value: str | None) -> list[int] | None:
         return parse_ks(value)
     except ValueError as exc:
         raise click.BadParameter(f"{brief(value)}: {exc}") from None
-
-
-def prepare_study(folder: Path, plan, cfg, command: list[str], slurm: dict | None, dry_run: bool) -> bool:
-    """The study folder made (or found holding this study): on Slurm every job script is rendered, and so
-    checked, first, so a request the cluster cannot hold (an account, time or partition it refuses), or an
-    image or dataset the jobs would not find, fails before anything is written, submitted or printed (a dry
-    run writes nothing and prints them after)."""
-    from app.study import slurm as slurm_stage
-    from app.study.folder import prepare
-
-    if slurm:
-        prepare(folder, plan, cfg, command, write=False)
-        slurm_stage.submit_study(folder, plan, cfg, slurm, dry_run=True, echo=lambda line: None)
-        if not dry_run:  # a missing image or dataset: said before the study folder exists, so a retry is free
-            slurm_stage.check_study_inputs(cfg, slurm)
-    return prepare(folder, plan, cfg, command, write=not dry_run)
-
-
-def submit_study(folder: Path, plan, cfg, slurm: dict, new: bool = False) -> None:
-    """Submit the study's jobs; a ``new`` study folder of which nothing was submitted (every job refused, sbatch
-    failing) is removed again, so that a retry with other options is not refused as another study."""
-    import shutil
-
-    from app.study import slurm as slurm_stage
-    from app.study.state import JOBS_FILE
-
-    try:
-        slurm_stage.submit_study(folder, plan, cfg, slurm, dry_run=False, echo=click.echo)
-    except (UsageError, AppError):
-        if new and not (folder / JOBS_FILE).exists():
-            shutil.rmtree(folder, ignore_errors=True)
-        raise
-    click.echo(f"follow it with `app study status {folder}`; the report job writes {folder}/report/")
 
 
 def _print_runs(folder: Path, plan, data_dir, threads: int, parallel: int = 1) -> None:
@@ -230,10 +199,10 @@ def study_large_batch(configs, sets, ks, seeds, margin, name, np_, out, data_dir
         if cluster:
             slurm_stage.submit_study(folder, plan, cfg, slurm, dry_run=True, echo=click.echo)
         click.echo(
-            f"{len(plan.runs)} runs; would {'create' if new else 'continue'} {folder}: {left} to train"
+            f"{len(plan.runs)} runs; would {'create' if new else 'continue'} {quoted(folder)}: {left} to train"
         )
         return
-    click.echo(f"{'created' if new else 'continuing'} {folder}: {len(plan.runs)} runs ({again})")
+    click.echo(f"{'created' if new else 'continuing'} {quoted(folder)}: {len(plan.runs)} runs ({again})")
     if cluster:
         submit_study(folder, plan, cfg, slurm, new)
         return
@@ -359,7 +328,7 @@ def print_scaling_plan(folder: Path, plan, cfg, slurm: dict | None, new: bool) -
         click.echo(f"{part.name}: {what}, batch sizes {','.join(map(str, left)) or '(all measured)'}")
     if plan.cluster:
         slurm_stage.submit_study(folder, plan, cfg, slurm, dry_run=True, echo=click.echo)
-    click.echo(f"{len(plan.parts)} parts; would {'create' if new else 'continue'} {folder}")
+    click.echo(f"{len(plan.parts)} parts; would {'create' if new else 'continue'} {quoted(folder)}")
 
 
 @study.command("scaling")
@@ -455,7 +424,7 @@ def study_scaling(configs, sets, np_list, gpu_list, batch_sizes, steps, images, 
     if dry_run:
         print_scaling_plan(folder, plan, cfg, slurm, new)
         return
-    click.echo(f"{'created' if new else 'continuing'} {folder}: {len(plan.parts)} parts ({again})")
+    click.echo(f"{'created' if new else 'continuing'} {quoted(folder)}: {len(plan.parts)} parts ({again})")
     if plan.cluster:
         submit_study(folder, plan, cfg, slurm, new)
         return

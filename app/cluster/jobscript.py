@@ -59,7 +59,8 @@ class Job:
 
 @dataclass(frozen=True)
 class _Shape:
-    """Where and how long a job runs: its nodes, tasks (one per GPU) per node, time limit and partition."""
+    """Where and how long a job runs: its nodes, GPUs per node (``tasks``: one task each under Horovod; one task
+    holds them all under the tf engine), time limit and partition."""
 
     nodes: int
     tasks: int

@@ -80,7 +80,7 @@ class Cluster:
     # only what it asks for).
     mem_full_node: str | None = None
     mem_per_gpu: str | None = None
-    engine: str = "horovod"  # or tf: TensorFlow's MultiWorkerMirroredStrategy (app.engines.tfdist)
+    engine: str = "horovod"  # or tf: TensorFlow's own strategies, one task per node (app.engines.tfdist)
 
 
 def available() -> list[str]:
@@ -243,7 +243,7 @@ class _Profile:
         engine = self.get(raw, "engine", "str", "horovod")
         if engine not in ENGINES:
             raise self.fail(f"engine {show(engine)}: horovod (the image's Horovod) or tf (TensorFlow's own "
-                            "MultiWorkerMirroredStrategy)")  # fmt: skip
+                            "strategies)")  # fmt: skip
         if engine == "tf" and mpi != "none":
             raise self.fail(
                 f"engine tf starts its ranks with plain srun and no MPI: set mpi: none (not {mpi})"

@@ -4,8 +4,9 @@ Two engines implement :data:`INTERFACE`, one module each:
 
 - ``horovod`` (app.engines.horovod): Horovod's Keras integration, the engine of the reference study and the
   default where Horovod imports with this TensorFlow (its last release, 0.28.1, builds against TensorFlow <= 2.18);
-- ``tf`` (app.engines.tfdist): TensorFlow's own MultiWorkerMirroredStrategy with tf_keras, which runs on the sites'
-  TensorFlow modules (CSC's 2.16 on LUMI, 2.21 on Roihu) with no Horovod and no image.
+- ``tf`` (app.engines.tfdist): TensorFlow's own strategies with tf_keras (MirroredStrategy in one process per
+  host, MultiWorkerMirroredStrategy across hosts), which run on the sites' TensorFlow modules (CSC's 2.16 on LUMI,
+  2.21 on Roihu) with no Horovod and no image.
 
 ``train.engine: auto`` (the default; ``--engine``, ``APP_TRAIN_ENGINE``) picks Horovod when it imports, else tf.
 Training modules import this module as ``distributed`` and call ``distributed.<function>``; :func:`use` (in
@@ -92,9 +93,7 @@ def resolve(name: str) -> str:
         return "horovod"
     if name == "auto":
         return "tf"
-    raise UsageError(
-        f"train.engine horovod: {why}; use --engine tf (TensorFlow's own MultiWorkerMirroredStrategy)"
-    )
+    raise UsageError(f"train.engine horovod: {why}; use --engine tf (TensorFlow's own strategies)")
 
 
 def use(name: str) -> str:

@@ -217,11 +217,7 @@ def render(info: dict, console) -> None:
     table.add_row(
         "Engine",
         f"auto is {info['engine_auto']}"
-        + (
-            ""
-            if info["engine_auto"] == "horovod"
-            else " (TensorFlow's MultiWorkerMirroredStrategy; no Horovod here)"
-        ),
+        + ("" if info["engine_auto"] == "horovod" else " (TensorFlow's own strategies; no Horovod here)"),
     )
     table.add_row("GPUs", f"{info['gpu_count']}" + (f" ({', '.join(info['gpus'])})" if info["gpus"] else ""))
     table.add_row("CPUs", f"{info['cpu_count']} (AVX512_BF16: {yes(info['cpu_bf16'])})")

@@ -1,5 +1,6 @@
 """The tf engine's cluster across hosts: ``TF_CONFIG`` for MultiWorkerMirroredStrategy, one worker per host, from
-Slurm's variables (one task per node) or as the user set it, and who this process is in it. A run on one host
+Slurm's variables (one task per node) or, inside such an srun step, as the user set it; and who this process is
+in it. A run on one host
 has none: its one process holds every replica (app.engines.tfdist).
 
 No TensorFlow here: the job scripts' checks and the tests use it. TensorFlow's own SlurmClusterResolver is not
@@ -50,7 +51,7 @@ def read_config(env) -> tuple[list[str], int] | None:
         raise UsageError(
             f"{TF_CONFIG} is not a cluster of workers with this task's index in it (such as "
             '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": 0}}, each address '
-            "once, ports 1-65535); unset it: app --np N and srun set their own"
+            "once, ports 1-65535); unset it: the tf engine's jobs build their own from Slurm's variables"
         )
     return workers, index
 

@@ -167,6 +167,9 @@ class MetricsWriter(tf.keras.callbacks.Callback):
         )
 
 
+DAMAGED_METRICS = "metrics.damaged.jsonl"  # lines of metrics.jsonl a resume could not read, as they were
+
+
 def reconcile_metrics(run_dir: Path, epoch: int, saved_row: dict | None, note) -> None:
     """Before resuming after ``epoch``: metrics.jsonl and metrics.csv hold each epoch 1..epoch once.
 
@@ -176,7 +179,14 @@ def reconcile_metrics(run_dir: Path, epoch: int, saved_row: dict | None, note) -
     """
 
     run_dir = Path(run_dir)
-    rows = read_metrics(run_dir, note)
+    damaged: list[tuple[int, str]] = []
+    rows = read_metrics(run_dir, lambda message: None, damaged)
+    if damaged:  # kept beside the run, never lost; the resume goes on with the rows that can be read
+        aside = run_dir / DAMAGED_METRICS
+        with open(aside, "a") as f:
+            f.writelines(f"{text}\n" for _, text in damaged)
+        lines = ", ".join(str(n) for n, _ in damaged)
+        note(f"{run_dir / 'metrics.jsonl'}: damaged line(s) {lines} set aside in {aside}; the resume goes on")
     kept = [r for r in rows if int(r.get("epoch", 0)) <= epoch]
     if saved_row and not any(int(r.get("epoch", 0)) == epoch for r in kept):
         kept.append(saved_row)

@@ -1,0 +1,47 @@
+"""What both study commands share on their way to running: the study folder prepared (every job script rendered
+and so checked first on Slurm) and the study's jobs submitted. Split from app.cli.study, which holds the
+commands themselves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from app.cli.base import quoted
+from app.core.errors import AppError, UsageError
+
+
+def prepare_study(folder: Path, plan, cfg, command: list[str], slurm: dict | None, dry_run: bool) -> bool:
+    """The study folder made (or found holding this study): on Slurm every job script is rendered, and so
+    checked, first, so a request the cluster cannot hold (an account, time or partition it refuses), or an
+    image or dataset the jobs would not find, fails before anything is written, submitted or printed (a dry
+    run writes nothing and prints them after)."""
+    from app.study import slurm as slurm_stage
+    from app.study.folder import prepare
+
+    if slurm:
+        prepare(folder, plan, cfg, command, write=False)
+        slurm_stage.submit_study(folder, plan, cfg, slurm, dry_run=True, echo=lambda line: None)
+        if not dry_run:  # a missing image or dataset: said before the study folder exists, so a retry is free
+            slurm_stage.check_study_inputs(cfg, slurm)
+    return prepare(folder, plan, cfg, command, write=not dry_run)
+
+
+def submit_study(folder: Path, plan, cfg, slurm: dict, new: bool = False) -> None:
+    """Submit the study's jobs; a ``new`` study folder of which nothing was submitted (every job refused, sbatch
+    failing) is removed again, so that a retry with other options is not refused as another study."""
+    import shutil
+
+    from app.study import slurm as slurm_stage
+    from app.study.state import JOBS_FILE
+
+    try:
+        slurm_stage.submit_study(folder, plan, cfg, slurm, dry_run=False, echo=click.echo)
+    except (UsageError, AppError):
+        if new and not (folder / JOBS_FILE).exists():
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+    click.echo(
+        f"follow it with `app study status {quoted(folder)}`; the report job writes {quoted(folder / 'report')}"
+    )
