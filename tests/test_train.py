@@ -404,3 +404,37 @@ def test_evaluating_with_another_model_or_a_damaged_newest_checkpoint_says_so_on
         in proc.stdout
     )
     assert (run / "eval-epoch-0001.json").is_file()
+
+
+def test_a_lock_left_by_this_slurm_job_s_earlier_start_is_taken_over_with_a_note(tmp_path, monkeypatch):
+    """Issue 32: after a node failure a parallel file system can keep the dead start's flock past Slurm's requeue;
+    the new start exited 1 naming its own job id."""
+    import os
+    import subprocess
+    import sys
+
+    from app.core.errors import AppError
+    from app.training import runlock
+    from conftest import ROOT
+
+    run = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from app.training import runlock; "
+         "runlock.acquire(Path(sys.argv[1])); print('held', flush=True); time.sleep(300)", str(run)],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "SLURM_JOB_ID": "4242"},
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        monkeypatch.setenv("SLURM_JOB_ID", "4243")  # another job: refused, as before
+        with pytest.raises(AppError, match="another training writes there .*Slurm job 4242"):
+            runlock.acquire(run, lambda message: None)
+        monkeypatch.setenv("SLURM_JOB_ID", "4242")  # a requeue of the job itself
+        notes: list[str] = []
+        runlock.acquire(run, notes.append)
+        assert notes == [
+            f"{run / '.lock'}: the file system still holds a lock, but its holder was this Slurm job's earlier "
+            "start (job 4242), which ended before this one began: going on without it"
+        ]
+    finally:
+        holder.kill()
+        holder.wait()

@@ -26,15 +26,42 @@ LOCK = ".lock"
 _held: list = []  # the open lock files of this process: closing one would release its lock
 
 
-def holder(path: Path) -> str:
-    """Who holds the lock at ``path``, as its holder wrote it (host, pid, Slurm job, since when)."""
+def _info(path: Path) -> dict:
+    """What the lock's holder wrote about itself ({} when nothing readable)."""
     try:
         with open(path, "rb") as f:
             info = json.loads(f.read(4096).decode("utf-8", "replace"))
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def holder(path: Path) -> str:
+    """Who holds the lock at ``path``, as its holder wrote it (host, pid, Slurm job, since when)."""
+    info = _info(path)
+    try:
         job = f", Slurm job {info['job']}" if info.get("job") else ""
         return f"host {info['host']}, pid {info['pid']}{job}, since {info['since']}"
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (KeyError, TypeError):
         return "a process that did not say who it is"
+
+
+def gone(info: dict) -> str | None:
+    """Why the lock's holder is provably gone although its lock is still held, or None. A parallel file system
+    can keep a dead node's lock past Slurm's automatic requeue: the holder was this same Slurm job's earlier
+    start (Slurm runs one start of a job at a time), or a process of this host that no longer exists."""
+    job = os.environ.get("SLURM_JOB_ID", "").strip()
+    if job and str(info.get("job")) == job:
+        return f"its holder was this Slurm job's earlier start (job {job}), which ended before this one began"
+    pid = info.get("pid")
+    if info.get("host") == socket.gethostname() and isinstance(pid, int) and pid > 0 and pid != os.getpid():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return f"its holder, pid {pid} of this host, no longer exists"
+        except OSError:
+            return None
+    return None
 
 
 def acquire(run_dir: Path, note=None) -> None:
@@ -47,6 +74,9 @@ def acquire(run_dir: Path, note=None) -> None:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
         f.close()
+        if exc.errno in (errno.EAGAIN, errno.EACCES) and (why := gone(_info(path))) and note:
+            note(f"{path}: the file system still holds a lock, but {why}: going on without it")
+            return
         if exc.errno in (errno.EAGAIN, errno.EACCES):  # someone holds it
             raise AppError(
                 f"--run-dir {run_dir}: another training writes there ({holder(path)}); two writers would delete "
