@@ -363,6 +363,8 @@ def test_report_answers_rq1_and_rq2_from_hand_made_results(tmp_path):
         "GPU utilization and peak memory: not sampled (no nvidia-smi or rocm-smi where the benchmark ran)"
         in md
     )
+    # Issue 32: sampled on rank 0's node only, and the columns say so.
+    assert "| GPU utilization, rank 0's node (%) | peak GPU memory, rank 0's node (MiB) |" in md
     assert "independent" not in md  # no independent baseline was measured
 
 

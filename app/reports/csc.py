@@ -45,8 +45,9 @@ COLUMNS = (
     Col("images", "images_processed", missing="-"),
     Col("wall-time (s)", "wall_time_s", fixed(1), missing="-"),
     Col("efficiency from wall-times", "efficiency_from_wall_times", percent, missing="-"),
-    Col("GPU utilization (%)", "gpu_utilization_pct", _optional, missing="not sampled"),
-    Col("peak GPU memory (MiB)", "gpu_memory_peak_mib", _optional, missing="not sampled"),
+    # Sampled by each result's first rank on its own node (app.training.benchmark.measure): labelled so.
+    Col("GPU utilization, rank 0's node (%)", "gpu_utilization_pct", _optional, missing="not sampled"),
+    Col("peak GPU memory, rank 0's node (MiB)", "gpu_memory_peak_mib", _optional, missing="not sampled"),
 )
 
 
@@ -222,7 +223,8 @@ def notes(sampled: bool) -> list[str]:
         "projection from the throughput, not a timed epoch",
         "GPU utilization and peak memory: "
         + (
-            "sampled with nvidia-smi or rocm-smi while the benchmark ran"
+            "sampled with nvidia-smi or rocm-smi on rank 0's node while the benchmark ran (the other nodes' "
+            "GPUs are not in these columns)"
             if sampled
             else "not sampled (no nvidia-smi or rocm-smi where the benchmark ran): measure them on the nodes "
             "while a job runs"
