@@ -115,6 +115,9 @@ def test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path, sig, t
     assert f"resumed from {stopped[0]}" in proc.stdout
     assert json.loads((split / "summary.json").read_text())["engine"] == engine
     assert rows(split) == [1, 2] and not (split / ".stopped").exists()
+    # The resumed epoch's loss and accuracy are its remaining steps': its row says from which (issue 32).
+    first = json.loads((split / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["resumed_at_step"] == int(stopped[0].name.rsplit("-", 1)[1]), first
     a, b = weights(whole, 2), weights(split, 2)
     assert sorted(a) == sorted(b) and len(a) > 40
     for name in a:  # bitwise: the same batches, the same LRs, deterministic kernels

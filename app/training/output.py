@@ -115,10 +115,13 @@ class MetricsWriter(tf.keras.callbacks.Callback):
 
     def __init__(
         self, reporter: Reporter, run_dir: Path, tensorboard: bool, images_per_step: int, steps: int,
-        before_write=None,
+        before_write=None, resumed_at: int = 0,
     ):  # fmt: skip
         super().__init__()
         self.reporter, self.run_dir = reporter, Path(run_dir)
+        # A mid-epoch resume: that epoch's loss and accuracy are its remaining steps' (Keras starts them anew),
+        # so its row says from which step (``resumed_at_step``), rather than pass for the whole epoch's.
+        self.resumed_at = resumed_at
         self.images_per_step, self.steps = images_per_step, steps
         self.before_write = before_write  # called with (epoch, row) first: the checkpoint, then the metrics
         if tensorboard and importlib.util.find_spec("tensorboard") is None:
@@ -146,6 +149,8 @@ class MetricsWriter(tf.keras.callbacks.Callback):
         row["evaluation_time_s"] = time.perf_counter() - self.t_train
         row["images_per_s"] = self.steps * self.images_per_step / max(elapsed, 1e-9)
         row["time"] = time.time()
+        if self.resumed_at:
+            row["resumed_at_step"] = self.resumed_at
         if self.before_write is not None:  # a crash between the two then never duplicates an epoch's row
             self.before_write(epoch + 1, row)
         append_metrics(self.run_dir, row)
@@ -164,6 +169,7 @@ class MetricsWriter(tf.keras.callbacks.Callback):
         self.reporter.note(
             f"epoch {epoch + 1}: loss {row.get('loss', float('nan')):.4f} acc {row.get('accuracy', float('nan')):.4f}"
             f"{val}{top5} lr {row['lr']:.5g} {row['images_per_s']:,.0f} img/s {elapsed:.1f}s"
+            + (f" (loss and acc of steps {self.resumed_at + 1}-: resumed there)" if self.resumed_at else "")
         )
 
 

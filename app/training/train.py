@@ -346,7 +346,9 @@ def fit(
         if world.is_chief:  # [horovod] only rank 0 writes checkpoints, metrics and progress
             steps = p.steps_per_epoch - first_step
             out += [
-                MetricsWriter(reporter, run_dir, cfg.run.tensorboard, p.images_per_step, steps, write),
+                MetricsWriter(
+                    reporter, run_dir, cfg.run.tensorboard, p.images_per_step, steps, write, first_step
+                ),
                 Progress(reporter, cfg.train.epochs, steps, p.images_per_step, cfg.run.log_every),
             ]
         elif distributed.saves_on_every_rank():  # [tf] the epoch's checkpoint is a collective
