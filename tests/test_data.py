@@ -584,6 +584,10 @@ def test_converter_force_removes_only_what_a_conversion_wrote(tmp_path):
         f"DEST {out}: train-00009-of-00010 was not written by a conversion, yet training would "
         "read it; move it out of DEST (or pick another DEST), then convert again"
     )
+    # Without --force the hint is the same, not --force, which would refuse it too (issue 32).
+    with pytest.raises(UsageError) as without:
+        convert(raw, out, train_shards=1, validation_shards=1, workers=1, labels_file=labels)
+    assert str(without.value) == str(err.value)
     assert sorted(p.name for p in out.iterdir()) == before
 
 

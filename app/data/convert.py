@@ -345,8 +345,6 @@ def _previous_output(dest: Path, force: bool) -> set[str]:
     if not dest.is_dir():
         return set()
     there = [*sorted(_read_by_training(dest)), *([COUNTS] if (dest / COUNTS).exists() else [])]
-    if there and not force:
-        raise UsageError(f"DEST {dest}: already holds {_some(there)}; pass --force to overwrite")
     listed: set[str] = set()
     for name, key in ((MANIFEST, "files"), (COUNTS, None)):
         try:
@@ -355,6 +353,9 @@ def _previous_output(dest: Path, force: bool) -> set[str]:
         except (UsageError, ValueError, KeyError, TypeError, RecursionError):
             continue  # missing or damaged: then nothing of it is removed
         listed |= {n for n in names if isinstance(n, str) and OUTPUT_NAME.fullmatch(n)}
+    if there and not force:
+        _refuse_foreign(dest, listed)  # --force would refuse those too: the hint names the real fix first
+        raise UsageError(f"DEST {dest}: already holds {_some(there)}; pass --force to overwrite")
     return listed
 
 
