@@ -107,7 +107,7 @@ COMPAT_TESTS      ?= tests/test_compat.py tests/test_models.py tests/test_gpu_bu
     tests/test_distributed.py::test_accumulation_matches_more_workers \
     "tests/test_faults.py::test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run[10-one worker-horovod]" \
     tests/test_benchmark.py::test_tiny_benchmark_on_two_workers_writes_one_line_per_batch_size \
-    tests/test_tf_engine.py::test_two_tf_workers_train_evaluate_and_stay_in_sync \
+    tests/test_tf_engine.py::test_two_tf_replicas_train_evaluate_and_stay_in_sync \
     tests/test_tf_engine.py::test_tf_accumulation_on_one_worker_equals_two_tf_workers
 
 digits_stripped = $(subst .,,$(subst 0,,$(subst 1,,$(subst 2,,$(subst 3,,$(subst 4,,$(subst 5,,$(subst 6,,$(subst \
@@ -139,8 +139,7 @@ TF221_VENV    ?= .venv-tf221
 TF221_TESTS   ?= tests/test_tf_engine.py tests/test_schedule.py tests/test_models.py \
     "tests/test_faults.py::test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run[10-one worker-tf]" \
     "tests/test_faults.py::test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run[15-the launcher's group-tf]" \
-    "tests/test_faults.py::test_a_killed_worker_ends_the_job_and_a_restart_resumes[np-tf]" \
-    "tests/test_faults.py::test_a_stopped_worker_ends_the_job_naming_it[1-env0-line0]"
+    "tests/test_faults.py::test_a_killed_worker_ends_the_job_and_a_restart_resumes[np-tf]"
 ifneq ($(filter test-tf221,$(MAKECMDGOALS)),)
 $(if $(call digits_stripped,$(TF221_VERSION)),$(error TF221_VERSION=$(TF221_VERSION) is not a version such as 2.21.0))
 endif
