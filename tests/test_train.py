@@ -298,24 +298,33 @@ def test_a_run_with_history_but_no_loadable_checkpoint_is_left_untouched(tmp_pat
     assert snapshot(run) == before
 
 
-def test_a_second_writer_is_refused_by_name_and_a_dead_writers_lock_is_taken_over(tmp_path):
-    """Issue 22, item 3: one writer per run directory (two would delete each other's checkpoints)."""
+def hold_lock(run, job: str):
+    """Another process holding ``run``'s writer lock as Slurm job ``job`` ("" for none), until it is killed."""
     import os
-    import signal
-    import socket
     import subprocess
     import sys
 
     from conftest import ROOT
 
-    run = tmp_path / "run"
-    first = subprocess.Popen(
+    holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from pathlib import Path; from app.training import runlock; "
          "runlock.acquire(Path(sys.argv[1])); print('held', flush=True); time.sleep(300)", str(run)],
-        stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "SLURM_JOB_ID": ""},
+        stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "SLURM_JOB_ID": job},
     )  # fmt: skip
+    if holder.stdout.readline().strip() != "held":
+        holder.kill()
+        raise AssertionError(f"the lock holder did not start (status {holder.wait()})")
+    return holder
+
+
+def test_a_second_writer_is_refused_by_name_and_a_dead_writers_lock_is_taken_over(tmp_path):
+    """Issue 22, item 3: one writer per run directory (two would delete each other's checkpoints)."""
+    import signal
+    import socket
+
+    run = tmp_path / "run"
+    first = hold_lock(run, "")
     try:
-        assert first.stdout.readline().strip() == "held"
         tiny = [
             "train",
             *TINY_SYNTHETIC,
@@ -409,22 +418,12 @@ def test_evaluating_with_another_model_or_a_damaged_newest_checkpoint_says_so_on
 def test_a_lock_left_by_this_slurm_job_s_earlier_start_is_taken_over_with_a_note(tmp_path, monkeypatch):
     """Issue 32: after a node failure a parallel file system can keep the dead start's flock past Slurm's requeue;
     the new start exited 1 naming its own job id."""
-    import os
-    import subprocess
-    import sys
-
     from app.core.errors import AppError
     from app.training import runlock
-    from conftest import ROOT
 
     run = tmp_path / "run"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from app.training import runlock; "
-         "runlock.acquire(Path(sys.argv[1])); print('held', flush=True); time.sleep(300)", str(run)],
-        stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "SLURM_JOB_ID": "4242"},
-    )  # fmt: skip
+    holder = hold_lock(run, "4242")
     try:
-        assert holder.stdout.readline().strip() == "held"
         monkeypatch.setenv("SLURM_JOB_ID", "4243")  # another job: refused, as before
         with pytest.raises(AppError, match="another training writes there .*Slurm job 4242"):
             runlock.acquire(run, lambda message: None)
