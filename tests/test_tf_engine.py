@@ -259,6 +259,9 @@ def test_both_engines_train_one_worker_to_the_same_weights(tmp_path):
     assert len(numbers) > 40
     for name in numbers:  # the same steps, LRs and kernels: equal to float32 rounding of the sums' order
         np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    # optimizer.iterations counts backward passes on both engines (Horovod's convention): 2 epochs x 6 steps
+    counters = {n: (int(a[n]), int(b[n])) for n in a if "iter" in n and np.ndim(a[n]) == 0}
+    assert counters and all(h == t == 2 * 6 for h, t in counters.values()), counters
 
 
 @pytest.mark.parametrize("engine", ["horovod", "tf"])

@@ -76,7 +76,14 @@ def accumulating_class():
             def train_function(iterator):
                 count[0] += 1
                 self._apply_now = count[0] % self.accumulation_steps == 0  # read when a step is traced
-                return steps[self._apply_now](iterator)
+                logs = steps[self._apply_now](iterator)
+                if not self._apply_now:
+                    # Horovod's backward_passes_per_step counts every backward pass in optimizer.iterations
+                    # (its aggregation helper adds 1 where it skips the update); so does this engine, so a
+                    # checkpoint means the same on both. Outside the step, in cross-replica context: each
+                    # local copy is updated, with no collective.
+                    self.optimizer.iterations.assign_add(1)
+                return logs
 
             self.train_function = train_function
             return train_function
