@@ -257,7 +257,7 @@ def make_run(folder: Path, run: RunPlan, val: list[float], train=None, done=True
     """A run directory as `app train` leaves it: metrics.jsonl (and summary.json when finished)."""
     path = run_dir(folder, run)
     path.mkdir(parents=True)
-    (path / "config.yaml").write_text("{}\n")
+    (path / "config.yaml").write_text("data: {}\nmodel: {}\ntrain: {}\nrun: {}\n")
     train = train or [v - 0.02 for v in val]
     rows = [{"epoch": i + 1, "loss": 0.5, "accuracy": t, "val_accuracy": v, "epoch_time_s": 2.0}
             for i, (t, v) in enumerate(zip(train, val, strict=True))]  # fmt: skip
@@ -482,6 +482,40 @@ def test_unfinished_runs_and_one_seed(tmp_path):
     ]
 
 
+def test_damaged_files_of_a_run_are_said_and_one_bad_metrics_line_keeps_its_result(tmp_path):
+    """A finished baseline with one damaged metrics line still counts (the line is left out, with the fix);
+    a damaged summary.json makes the run resumable (the resume writes it again); a damaged config.yaml of a
+    finished run is said, and the run stays done; a failed baseline says why it has no result."""
+    folder, p = study_with_results(tmp_path, plan())
+    base, other, third = (run_dir(folder, r) for r in p.runs[:3])
+    lines = (base / "metrics.jsonl").read_text().splitlines()
+    lines[1] = '{"epoch": 2, "val_accuracy": 7}'
+    (base / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (other / "summary.json").write_text("{not json")
+    (third / "config.yaml").write_text("- a list\n")
+    got = states(folder, p)
+    assert got[0].state == "done" and got[0].damage == (
+        f"{base / 'metrics.jsonl'}: damaged line(s) 2 left out; `app train --run-dir {base}` (as any resume) sets "
+        "them aside in metrics.damaged.jsonl"
+    )
+    assert (got[1].state, got[1].epochs_done, got[1].detail) == ("partial", 10, "summary damaged")
+    assert got[1].damage.startswith(f"{other / 'summary.json'}: not JSON (")
+    assert got[1].damage.endswith("; resuming writes it again")
+    assert (
+        got[2].state == "done"
+        and "the run's results do not need it; training it further does" in got[2].damage
+    )
+    results = study_report.collect(folder, p, note=lambda message: None)
+    assert results[0].final_error is not None and results[0].epochs_done == 9
+    verdicts = study_report.verdicts(study_report.cells(results))
+    assert verdicts[0].startswith("baseline (k=1, batch 128, LR 0.1): top-1 error")
+    (base / "summary.json").unlink()
+    (folder / "attempts.jsonl").write_text(json.dumps({"run": "baseline-k1-s1", "exit": 1}) + "\n")
+    assert study_report.verdicts(study_report.cells(study_report.collect(folder, p, lambda m: None))) == [
+        "the baseline (k=1) has not finished (failed: exit status 1): nothing to compare yet"
+    ]
+
+
 def test_too_few_updates_are_warned_and_no_verdict_on_the_rule(tmp_path):
     # 6,400 examples: the baseline makes 50 updates per epoch (500), k = 8 only 6 (60 in 10 epochs).
     folder, p = study_with_results(tmp_path, plan(examples=6400))
@@ -533,7 +567,12 @@ def test_one_damaged_run_is_left_out_of_the_report_not_the_whole_report(tmp_path
     console = Console(file=io.StringIO(), width=300)
     study_report.write_report(folder, p, console)
     said = console.file.getvalue()
-    assert f"note: {metrics}" in said and "gradual-warmup-k8-s2 left out" in said
+    assert f"note: {metrics}" in said
+    # a file that is not text leaves the run out; a damaged line, only itself
+    left_out = (
+        "gradual-warmup-k8-s2 left out" if isinstance(damage, bytes) else "left out of gradual-warmup-k8-s2"
+    )
+    assert left_out in said
     md = (folder / "report" / "large_batch.md").read_text()
     assert (
         "| 8 | 1,024 | scaled LR, gradual warmup | 0.8 | gradual 0.1 -> 0.8 over 2 epochs | 7.20 | +0.10 pp, 1 seed "

@@ -77,6 +77,19 @@ def test_resume_continues_from_the_right_epoch_with_the_right_lr(tmp_path):
     assert state["epoch"] == 3
     proc = run_app(["train", "--run-dir", str(split), "--epochs", "3"])
     assert "nothing to do" in proc.stdout
+    # A finished run's damaged files: a metrics line and summary.json are set aside, the last row and the
+    # summary written again (from the checkpoint's copy of the row, and from the metrics).
+    good = (split / "metrics.jsonl").read_text().splitlines()
+    (split / "metrics.jsonl").write_text("\n".join([*good[:2], '{"epoch": 3, "accuracy": 9}']) + "\n")
+    proc = run_app(["train", "--run-dir", str(split)])
+    assert "damaged line(s) 3 set aside in" in proc.stderr + proc.stdout and "nothing to do" in proc.stdout
+    assert (split / "metrics.jsonl").read_text().splitlines() == good
+    assert (split / "metrics.damaged.jsonl").read_text() == '{"epoch": 3, "accuracy": 9}\n'
+    (split / "summary.json").write_text('{"epochs": ')
+    proc = run_app(["train", "--run-dir", str(split)])
+    assert f"{split / 'summary.json'}: not JSON (" in proc.stderr + proc.stdout
+    assert (split / "summary.damaged.json").read_text() == '{"epochs": '
+    assert json.loads((split / "summary.json").read_text())["epochs"] == 3
 
 
 def test_resume_with_conflicting_config_is_refused(tmp_path):

@@ -31,6 +31,21 @@ def read_text(path: Path, kind: str = "JSON-lines file") -> str:
         raise UsageError(f"{path}: not a text file (undecodable byte at offset {exc.start})") from None
 
 
+def summary_problem(run_dir: Path) -> str | None:
+    """None when ``run_dir``'s summary.json (written when a run finishes) is a readable JSON object, else why
+    not: "missing", or one line naming the damage."""
+    path = Path(run_dir) / "summary.json"
+    if not path.exists():
+        return "missing"
+    try:
+        data = parse_json(read_text(path, "JSON file"), str(path), "the file is damaged")
+    except json.JSONDecodeError as exc:
+        return f"{path}: not JSON ({exc.msg}, line {exc.lineno})"
+    except UsageError as exc:
+        return str(exc)
+    return None if isinstance(data, dict) else f"{path}: not a JSON object"
+
+
 def parse_json(text: str, where: str, fix: str) -> object:
     """``json.loads`` for valid JSON that Python refuses: a number of thousands of digits, nesting deeper
     than the interpreter's stack; one line naming ``where`` (file and line) instead."""

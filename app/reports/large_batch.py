@@ -161,11 +161,19 @@ PHRASES = {
 }
 
 
+def _not_done(base: Cell | None) -> str:
+    """Why the baseline has no result, in a few words: its runs' states and why they are in them."""
+    if base is None:
+        return "is not in this study's plan"
+    said = sorted({f"{r.state}: {r.detail}" for r in base.results if r.detail})
+    return f"has not finished ({'; '.join(said)})" if said else "has not finished"
+
+
 def verdicts(table: list[Cell], margin: float = MARGIN_PP) -> list[str]:
     """One line per k > 1 in words, then which k the recipe (scaled LR + gradual warmup) holds up to."""
     base = next((c for c in table if c.variant == "baseline"), None)
     if base is None or base.mean is None:
-        return ["the baseline (k=1) has not finished: nothing to compare yet"]
+        return [f"the baseline (k=1) {_not_done(base)}: nothing to compare yet"]
     lines = [
         f"baseline (k=1, batch {base.run.global_batch:,}, LR {base.run.lr:g}): top-1 error {error_text(base)}%"
     ]

@@ -28,6 +28,7 @@ class RunResult:
     time_s: float = 0.0
     precision: str | None = None  # from summary.json, once the run finished
     env: dict | None = None  # where it ran (summary.json's env), once it finished
+    detail: str = ""  # why it is in its state (app.study.state.RunState.detail), e.g. "exit status 1"
 
     @property
     def final_error(self) -> float | None:
@@ -94,7 +95,9 @@ def collect(folder: Path, plan: StudyPlan, note=None) -> list[RunResult]:
     for run, state in zip_equal(plan.runs, states(folder, plan)):
         path = run_dir(folder, run)
         try:
-            rows = read_metrics(path, note) if state.state != "pending" else []
+            # damaged lines are left out with a note (the rows it can read make the curve)
+            say = (lambda message, name=run.name: note(f"{message} of {name}")) if note else None
+            rows = read_metrics(path, say, damaged=[]) if state.state != "pending" else []
         except UsageError as exc:
             (note or (lambda message: None))(f"{exc}; {run.name} left out")
             rows = []
@@ -106,6 +109,7 @@ def collect(folder: Path, plan: StudyPlan, note=None) -> list[RunResult]:
                 sum(float(r.get("epoch_time_s", 0.0)) for r in rows),
                 precision if isinstance(precision := summary.get("precision"), str) else None,
                 env if isinstance(env := summary.get("env"), dict) else None,
+                state.detail,
             )
         )  # fmt: skip
     return out

@@ -239,13 +239,14 @@ def _runs_to_train(folder: Path, plan: StudyPlan, echo, failed: list[str]) -> li
         head = f"[{i}/{len(plan.runs)}] {run.name}"
         job = jobs.get(run.name)
         if state.state == "done":
-            echo(f"{head}: done, skipped")
+            echo(f"{head}: done, skipped" + (f" (note: {state.damage})" if state.damage else ""))
         elif job and job[1] in ACTIVE:  # a Slurm job of this study trains it: never two in one run directory
             echo(f"{head}: its Slurm job {job[0]} is {job[1].lower()}; skipped here")
             failed.append(run.name)
         else:
             what = (f"resuming after epoch {state.epochs_done}/{run.epochs}" if state.epochs_done
                     else "starting" if state.state == "pending" else "starting again")  # fmt: skip
+            what += f" ({state.damage})" if state.damage else ""
             queue.append((head, run, what))
     return queue
 

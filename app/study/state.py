@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from app.core.errors import UsageError, read_regular
 from app.core.iterables import zip_equal
+from app.core.results import summary_problem
 from app.study.files import STUDY_FILE_LIMIT
 from app.study.large_batch import RunPlan, StudyPlan, run_dir
 
@@ -26,7 +28,8 @@ JOBS_FILE = "jobs.json"  # part name (and "report") -> the Slurm job id that run
 class RunState:
     state: str  # pending | partial | running | done | failed
     epochs_done: int
-    detail: str = ""  # e.g. "exit status 1", "stopped", "metrics.jsonl damaged: ..."
+    detail: str = ""  # e.g. "exit status 1", "stopped", "damaged: ..."
+    damage: str = ""  # a damaged file of the run and what happens to it, said where the run is listed
 
 
 def attempts(folder: Path) -> dict[str, int]:
@@ -61,25 +64,56 @@ def running_run(folder: Path) -> str | None:
 
 def run_state(folder: Path, run: RunPlan, last_exit: int | None = None, running: bool = False) -> RunState:
     """A run's state from its files: done (summary.json and every epoch), running, failed (the last attempt
-    exited with an error), partial (epochs done, or stopped) or pending."""
+    exited with an error), partial (epochs done, or stopped) or pending. A damaged file is said in ``damage``
+    with what happens to it; damaged metrics lines are left out, as the report leaves them out."""
     from app.core.results import read_metrics
 
     where = run_dir(folder, run)
+    damaged: list[tuple[int, str]] = []
     try:
-        epochs = len(read_metrics(where, note=lambda message: None))
-    except UsageError as exc:
-        return RunState(
-            "failed" if last_exit not in (None, 0, 3, INTERRUPTED) else "partial", 0, f"damaged: {exc}"
-        )
-    if (where / "summary.json").is_file() and epochs >= run.epochs:
-        return RunState("done", epochs)
+        rows = read_metrics(where, lambda message: None, damaged)
+    except UsageError as exc:  # unreadable as a whole (not text, too large, not a file)
+        state = "failed" if last_exit not in (None, 0, 3, INTERRUPTED) else "partial"
+        return RunState(state, 0, f"damaged: {exc}", str(exc))
+    epochs = max((int(r["epoch"]) for r in rows), default=0)
+    summary = summary_problem(where) if epochs >= run.epochs else "not finished"
+    damage = metrics_damage(where, damaged)
+    if summary is None:
+        return RunState("done", epochs, damage=damage or saved_config_problem(where))
+    if summary != "not finished" and summary != "missing" and not running:
+        # Resuming the finished run sets the damaged file aside and writes it again (app.training.train).
+        return RunState("partial", epochs, "summary damaged", f"{summary}; resuming writes it again")
     if running:
-        return RunState("running", epochs)
+        return RunState("running", epochs, damage=damage)
     if last_exit not in (None, 0, 3, INTERRUPTED):
-        return RunState("failed", epochs, f"exit status {last_exit}")
+        return RunState("failed", epochs, f"exit status {last_exit}", damage)
     if epochs or last_exit in (3, INTERRUPTED) or (where / "config.yaml").is_file():
-        return RunState("partial", epochs, {3: "stopped", INTERRUPTED: "interrupted"}.get(last_exit, ""))
+        stop = {3: "stopped", INTERRUPTED: "interrupted"}.get(last_exit, "")
+        return RunState("partial", epochs, stop, damage)
     return RunState("pending", 0)
+
+
+def metrics_damage(run_path: Path, damaged: list[tuple[int, str]]) -> str:
+    """The note for a run's metrics.jsonl lines that could not be read, "" when there are none."""
+    if not damaged:
+        return ""
+    lines = ", ".join(str(n) for n, _ in damaged)
+    return (
+        f"{run_path / 'metrics.jsonl'}: damaged line(s) {lines} left out; `app train --run-dir "
+        f"{shlex.quote(str(run_path))}` (as any resume) sets them aside in metrics.damaged.jsonl"
+    )
+
+
+def saved_config_problem(run_path: Path) -> str:
+    """Empty when a run's saved config.yaml is readable, else a note that it is not: a finished run needs it
+    only to be trained further, so it stays done."""
+    from app.core.rundir import load_saved
+
+    try:
+        load_saved(run_path / "config.yaml")
+    except UsageError as exc:
+        return f"{exc} (the run's results do not need it; training it further does)"
+    return ""
 
 
 def states(folder: Path, plan: StudyPlan) -> list[RunState]:

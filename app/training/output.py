@@ -20,6 +20,7 @@ import tensorflow as tf
 from rich.console import Console
 from rich.table import Table
 
+from app.core.errors import UsageError
 from app.core.results import finite, read_metrics
 
 
@@ -174,6 +175,18 @@ class MetricsWriter(tf.keras.callbacks.Callback):
 
 
 DAMAGED_METRICS = "metrics.damaged.jsonl"  # lines of metrics.jsonl a resume could not read, as they were
+
+
+def set_aside(path: Path, name: str) -> Path:
+    """Rename the damaged file ``path`` to ``name`` beside it (``name`` with -2, -3, ... when taken: an earlier
+    copy set aside is never overwritten) and return the new path."""
+    stem, dot, ext = name.partition(".")
+    for n in range(1, 1000):
+        aside = path.with_name(name if n == 1 else f"{stem}-{n}{dot}{ext}")
+        if not aside.exists():
+            path.rename(aside)
+            return aside
+    raise UsageError(f"{path}: 999 damaged copies are already set aside beside it; remove some of them")
 
 
 def reconcile_metrics(run_dir: Path, epoch: int, saved_row: dict | None, note) -> None:

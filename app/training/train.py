@@ -18,7 +18,7 @@ from rich.markup import escape
 
 from app.core.config import MIN_IMAGE_SIZE, Config, checkpoint_interval, dump
 from app.core.errors import AppError, Preempted, UsageError
-from app.core.results import read_metrics
+from app.core.results import read_metrics, summary_problem
 from app.data.pipeline import eval_dataset, input_error, train_dataset
 from app.data.sources import ImagenetSource, Source, Spec, open_source
 from app.engines import engine as distributed
@@ -40,6 +40,7 @@ from app.training.output import (
     Progress,
     Reporter,
     reconcile_metrics,
+    set_aside,
     write_json,
     write_text_atomic,
 )
@@ -124,12 +125,18 @@ def train_and_evaluate(
         restore(model, found[1], run_dir)
         where = f"epoch {start_epoch}" + (f", step {start_step}" if start_step else "")
         reporter.note(f"resumed from {found[1]} ({where})")
-    if start_epoch >= cfg.train.epochs and (run_dir / "summary.json").is_file():
+    summary = summary_problem(run_dir) if start_epoch >= cfg.train.epochs else "not finished"
+    if summary is None:
         # A finished run stays as it finished: its config.yaml and summary.json are not rewritten for another
         # number of workers (a resume without --np would record 1 worker and the accumulation it implies).
+        if world.is_chief:
+            repair_metrics(run_dir, state, start_epoch, reporter)
         reporter.note(f"nothing to do: {run_dir} already trained {start_epoch}/{cfg.train.epochs} epochs")
         return {}
     finished = start_epoch >= cfg.train.epochs
+    if finished and summary != "missing" and world.is_chief:
+        aside = set_aside(run_dir / "summary.json", "summary.damaged.json")
+        reporter.note(f"{summary}; set aside as {aside} and written again")
     # A resume's config.yaml changes with its first checkpoint, not before: a resume that fails first (bad
     # data, a signal at start-up) leaves the run's saved config as it was.
     pending = (
@@ -154,6 +161,17 @@ def train_and_evaluate(
     # the epoch end, so they must agree too.
     spread = distributed.replica_spread([v.numpy() for v in model.weights])
     return summarize(cfg, run_dir, world, p, policy, spread) if world.is_chief else {}
+
+
+def repair_metrics(run_dir: Path, state: dict, epoch: int, reporter: Reporter) -> None:
+    """A finished run's metrics.jsonl with damaged lines: set them aside, the last epoch's row restored from
+    the checkpoint, as a resume does (app.training.output.reconcile_metrics); untouched when intact."""
+    damaged: list = []
+    if (run_dir / "metrics.jsonl").is_file():
+        read_metrics(run_dir, lambda message: None, damaged)
+    if damaged:
+        saved_row = state.get("metrics") or {}
+        reconcile_metrics(run_dir, epoch, saved_row if "epoch" in saved_row else None, reporter.note)
 
 
 def engine_words(world: World) -> str:
