@@ -1670,3 +1670,31 @@ def test_a_one_node_tf_engine_job_opens_no_port_and_says_nothing_of_one():
         assert result.exit_code == 0, result.output
         assert "authentication" not in result.stderr and "SCALEOUT_TF_PORT" not in result.stdout
         assert f"export SCALEOUT_REPLICAS={gpus}\n" in result.stdout
+
+
+def test_consent_to_grpc_where_nothing_opens_it_is_said_in_one_note(tmp_path):
+    """--accept-unauthenticated-grpc on a Horovod profile, on a one-node tf job, on a study that stays on one
+    node, or with `app doctor --np`: a note says it changes nothing (the script is the same as without it)."""
+    for cluster, gpus, why in [
+        ("roihu", "8", "its engine is Horovod, which runs no TensorFlow gRPC server"),
+        ("roihu-module", "4", "the job fits on one node of roihu-module, where the tf engine opens no port"),
+    ]:
+        args = ["submit", "--cluster", cluster, "--gpus", gpus, "-c", SYNTHETIC, "--account", "p1", "--dry-run"]
+        plain = CliRunner().invoke(cli, args)
+        result = CliRunner().invoke(cli, [*args, "--accept-unauthenticated-grpc"])
+        assert result.exit_code == 0 and result.stdout == plain.stdout, result.output
+        assert "Note: --accept-unauthenticated-grpc changes nothing" in result.stderr and why in result.stderr
+        assert "changes nothing" not in plain.stderr
+    across = CliRunner().invoke(cli, ["submit", "--cluster", "roihu-module", "--gpus", "8", "-c", SYNTHETIC,
+                                      "--account", "p1", "--dry-run", "--accept-unauthenticated-grpc"])  # fmt: skip
+    assert across.exit_code == 0 and "changes nothing" not in across.stderr
+    study = CliRunner().invoke(cli, ["study", "scaling", "-c", SYNTHETIC, "--cluster", "roihu-module", "--gpus",
+                                     "1,2,4", "--account", "p1", "--out", str(tmp_path), "--dry-run",
+                                     "--accept-unauthenticated-grpc"])  # fmt: skip
+    assert study.exit_code == 0, study.output
+    assert "Note: --accept-unauthenticated-grpc changes nothing here: the job fits on one node" in study.stdout
+    doctor = CliRunner().invoke(
+        cli, ["doctor", "--np", "2", "--megabytes", "9000", "--accept-unauthenticated-grpc"]
+    )
+    assert doctor.exit_code == 2
+    assert doctor.stderr.startswith("Note: --accept-unauthenticated-grpc changes nothing with --np: one host")

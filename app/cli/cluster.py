@@ -38,6 +38,12 @@ def doctor(megabytes, iterations, threads, np_, engine, as_json, accept_grpc):
       app doctor --np 2 --megabytes 10
       srun --mpi=pmix apptainer exec --nv scaleout.sif app doctor
     """
+    if accept_grpc and np_:
+        click.echo(
+            "Note: --accept-unauthenticated-grpc changes nothing with --np: one host, where neither engine opens "
+            "a TensorFlow gRPC server (docs/engines.md)",
+            err=True,
+        )
     if megabytes > 8192:
         raise UsageError(f"--megabytes {megabytes}: at most 8192 (one allreduce buffer in memory per rank)")
     relaunch(np_, engine=engine or "auto")
@@ -146,8 +152,9 @@ def submit(
         image, data_dir, stage_gb, name, resume=resume, smoke=smoke, max_requeues=max_requeues,
         accept_grpc=accept_grpc,
     )  # fmt: skip
-    note = profiles.access_note(profile, job.partition)
-    if note:
+    notes = [profiles.access_note(profile, job.partition)]
+    notes.append(jobscript.unused_consent(profile, job.nodes) if accept_grpc else None)
+    for note in filter(None, notes):
         click.echo(f"Note: {note}", err=True)
     if dry_run:  # exactly the script sbatch would get (click.echo would strip escape sequences off a pipe)
         sys.stdout.write(job.script)

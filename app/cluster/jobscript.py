@@ -443,6 +443,22 @@ def render_after(first: Job, cluster: Cluster, name: str, args: list[str], after
     return Job(script, name, 1, partition, first.log_dir, first.runs_dir, None, args[0], first.app)
 
 
+def unused_consent(cluster: Cluster, nodes: int) -> str | None:
+    """The note for --accept-unauthenticated-grpc where it changes nothing (``nodes``: the most any job of the
+    submission spans), None where it is used."""
+    if cluster.engine != "tf":
+        return (
+            f"--accept-unauthenticated-grpc changes nothing on {cluster.name}: its engine is Horovod, which runs "
+            "no TensorFlow gRPC server (docs/engines.md)"
+        )
+    if nodes <= 1:
+        return (
+            f"--accept-unauthenticated-grpc changes nothing here: the job fits on one node of {cluster.name}, "
+            "where the tf engine opens no port (docs/engines.md)"
+        )
+    return None
+
+
 def tf_across_nodes(cluster: Cluster, gpus: int, nodes: int) -> str:
     """The refusal of a tf-engine job across nodes without consent: what it would open, and the choices."""
     instead = f"a profile whose image has Horovod, such as {cluster.name.removesuffix('-module').removesuffix('-tf')}"

@@ -150,6 +150,10 @@ def _submit_study(folder: Path, plan, cfg, options: dict, dry_run: bool, echo) -
         jobs.append((item.name, job))
     for note in dict.fromkeys(n for _, job in jobs if (n := profiles.access_note(cluster, job.partition))):
         echo(f"Note: {note}")
+    if jobs and options.get("accept_grpc"):
+        unused = jobscript.unused_consent(cluster, max(job.nodes for _, job in jobs))
+        if unused:
+            echo(f"Note: {unused}")
     if not jobs:
         echo("nothing to submit: every part is done or its job is queued or running "
              f"(see `app study status {show(folder, limit=None)}`)")  # fmt: skip
