@@ -420,7 +420,8 @@ def test_a_worker_whose_peer_never_comes_ends_at_its_deadline_and_on_sigterm(tmp
     t0 = time.monotonic()
     os.killpg(waiting.pid, signal.SIGTERM)
     _, err = waiting.communicate(timeout=30)
-    assert waiting.returncode == -signal.SIGKILL and time.monotonic() - t0 < 5, err
+    # ends with the stopped status (3, resumable), not as a crash: SIGQUIT's handler during the join is _exit
+    assert waiting.returncode == 3 and time.monotonic() - t0 < 5, err
     assert "Error: stopped by SIGTERM while the tf engine's workers were joining; nothing was trained" in err
     assert not (tmp_path / "r" / "checkpoints").exists()
 

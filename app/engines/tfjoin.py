@@ -6,6 +6,10 @@ meanwhile: measured on TensorFlow 2.18), and its coordination service installs i
 only notes the signal. So neither a thread nor a Python signal handler of this process can end the wait. A
 small watcher process does: it ends this process (SIGKILL) after the deadline, naming the peers whose port does
 not answer, or when a stop signal reaches it (scancel and Slurm's time limit signal every process of the step).
+
+A stop ends the worker with the stopped status (3, resumable: nothing was trained), not as a crash: for the join,
+SIGQUIT's handler is libc's ``_exit`` itself, installed through ctypes, which runs in C whatever holds the GIL
+and exits with the signal's number, 3. The watcher sends SIGQUIT, and SIGKILL if that did not end the worker.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import signal
 import subprocess
 import sys
 
-from app.core.errors import AppError
+from app.core.errors import REQUEUE_EXIT_CODE, AppError
 
 # The watcher: argv = parent pid, seconds; the peers (host:port, one a line) on stdin, not in argv, which every
 # user of the node can read. Standard library only; it starts in ~50 ms. It starts with the stop signals
@@ -24,17 +28,23 @@ import os, signal, socket, sys, time
 parent, timeout = int(sys.argv[1]), float(sys.argv[2])
 peers = sys.stdin.read().split()
 
-def end(message):
+def end(message, how=signal.SIGKILL):
     print("Error: " + message, file=sys.stderr, flush=True)
     try:
-        os.kill(parent, signal.SIGKILL)
+        os.kill(parent, how)
+        if how != signal.SIGKILL:
+            for _ in range(50):
+                if os.getppid() != parent:
+                    os._exit(0)
+                time.sleep(0.1)
+            os.kill(parent, signal.SIGKILL)
     except ProcessLookupError:
         pass
     os._exit(0)
 
 def stopped(signum, frame):
     end("stopped by %s while the tf engine's workers were joining; nothing was trained or written"
-        % signal.Signals(signum).name)
+        % signal.Signals(signum).name, signal.SIGQUIT)
 
 def answers(address):
     host, _, port = address.rpartition(":")
@@ -70,6 +80,8 @@ def join(tf, gpus: bool, workers: list[str], rank: int, timeout_s: float):
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
     peers = [w for i, w in enumerate(workers) if i != rank]
     stops = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
+    quit_handler = signal.getsignal(signal.SIGQUIT)
+    _exit_on_sigquit()
     held = signal.pthread_sigmask(signal.SIG_BLOCK, stops)  # the watcher inherits the mask, then unblocks
     try:
         watcher = subprocess.Popen(
@@ -92,6 +104,7 @@ def join(tf, gpus: bool, workers: list[str], rank: int, timeout_s: float):
     finally:
         watcher.kill()
         watcher.wait()
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL if quit_handler is None else quit_handler)
     # MWMS's coordination service installed its own C-level SIGTERM handler (TensorFlow's preemption notifier),
     # which silently replaced scaleout's: SIGTERM then stopped nothing (measured). Whatever was there before is
     # put back (scaleout's stop handler, or the default: a command without one ends on scancel).
@@ -99,3 +112,17 @@ def join(tf, gpus: bool, workers: list[str], rank: int, timeout_s: float):
         if handler is not None:
             signal.signal(number, handler)
     return strategy
+
+
+def _exit_on_sigquit() -> None:
+    """SIGQUIT (signal 3) ends this process at once with status 3, the stopped status (REQUEUE_EXIT_CODE): libc's
+    ``_exit``, async-signal-safe, is the handler, so no Python code (which the GIL would hold back) runs."""
+    import ctypes
+
+    # The status is the signal's number (3 on Linux); elsewhere the watcher's SIGKILL ends it.
+    if signal.SIGQUIT != REQUEUE_EXIT_CODE:
+        return
+    libc = ctypes.CDLL(None)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.signal(signal.SIGQUIT, ctypes.cast(libc._exit, ctypes.c_void_p))
