@@ -206,6 +206,9 @@ def restore(model, path: Path, run_dir: Path, label: str = "--run-dir") -> None:
         checkpoint.restore(tracked(model), path)
     except (AssertionError, ValueError, tf.errors.OpError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        # The half-done restore warns about every value it did not restore when it is collected (17-70
+        # WARNING lines after this one): the run ends here, with this line saying all of it.
+        tf.get_logger().setLevel("ERROR")
         raise UsageError(
             f"{label} {run_dir}: checkpoint {path} does not fit the model built from this config "
             f"({first[:200]}); use the run's own data and model, or start a new --run-dir"
