@@ -23,7 +23,7 @@ from conftest import ROOT
 
 GOLDEN = Path(__file__).parent / "golden"
 CLUSTERS = ["lumi", "roihu", "local", "local-gloo", "roihu-module", "lumi-module"]
-CHOOSE = "choose from local, local-2node, local-2node-gloo, local-gloo, local-mpich, local-tf, lumi, lumi-module, roihu, roihu-module"
+CHOOSE = "choose from local, local-2node, local-2node-gloo, local-2node-tf, local-gloo, local-mpich, local-tf, lumi, lumi-module, roihu, roihu-module"
 
 
 def render(cluster: str, gpus: int, **kw):

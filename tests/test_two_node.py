@@ -52,12 +52,14 @@ def cluster(tmp_path_factory):
 
 
 def submit(
-    cluster, cwd: Path, *args: str, expect: int = 0, profile: str = "local-2node"
+    cluster, cwd: Path, *args: str, expect: int = 0, profile: str = "local-2node", env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    """`app submit --cluster PROFILE ARGS` from ``cwd`` on the two-node cluster."""
+    """`app submit --cluster PROFILE ARGS` from ``cwd`` on the two-node cluster (``env``: more variables of the
+    submitting shell, which sbatch passes into the job)."""
     proc = subprocess.run(
         [sys.executable, "-m", "app", "submit", "--cluster", profile, *args],
-        cwd=cwd, env={**cluster.env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60,
+        cwd=cwd, env={**cluster.env, "PYTHONPATH": str(ROOT), **(env or {})}, capture_output=True, text=True,
+        timeout=60,
     )  # fmt: skip
     assert proc.returncode == expect, proc.stdout + proc.stderr
     return proc
@@ -235,10 +237,19 @@ run: {log_every: 1, tensorboard: false, stop_check_every: 1, evaluate: false}
 """
 
 
-def start_longer(cluster, tmp_path: Path) -> tuple[str, Path]:
-    """Submit LONGER; return once it trains (its job id and log)."""
+# The tf engine across nodes: consented, as it must be (test_two_node_tf_engine_job_is_refused_without_consent).
+ENGINE_PROFILES = {"horovod": ("local-2node",), "tf": ("local-2node-tf", "--accept-unauthenticated-grpc")}
+
+
+def start_longer(
+    cluster, tmp_path: Path, engine: str = "horovod", env: dict | None = None
+) -> tuple[str, Path]:
+    """Submit LONGER on ``engine``; return once it trains (its job id and log)."""
     (tmp_path / "longer.yaml").write_text(LONGER)
-    job = job_id(submit(cluster, tmp_path, "--gpus", "2", "-c", "longer.yaml"))
+    profile, *consent = ENGINE_PROFILES[engine]
+    job = job_id(
+        submit(cluster, tmp_path, "--gpus", "2", "-c", "longer.yaml", *consent, profile=profile, env=env)
+    )
     log = tmp_path / "logs" / f"longer-{job}.out"
     deadline = time.time() + 180
     while "epoch 1/2 step 2/30" not in (log.read_text() if log.exists() else ""):
@@ -260,8 +271,9 @@ def ranks_on(cluster, node: str) -> list[int]:
     return out
 
 
-def test_two_node_sigkill_of_the_rank_on_the_second_node_ends_the_job(cluster, tmp_path):
-    job, log = start_longer(cluster, tmp_path)
+@pytest.mark.parametrize("engine", ["horovod", "tf"])
+def test_two_node_sigkill_of_the_rank_on_the_second_node_ends_the_job(cluster, tmp_path, engine):
+    job, log = start_longer(cluster, tmp_path, engine)
     assert len(ranks_on(cluster, "node1")) == len(ranks_on(cluster, "node2")) == 1
     os.kill(ranks_on(cluster, "node2")[0], signal.SIGKILL)
     t0 = time.monotonic()
@@ -273,8 +285,36 @@ def test_two_node_sigkill_of_the_rank_on_the_second_node_ends_the_job(cluster, t
     assert ranks_on(cluster, "node1") == []  # srun ended the rank on node1 too
 
 
-def test_two_node_usr1_checkpoints_requeues_and_resumes_on_both_nodes(cluster, tmp_path):
-    job, log = start_longer(cluster, tmp_path)
+@pytest.mark.parametrize("engine", ["horovod", "tf"])
+def test_two_node_a_stopped_rank_on_the_second_node_is_named_and_ends_the_job(cluster, tmp_path, engine):
+    """SIGSTOP of the rank on node2 (a frozen node): the watchdog on node1 names it in one line and the step
+    ends, on either engine, within the watchdog's time (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, for both engines;
+    the tf engine's coordination service may fail the collective sooner). The rest of the wait is Slurm's
+    KillWait for the stopped task (30 s by default)."""
+    job, log = start_longer(cluster, tmp_path, engine, env={"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "20"})
+    pid = ranks_on(cluster, "node2")[0]
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        cluster.wait(job, timeout=240)
+        took = time.monotonic() - t0
+    finally:
+        for sig in (signal.SIGKILL, signal.SIGCONT):
+            with __import__("contextlib").suppress(ProcessLookupError):
+                os.kill(pid, sig)
+    text = log.read_text()
+    print(f"the {engine} job ended {took:.1f} s after SIGSTOP of rank 1 on node2")  # docs/engines.md (-rP)
+    print(text[text.index("step 2/30") :])
+    assert took < 90, text
+    errors = [line for line in text.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "rank(s) 1 stopped responding (stopped, frozen or dead)" in errors[0], text
+    assert "srun: error: node1: task 0: Exited with exit code 4" in text, text  # 4: stalled
+    assert "Traceback" not in text, text
+
+
+@pytest.mark.parametrize("engine", ["horovod", "tf"])
+def test_two_node_usr1_checkpoints_requeues_and_resumes_on_both_nodes(cluster, tmp_path, engine):
+    job, log = start_longer(cluster, tmp_path, engine)
     subprocess.run(["scancel", "--signal=USR1", job], env=cluster.env, check=True)
     cluster.wait(job, timeout=300)
     text = log.read_text()
@@ -287,6 +327,12 @@ def test_two_node_usr1_checkpoints_requeues_and_resumes_on_both_nodes(cluster, t
     epochs = [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert epochs == [1, 2]
     assert "JobState=COMPLETED" in job_state(cluster, job)
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["engine"], summary["workers"], summary["nodes"]) == (engine, 2, 2), summary
+    # Only TensorFlow's own notices of starting its servers are dropped from the log (6 lines a start).
+    assert "grpc_server_lib" not in text and "absl::InitializeLog" not in text, text
+    if engine == "tf":  # the consent said at each start: what listens, where, how long
+        assert text.count("with no authentication: anyone who can reach these nodes") == 2, text
 
 
 def test_two_node_benchmark_records_nodes_and_report_keeps_them(cluster, tmp_path):

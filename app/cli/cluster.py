@@ -80,7 +80,7 @@ def doctor(megabytes, iterations, threads, np_, engine, as_json, accept_grpc):
 @click.option(
     "--cluster",
     required=True,
-    help="A profile in jobs/clusters/ (roihu, lumi, roihu-module, lumi-module; tests: local, local-gloo, local-tf, local-mpich, local-2node, local-2node-gloo).",
+    help="A profile in jobs/clusters/ (roihu, lumi, roihu-module, lumi-module; tests: local, local-gloo, local-tf, local-mpich, local-2node, local-2node-gloo, local-2node-tf).",
 )
 @click.option(
     "-c", "--config", "configs", multiple=True, metavar="FILE", help="Experiment YAML (repeatable)."

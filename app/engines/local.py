@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -336,18 +335,13 @@ def launch_tf(replicas: int, argv: list[str], env: dict) -> int:
     return code if code > 0 else 1
 
 
-# MultiWorkerMirroredStrategy's start-up lines from C++ (absl logging, which TF_CPP_MIN_LOG_LEVEL does not reach):
-# each worker's gRPC server and its connection to the coordination service.
-_START_NOISE = re.compile(r"^I[0-9]{4} .*(grpc_server_lib|coordination_service)")
-
-
 def _relay(stream, rank: int, out) -> None:
     """A worker's lines: rank 0's as they are, the others' on stderr marked with their rank; TensorFlow's
-    start-up noise dropped (app.core.compat's and MWMS's own)."""
+    start-up noise dropped (app.core.compat's)."""
     from app.core.compat import _IMPORT_NOISE
 
     for line in stream:  # read to the end whatever happens: a worker whose pipe fills would block for ever
-        if _IMPORT_NOISE.search(line) or _START_NOISE.search(line):
+        if _IMPORT_NOISE.search(line):
             continue
         with contextlib.suppress(OSError, ValueError):  # our own stdout gone (`| head`): drop the line
             if rank == 0:

@@ -14,9 +14,13 @@ and exits with the signal's number, 3. The watcher sends SIGQUIT, and SIGKILL if
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
 import signal
 import subprocess
 import sys
+import tempfile
 
 from app.core.errors import REQUEUE_EXIT_CODE, AppError
 
@@ -73,7 +77,6 @@ def join(tf, gpus: bool, workers: list[str], rank: int, timeout_s: float):
     """The MultiWorkerMirroredStrategy of ``workers`` (this process is ``rank``; its server listens on its port on
     every interface): NCCL between GPUs (TensorFlow-ROCm's NCCL path is RCCL on AMD GPUs), TensorFlow's ring over
     gRPC on CPUs. At most ``timeout_s`` to join; a stop signal to the step ends the wait."""
-    import os
 
     comm = tf.distribute.experimental.CommunicationImplementation
     options = tf.distribute.experimental.CommunicationOptions(implementation=comm.NCCL if gpus else comm.RING)
@@ -94,7 +97,8 @@ def join(tf, gpus: bool, workers: list[str], rank: int, timeout_s: float):
     watcher.stdin.write("\n".join(peers))
     watcher.stdin.close()
     try:
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        with _start_up_lines_dropped():
+            strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     except (tf.errors.OpError, RuntimeError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise AppError(
@@ -126,3 +130,31 @@ def _exit_on_sigquit() -> None:
     libc.signal.restype = ctypes.c_void_p
     libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
     libc.signal(signal.SIGQUIT, ctypes.cast(libc._exit, ctypes.c_void_p))
+
+
+# MultiWorkerMirroredStrategy's start-up lines from C++ (absl logging, which TF_CPP_MIN_LOG_LEVEL does not reach):
+# absl's notice, each worker's gRPC server and its connection to the coordination service (6 lines a worker).
+_START_NOISE = re.compile(
+    r"^I[0-9]{4} .*(grpc_server_lib|coordination_service)|All log messages before absl::InitializeLog"
+)
+
+
+@contextlib.contextmanager
+def _start_up_lines_dropped():
+    """Standard error into a file while the strategy starts, then every line but its start-up notices written
+    out. A file, not a pipe: TensorFlow writes while it holds the GIL, and nothing may block it. A worker
+    ended by its watcher inside loses these lines, never the watcher's own (its standard error is the job's)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            text = capture.read().decode(errors="replace")
+            kept = [line for line in text.splitlines() if not _START_NOISE.search(line)]
+            if kept:
+                print("\n".join(kept), file=sys.stderr, flush=True)
