@@ -202,7 +202,14 @@ def test_two_tf_replicas_train_evaluate_and_stay_in_sync(tmp_path):
     assert "top-1" in scores.stdout
     result = json.loads((run / "eval-epoch-0002.json").read_text())
     assert result["val_accuracy"] == pytest.approx(rows[-1]["val_accuracy"], abs=1e-9)
-    assert result["val_examples"] == rows[-1]["val_examples"]
+    assert result["val_examples"] == rows[-1]["val_examples"] == 2 * 8 * 2  # steps x batch x replicas, as Horovod
+    # Each batch of 16 was split between the 2 replicas and their sums added: one replica evaluating the same
+    # 32 examples in batches of 16 scores the same.
+    run_app(["evaluate", str(run), "--set", "train.eval_steps=2", "--set", "train.batch_size=16"])
+    alone = json.loads((run / "eval-epoch-0002.json").read_text())
+    assert alone["val_examples"] == 32
+    assert alone["val_accuracy"] == pytest.approx(result["val_accuracy"], abs=1e-9)
+    assert alone["val_loss"] == pytest.approx(result["val_loss"], rel=1e-5)
 
 
 @pytest.mark.slow

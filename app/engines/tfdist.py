@@ -15,7 +15,7 @@ What it does differently from Horovod, each line marked ``[tf]``:
   accumulation is a Python-level choice between two compiled steps (:class:`AccumulatingModel`).
 - Batch-norm statistics are sync-on-read variables: across hosts, reading one outside a replica is a collective.
   So there every process writes each checkpoint (rank 0 into the run, the others into a temporary folder that
-  is removed), and evaluation runs inside the first replica (:func:`local_function`).
+  is removed), and evaluation splits each batch over the replicas (:func:`local_function`).
 - The collectives scaleout needs itself (agree, min, sum, objects) are between processes: one eager
   ``strategy.run`` each around an all-reduce of float64 rows (exact for the integers and bytes they carry), to
   which each process's first replica gives its values; an all-gather inside a tf.function fails on MWMS
@@ -210,18 +210,33 @@ def distribute_dataset(dataset):
 
 
 def local_function(fn):
-    """[tf] ``fn`` compiled to run inside this rank's replica, where a batch-norm statistic is read locally: outside
-    one, each read would be a collective (and ranks evaluating different numbers of batches would hang)."""
+    """[tf] ``fn``, which returns sums over its batch, on this process's replicas: each batch split between them
+    (consecutive slices, one per replica, an empty one when the batch is smaller) and their sums added. No
+    collective: each replica reads its own batch-norm statistics (outside a replica each read would be one, and
+    ranks evaluating different numbers of batches would hang), and every local device does its share."""
     tf = _tf()
-    if _size == 1:  # one process: reading a statistic outside a replica reduces over its own devices only
+    if _strategy is None:  # one replica, one device
         return tf.function(fn)
+    first = _rank * _replicas  # this process's first replica, as the strategy numbers them
 
     @tf.function
-    def local(*args):
-        out = _strategy.run(fn, args=args)
-        return _strategy.experimental_local_results(out)[0]
+    def run(*per_replica):
+        return _strategy.run(fn, args=per_replica)
 
-    return local
+    def split(*tensors):
+        n = int(tensors[0].shape[0])
+
+        def part(context):
+            i = context.replica_id_in_sync_group - first
+            return tuple(t[n * i // _replicas : n * (i + 1) // _replicas] for t in tensors)
+
+        return _strategy.experimental_distribute_values_from_function(part)
+
+    def summed(*tensors):
+        local = _strategy.experimental_local_results(run(*split(*tensors)))
+        return tf.add_n([tf.identity(t) for t in local]) if len(local) > 1 else local[0]
+
+    return summed
 
 
 def train_step_function(model, jit_compile: bool = False):

@@ -68,7 +68,8 @@ def evaluate_run(cfg: Config, run_dir: Path, epoch: int | None = None, threads: 
     source = open_source(cfg.data, world.rank, world.size, cfg.run.seed)
     model = build_model(cfg, source.spec, world)
     restore(model, found[1], run_dir, label="RUN_DIR")
-    dataset = eval_dataset(source, cfg.train.batch_size, cfg.train.eval_steps, inputs.pool)  # as in training
+    # as in training: one batch for each of the process's replicas ([tf]; one under Horovod)
+    dataset = eval_dataset(source, cfg.train.batch_size * world.replicas, cfg.train.eval_steps, inputs.pool)
     try:
         scores = evaluate(model, dataset, source.spec.num_classes)
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as exc:

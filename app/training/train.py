@@ -346,7 +346,8 @@ def fit(
     input pipelines on ``threads`` threads."""
     run_dir = write.run_dir
     eval_ds = (
-        eval_dataset(source, cfg.train.batch_size, cfg.train.eval_steps, threads)
+        # [tf] a process reads one batch for all of its replicas, which local_function splits between them
+        eval_dataset(source, cfg.train.batch_size * world.replicas, cfg.train.eval_steps, threads)
         if cfg.run.evaluate
         else None
     )
