@@ -190,19 +190,26 @@ def input_rate(
     images, synthetic batches: nothing to decode)."""
     if not isinstance(source, ImagenetSource):
         return None
-    rate = pipeline_rate(cfg, source, cfg.train.batch_size, world, inputs.pool)
+    # [tf] a process feeds all its replicas: its batch is theirs, and each GPU gets its share of the rate
+    rate = pipeline_rate(cfg, source, cfg.train.batch_size * world.replicas, world, inputs.pool)
     expected, problem = expected_gpu_rate(os.environ)
     if problem:
         reporter.note(escape(f"note: {problem}"))
-    if warning := starved(rate, expected, inputs.count, bool(tf.config.list_logical_devices("GPU"))):
+    on_gpu = bool(tf.config.list_logical_devices("GPU"))
+    if warning := starved(rate, expected, inputs.count, on_gpu, world.replicas):
         reporter.note(warning)
     return rate
 
 
-def starved(rate: float | None, expected: float | None, threads: int, on_gpu: bool) -> str | None:
-    """The warning when a GPU would consume more images/s than its rank's pipeline delivers."""
-    if rate is None or expected is None or not on_gpu or rate >= expected:
+def starved(
+    rate: float | None, expected: float | None, threads: int, on_gpu: bool, replicas: int = 1
+) -> str | None:
+    """The warning when a GPU would consume more images/s than its share of its process's pipeline delivers
+    (``rate`` on ``threads`` threads feeds ``replicas`` GPUs: one under Horovod, all of the host's under the tf
+    engine)."""
+    if rate is None or expected is None or not on_gpu or rate / replicas >= expected:
         return None
+    rate, threads = rate / replicas, max(1, threads // replicas)
     return (
         f"Warning: the input pipeline delivered {rate:,.0f} images/s on {threads} thread(s) per GPU, below the "
         f"{expected:,.0f} images/s a GPU here is expected to consume ({GPU_RATE_VARIABLE}): the GPU will wait "
