@@ -11,6 +11,10 @@ from pathlib import Path
 
 import pytest
 
+# Keras 2 under the name `keras` before anything in this process imports TensorFlow (a fixture's
+# tensorflow_datasets, a test's own import): app.core.compat's switch, without importing TensorFlow.
+import app  # noqa: F401  isort: skip
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_TFDS = ROOT.parent / "shared" / "datasets" / "tfds"
 BIN = Path(sys.executable).parent
