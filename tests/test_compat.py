@@ -54,7 +54,7 @@ def test_horovod_keras_imports_and_callbacks_construct():
 
 
 def test_momentum_correction_fails_with_keras_2_11_optimizers():
-    # Why distributed.schedule_callback turns momentum correction off: with it on, Horovod's callback
+    # Why the Horovod engine's schedule_callback turns momentum correction off: with it on, Horovod's callback
     # fails on the Keras >= 2.11 optimizer whose momentum is a float, not a variable.
     import pytest
 

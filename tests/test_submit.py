@@ -1679,7 +1679,18 @@ def test_consent_to_grpc_where_nothing_opens_it_is_said_in_one_note(tmp_path):
         ("roihu", "8", "its engine is Horovod, which runs no TensorFlow gRPC server"),
         ("roihu-module", "4", "the job fits on one node of roihu-module, where the tf engine opens no port"),
     ]:
-        args = ["submit", "--cluster", cluster, "--gpus", gpus, "-c", SYNTHETIC, "--account", "p1", "--dry-run"]
+        args = [
+            "submit",
+            "--cluster",
+            cluster,
+            "--gpus",
+            gpus,
+            "-c",
+            SYNTHETIC,
+            "--account",
+            "p1",
+            "--dry-run",
+        ]
         plain = CliRunner().invoke(cli, args)
         result = CliRunner().invoke(cli, [*args, "--accept-unauthenticated-grpc"])
         assert result.exit_code == 0 and result.stdout == plain.stdout, result.output
@@ -1692,7 +1703,9 @@ def test_consent_to_grpc_where_nothing_opens_it_is_said_in_one_note(tmp_path):
                                      "1,2,4", "--account", "p1", "--out", str(tmp_path), "--dry-run",
                                      "--accept-unauthenticated-grpc"])  # fmt: skip
     assert study.exit_code == 0, study.output
-    assert "Note: --accept-unauthenticated-grpc changes nothing here: the job fits on one node" in study.stdout
+    assert (
+        "Note: --accept-unauthenticated-grpc changes nothing here: the job fits on one node" in study.stdout
+    )
     doctor = CliRunner().invoke(
         cli, ["doctor", "--np", "2", "--megabytes", "9000", "--accept-unauthenticated-grpc"]
     )

@@ -143,11 +143,21 @@ def test_a_node_list_it_cannot_read_is_one_line():
 
 
 def test_both_engines_implement_the_whole_interface():
+    """Each engine is a concrete Engine (abc refuses to make one that lacks a method), and use() returns it."""
     from app.engines import engine, horovod, tfdist
 
     for module in (horovod, tfdist):
-        missing = [name for name in engine.INTERFACE if not callable(getattr(module, name, None))]
-        assert not missing, f"{module.__name__} lacks {missing}"
+        made = module.ENGINE_CLASS()
+        assert isinstance(made, engine.Engine) and not made.__abstractmethods__
+        assert made.name == engine.NAMES[module.__name__]
+    assert engine.use("tf") is engine.current() and engine.current_name() == "tf"
+    assert isinstance(engine.current(), tfdist.TfEngine)
+
+    class Partial(engine.Engine):
+        name = "partial"
+
+    with pytest.raises(TypeError, match="abstract"):
+        Partial()
 
 
 def test_auto_is_tf_where_horovod_does_not_import_and_horovod_is_refused_there(monkeypatch):
@@ -202,7 +212,9 @@ def test_two_tf_replicas_train_evaluate_and_stay_in_sync(tmp_path):
     assert "top-1" in scores.stdout
     result = json.loads((run / "eval-epoch-0002.json").read_text())
     assert result["val_accuracy"] == pytest.approx(rows[-1]["val_accuracy"], abs=1e-9)
-    assert result["val_examples"] == rows[-1]["val_examples"] == 2 * 8 * 2  # steps x batch x replicas, as Horovod
+    assert (
+        result["val_examples"] == rows[-1]["val_examples"] == 2 * 8 * 2
+    )  # steps x batch x replicas, as Horovod
     # Each batch of 16 was split between the 2 replicas and their sums added: one replica evaluating the same
     # 32 examples in batches of 16 scores the same.
     run_app(["evaluate", str(run), "--set", "train.eval_steps=2", "--set", "train.batch_size=16"])
@@ -281,7 +293,7 @@ def test_each_engine_s_lr_callback_sets_the_schedule_s_lr_before_every_batch(eng
 
     tf = import_tensorflow()
     module = importlib.import_module("app.engines.horovod" if engine == "horovod" else "app.engines.tfdist")
-    callback = module.schedule_callback(0.8, lambda e: 1 / (1 + e), 0, None, 4)
+    callback = module.ENGINE_CLASS().schedule_callback(0.8, lambda e: 1 / (1 + e), 0, None, 4)
     model = tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1)])
     model.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss="mse")
     callback.set_model(model)

@@ -230,12 +230,16 @@ def test_resume_whose_checkpoint_does_not_fit_keeps_the_saved_config(tmp_path):
     # Another depth: the restore itself fails half-way, and TensorFlow's warnings about every value it did not
     # restore (17 lines) no longer follow the error.
     deeper = tmp_path / "deeper"
-    run_app(["train", *TINY_SYNTHETIC, "--set", "model.name=resnet32", "--epochs", "1", "--run-dir", str(deeper)])
+    run_app(
+        ["train", *TINY_SYNTHETIC, "--set", "model.name=resnet32", "--epochs", "1", "--run-dir", str(deeper)]
+    )
     shutil.rmtree(run / "checkpoints")
     shutil.copytree(deeper / "checkpoints", run / "checkpoints")
     proc = run_app(["train", "--run-dir", str(run), "--epochs", "2"], expect=2)
     (line,) = proc.stderr.strip().splitlines()
-    assert line.startswith(f"Error: --run-dir {run}: checkpoint {run / 'checkpoints' / 'epoch-0001'} does not fit")
+    assert line.startswith(
+        f"Error: --run-dir {run}: checkpoint {run / 'checkpoints' / 'epoch-0001'} does not fit"
+    )
     assert "Received incompatible tensor" in line
 
 

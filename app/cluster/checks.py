@@ -81,10 +81,6 @@ def parse_time(value: object, what: str = "--time") -> int:
     return total
 
 
-def seconds(value: str) -> int:  # the old name, kept for callers
-    return parse_time(value)
-
-
 def signal_lead(time_s: int) -> int:
     """Seconds before the limit at which Slurm sends USR1: at most 600, a tenth of the job (>= 60 s), and
     never more than half of it, so that a short job still trains before it is told to checkpoint."""

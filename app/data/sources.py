@@ -177,7 +177,7 @@ def _tfds_source(cfg, rank: int, workers: int) -> Source:
 
 def _download(builder, name: str, data_dir: str, rank: int) -> None:
     """Prepare a TFDS dataset that is not there yet (rank 0 downloads; needs network)."""
-    from app.engines.engine import broadcast_object
+    from app.engines.engine import current
 
     error = None
     if rank == 0:
@@ -185,7 +185,7 @@ def _download(builder, name: str, data_dir: str, rank: int) -> None:
             builder.download_and_prepare()
         except Exception as exc:  # network or disk: any failure gets the same advice
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    error = broadcast_object(error)
+    error = current().broadcast(error)
     if error is None:
         return
     ways = f"TFDS data dir ({data_dir})"

@@ -196,7 +196,7 @@ def finish(failed: bool) -> None:
     first with status 1 would make srun --kill-on-bad-exit end rank 0 before its table."""
     from app.engines import engine as dist
 
-    dist.allgather_object(failed)
+    dist.current().all_gather(failed)
 
 
 def _run(
@@ -213,7 +213,7 @@ def _run(
 
     tf = import_tensorflow()
     hvd_build, tf_build = horovod_build(), tensorflow_build(tf)
-    world = dist.init(
+    world = dist.current().init(
         threads, checks=False, accept_grpc=accept_grpc
     )  # the checks become rows below instead of ending the command
     if world.rank == 0 and (differs := version.mismatch(os.environ.get(version.RENDERED_BY))):
@@ -259,7 +259,7 @@ def check_build(tf, hvd_build: dict, tf_build: dict, world) -> Check:
     if not tf_engine:
         engine_build = f"Horovod {hvd_build['version']}"
     mine_build = f"TensorFlow {tf.__version__} ({built_for}), {engine_build}"
-    builds = dist.allgather_object((mine_build, problems[0] if problems else None))
+    builds = dist.current().all_gather((mine_build, problems[0] if problems else None))
     bad = next(((rank, b) for rank, b in enumerate(builds) if b[1]), None)
     differ = len({b[0] for b in builds}) > 1  # ranks on nodes with different images or environments
     detail = builds[0][0]
@@ -292,7 +292,9 @@ def gather_ranks(tf, world, gpus: list[str]) -> list[dict]:
         check_world_size(world.size, os.environ, dist.current_name())
     except AppError as exc:
         world_problem = str(exc)
-    return dist.allgather_object({**mine, "device_problem": device_problem, "world_problem": world_problem})
+    return dist.current().all_gather(
+        {**mine, "device_problem": device_problem, "world_problem": world_problem}
+    )
 
 
 def check_devices(ranks: list[dict]) -> Check:
@@ -335,16 +337,16 @@ def check_allreduce(tf, world, gpus: list[str], megabytes: float, iterations: in
     with tf.device(device):
         buffer = tf.fill([count], tf.constant(world.rank + 1, tf.float32))
         for i in range(WARMUP):
-            dist.sum_tensor(buffer, f"doctor.warmup.{i}").numpy()
-        dist.agree([0.0])  # a barrier
+            dist.current().sum_tensor(buffer, f"doctor.warmup.{i}").numpy()
+        dist.current().barrier()  # a barrier
         start = time.perf_counter()
         for i in range(iterations):
-            out = dist.sum_tensor(buffer, f"doctor.timed.{i}")
+            out = dist.current().sum_tensor(buffer, f"doctor.timed.{i}")
         result = out.numpy()
         elapsed = (time.perf_counter() - start) / iterations
     # [tf] each of a process's replicas contributes its buffer
     expected = world.replicas * world.size * (world.size + 1) / 2
-    gathered = dist.allgather_object((elapsed, int((result != expected).sum())))
+    gathered = dist.current().all_gather((elapsed, int((result != expected).sum())))
     slowest = max(t for t, _ in gathered)
     wrong_ranks = [(rank, w) for rank, (_, w) in enumerate(gathered) if w]  # every rank's result is checked
     algorithm, bus = bandwidths(count * 4, slowest, world.workers)
@@ -402,7 +404,7 @@ def check_transport(
     else:
         cpu_ops = os.environ.get("HOROVOD_CPU_OPERATIONS") or world.controller
         transport = f"Horovod CPU operations ({cpu_ops}); no NCCL on this path"
-    networks = dist.allgather_object(network)
+    networks = dist.current().all_gather(network)
     mixed = len({n for n in networks if n}) > 1
     return Check(
         "transport",

@@ -1,6 +1,6 @@
 """The one interface training code calls for everything distribution adds, and the choice of the engine behind it.
 
-Two engines implement :data:`INTERFACE`, one module each:
+Two engines implement :class:`Engine`, one module each:
 
 - ``horovod`` (app.engines.horovod): Horovod's Keras integration, the engine of the reference study and the
   default where Horovod imports with this TensorFlow (its last release, 0.28.1, builds against TensorFlow <= 2.18);
@@ -9,54 +9,182 @@ Two engines implement :data:`INTERFACE`, one module each:
   2.21 on Roihu) with no Horovod and no image.
 
 ``train.engine: auto`` (the default; ``--engine``, ``APP_TRAIN_ENGINE``) picks Horovod when it imports, else tf.
-Training modules import this module as ``distributed`` and call ``distributed.<function>``; :func:`use` (in
-app.training.prepare.setup, before anything else distributed) says which engine answers. Login-node code may
-import this module: nothing here imports TensorFlow or Horovod until :func:`use` runs.
+:func:`use` (in app.training.prepare.setup, before anything else distributed) chooses the engine; training code
+reaches it with :func:`current` and calls its methods. Login-node code may import this module: nothing here
+imports TensorFlow or Horovod until an engine's method needs it.
 """
 
 from __future__ import annotations
 
+import abc
 import importlib
 import importlib.util
-from types import ModuleType
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar, Literal, TypeVar
 
 from app.core.errors import UsageError
+from app.engines.world import World
+
+if TYPE_CHECKING:
+    import numpy as np
+
+T = TypeVar("T")
 
 ENGINES = ("auto", "horovod", "tf")
 MODULES = {"horovod": "app.engines.horovod", "tf": "app.engines.tfdist"}
 NAMES = {module: name for name, module in MODULES.items()}
 
-# What every engine module defines (tests/test_tf_engine.py checks both): the whole of what training may ask.
-INTERFACE = (
-    "init",  # join the workers, pin one GPU per local rank or share the CPU cores; returns a World
-    "model_scope",  # the context in which the model, its optimizer and metrics are created
-    "distributed_optimizer",  # the optimizer whose updates average the workers' gradients
-    "prepare_model",  # the model that accumulates train.accumulation_steps backward passes per update
-    "distribute_dataset",  # this rank's own shard as the engine feeds it to model.fit (no auto-sharding)
-    "local_function",  # a tf.function running on this rank's replica alone (evaluation: no collectives)
-    "train_step_function",  # one compiled training step outside model.fit (`app benchmark`)
-    "saves_on_every_rank",  # whether writing a checkpoint is a collective (every rank must write)
-    "first_callbacks",  # broadcast of the initial state and averaging of metrics, before other callbacks
-    "schedule_callback",  # the per-batch LR callback applying the one schedule (app.training.schedule)
-    "average_model_state",  # batch-norm statistics averaged over the ranks
-    "agree",  # the largest of every rank's flags: the stop agreement, also a barrier
-    "broadcast_object",
-    "allgather_object",
-    "allreduce_min",
-    "allreduce_sum",
-    "sum_tensor",  # a tensor summed over the ranks on its device (`app doctor`'s timed all-reduce)
-    "enable_timeline",  # a trace of what the engine runs (Horovod's timeline); the tf engine has none
-    "recording_timeline",
-    "failed_collective",  # whether an error means a peer failed or stopped answering
-)
+Op = Literal["sum", "min", "max"]
+
+
+class Engine(abc.ABC):
+    """What running on N workers adds to training, one subclass per engine (each holds its own state).
+
+    Training code reaches the engine in use through :func:`current` (after :func:`use`) and calls these methods
+    on it; lines that exist only because of distribution are marked ``[dist]`` there. Collectives are
+    collective: every rank must call them, in the same order.
+    """
+
+    name: ClassVar[str]
+
+    # -- start-up and the model
+    @abc.abstractmethod
+    def init(
+        self, threads: int = 0, checks: bool = True, accept_grpc: bool = False, join_timeout_s: float = 600.0
+    ) -> World:
+        """Join the workers and place this process on its devices; return who is who.
+
+        Args:
+            threads: input threads per worker (0: the launcher's or the node's share).
+            checks: refuse a silent fallback (N one-worker jobs, GPUs left unused); `app doctor` reports instead.
+            accept_grpc: the tf engine across hosts only: consent to TensorFlow's unauthenticated gRPC server.
+            join_timeout_s: the tf engine across hosts only: how long to wait for the peers.
+        """
+
+    @abc.abstractmethod
+    def model_scope(self) -> AbstractContextManager:
+        """The context in which the model, its optimizer and metrics are created."""
+
+    @abc.abstractmethod
+    def distributed_optimizer(self, optimizer, accumulation_steps: int = 1, fp16_allreduce: bool = False):
+        """``optimizer`` whose updates use the gradients averaged over the workers (and the accumulated passes)."""
+
+    @abc.abstractmethod
+    def prepare_model(self, model, accumulation_steps: int = 1):
+        """The model that accumulates ``accumulation_steps`` backward passes per update, where the engine does so."""
+
+    @abc.abstractmethod
+    def first_callbacks(self) -> list:
+        """Callbacks that must come before all others (initial state, metric averaging), in order."""
+
+    @abc.abstractmethod
+    def schedule_callback(
+        self, initial_lr: float, multiplier, start_epoch: float, end_epoch: float | None, steps_per_epoch: int
+    ):
+        """The per-batch callback setting lr = initial_lr x multiplier(epoch + batch / steps_per_epoch)."""
+
+    @abc.abstractmethod
+    def average_model_state(self, model) -> None:
+        """Average the model's non-trainable floats (batch-norm statistics) over every replica."""
+
+    # -- data and steps
+    @abc.abstractmethod
+    def distribute_dataset(self, dataset):
+        """This rank's own shard as the engine feeds it to ``model.fit`` (no auto-sharding)."""
+
+    @abc.abstractmethod
+    def local_function(self, fn: Callable) -> Callable:
+        """``fn`` (which returns sums over its batch) compiled to run on this process's replicas, no collective."""
+
+    @abc.abstractmethod
+    def train_step_function(self, model, jit_compile: bool = False) -> Callable:
+        """One compiled training step on a batch outside ``model.fit`` (`app benchmark`)."""
+
+    @abc.abstractmethod
+    def saves_on_every_rank(self) -> bool:
+        """Whether writing a checkpoint is a collective, so that every rank must write."""
+
+    @abc.abstractmethod
+    def failed_collective(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says that a peer failed or stopped answering inside a collective."""
+
+    # -- collectives
+    @abc.abstractmethod
+    def all_reduce(self, values: Sequence[float] | np.ndarray, op: Op = "sum") -> np.ndarray:
+        """``values`` (a float vector, the same length on every rank) reduced elementwise over the ranks.
+
+        Exact for integers below 2**53. Returns float64.
+        """
+
+    @abc.abstractmethod
+    def all_gather(self, obj: object) -> list:
+        """Every rank's picklable ``obj``, in rank order."""
+
+    @abc.abstractmethod
+    def broadcast(self, obj: T, root: int = 0) -> T:
+        """Rank ``root``'s picklable ``obj`` on every rank."""
+
+    @abc.abstractmethod
+    def sum_tensor(self, tensor, name: str):
+        """``tensor`` summed over every replica on its device (`app doctor`'s timed all-reduce)."""
+
+    # -- tracing
+    @abc.abstractmethod
+    def enable_timeline(self) -> None:
+        """Prepare a trace of what the engine runs; only before :meth:`init` (refused where there is none)."""
+
+    @abc.abstractmethod
+    def recording_timeline(self, path: Path) -> AbstractContextManager[Path]:
+        """Record the trace to rank 0's ``path`` while inside; yields the path every rank agreed on."""
+
+    # -- built on the above
+    def agree(self, flags: Sequence[float]) -> list[float]:
+        """The largest of every rank's flags, elementwise: all ranks take the same decision (stop, checkpoint)
+        at the same step. Also a barrier."""
+        return [float(v) for v in self.all_reduce(list(flags), "max")]
+
+    def barrier(self) -> None:
+        """Return on every rank once every rank has called it."""
+        self.agree([0.0])
+
+    def average_state_callback(self):
+        """A Keras callback averaging the batch-norm statistics (:meth:`average_model_state`) at each epoch end;
+        it must come before evaluation and checkpointing."""
+        import tensorflow as tf
+
+        engine = self
+
+        class AverageModelState(tf.keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                engine.average_model_state(self.model)
+
+        return AverageModelState()
+
+    def replica_spread(self, weights: list) -> float:
+        """The largest difference between any two ranks' weights, from per-tensor fingerprints (sums and largest
+        magnitudes, gathered once at the end of training).
+
+        Data parallelism means every replica holds the same weights; anything above float noise here means a
+        broadcast or an all-reduce went wrong."""
+        import numpy as np
+
+        fingerprint = np.array(
+            [float(np.sum(w, dtype=np.float64)) for w in weights]
+            + [float(np.abs(w).max()) for w in weights if w.size]
+        )
+        every = np.stack(self.all_gather(fingerprint))
+        return float(np.max(np.abs(every - every[0]))) if len(every) > 1 else 0.0
+
 
 # `--timeline` under the tf engine: refused before a launch (app.cli.benchmark) and in a worker (tfdist).
 TIMELINE_ON_TF = (
     "--timeline records Horovod's timeline; the tf engine has none: drop --timeline, or use --engine horovod"
 )
 
-_current: ModuleType | None = None
-_name: str | None = None
+_engines: dict[str, Engine] = {}  # one instance per engine and process
+_current: Engine | None = None
 
 
 def horovod_imports() -> str | None:
@@ -96,57 +224,29 @@ def resolve(name: str) -> str:
     raise UsageError(f"train.engine horovod: {why}; use --engine tf (TensorFlow's own strategies)")
 
 
-def use(name: str) -> str:
-    """Make engine ``name`` (auto resolved) the one every call here goes to; returns the engine's name."""
-    global _current, _name
-    _name = resolve(name)
-    _current = importlib.import_module(MODULES[_name])
-    return _name
-
-
-def current_name() -> str:
-    """The engine in use: the one :func:`use` chose, else horovod where it is installed (tools and tests that
-    call the interface without a config)."""
-    return _name or NAMES[_engine().__name__]
-
-
-def _engine() -> ModuleType:
+def use(name: str) -> Engine:
+    """Make engine ``name`` (auto resolved) the one :func:`current` returns, and return it."""
     global _current
-    if _current is None:  # nobody chose: the default, without the cost of checking Horovod's import
-        _current = importlib.import_module(MODULES[installed_guess()])
+    _current = _instance(resolve(name))
     return _current
 
 
-def average_state_callback():
-    """A Keras callback averaging the batch-norm statistics (the engine's :func:`average_model_state`) at each
-    epoch end; it must come before evaluation and checkpointing."""
-    import tensorflow as tf
-
-    class AverageModelState(tf.keras.callbacks.Callback):
-        def on_epoch_end(self, epoch, logs=None):
-            _engine().average_model_state(self.model)
-
-    return AverageModelState()
+def current() -> Engine:
+    """The engine in use: the one :func:`use` chose, else the installed default without checking that Horovod
+    imports (tools and tests that call an engine without a config)."""
+    global _current
+    if _current is None:
+        _current = _instance(installed_guess())
+    return _current
 
 
-def replica_spread(weights: list) -> float:
-    """The largest difference between any two ranks' weights, from per-tensor fingerprints (sums and largest
-    magnitudes, gathered once at the end of training).
-
-    Data parallelism means every replica holds the same weights; anything above float noise here means a
-    broadcast or an all-reduce went wrong."""
-    import numpy as np
-
-    fingerprint = np.array(
-        [float(np.sum(w, dtype=np.float64)) for w in weights]
-        + [float(np.abs(w).max()) for w in weights if w.size]
-    )
-    every = np.stack(_engine().allgather_object(fingerprint))
-    return float(np.max(np.abs(every - every[0]))) if len(every) > 1 else 0.0
+def current_name() -> str:
+    """The name of the engine in use (:func:`current`)."""
+    return current().name
 
 
-def __getattr__(attr: str):
-    """``distributed.agree(...)`` etc.: the function of the engine in use (PEP 562)."""
-    if attr in INTERFACE:
-        return getattr(_engine(), attr)
-    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+def _instance(name: str) -> Engine:
+    if name not in _engines:
+        module = importlib.import_module(MODULES[name])
+        _engines[name] = module.ENGINE_CLASS()
+    return _engines[name]

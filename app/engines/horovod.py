@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from app.engines import devices
+from app.engines.engine import Engine
 from app.engines.world import (
     World,
     check_gpus_seen,
@@ -45,211 +46,179 @@ def _single(h) -> bool:
     return not h.is_initialized() or h.size() == 1
 
 
-def init(
-    threads: int = 0, checks: bool = True, accept_grpc: bool = False, join_timeout_s: float = 600.0
-) -> World:
-    """Start Horovod and pin this process to one GPU (one rank per GPU), or share the CPU cores fairly.
+class HorovodEngine(Engine):
+    """Horovod's Keras integration: one process per GPU, Horovod's optimizer, callbacks and collectives."""
 
-    ``checks=False`` leaves the no-silent-fallback checks to the caller (`app doctor` reports them instead).
-    ``accept_grpc`` and ``join_timeout_s`` are the tf engine's: Horovod runs no gRPC server, and its own
-    rendezvous has its time limit (app.engines.rendezvous)."""
-    import tensorflow as tf
+    name = "horovod"
 
-    h = hvd()
-    gpus = tf.config.list_physical_devices("GPU")
-    if not gpus:
-        # [horovod] Horovod's coordination loop runs every HOROVOD_CYCLE_TIME ms (default 1), each cycle a
-        # round-trip between the ranks. Where workers share the CPU cores they compute on, that takes ~25% of
-        # a core from each (measured: 2 workers on 2 cores reached 0.70 of two independent processes at 1 ms,
-        # 0.97 at 20 ms, ResNet-50 batch 32). Steps there take seconds, so 20 ms of extra latency is nothing.
-        os.environ.setdefault("HOROVOD_CYCLE_TIME", str(CPU_CYCLE_TIME_MS))
-    stall_settings()  # [horovod] a stalled rank ends the job, not a 32-GPU wait
-    launcher = detected_launcher() or "none"  # before join() below sets HOROVOD_RANK
-    from app.engines import rendezvous
+    def init(
+        self, threads: int = 0, checks: bool = True, accept_grpc: bool = False, join_timeout_s: float = 600.0
+    ) -> World:
+        """Start Horovod and pin this process to one GPU (one rank per GPU), or share the CPU cores fairly.
 
-    rendezvous.join()  # [horovod] plain srun (mpi: none): Slurm's ranks to Horovod's Gloo rendezvous
-    h.init()  # [horovod] join the other workers
-    # Never a silent fallback: N launched processes that are N one-worker jobs, or GPUs left unused.
-    if checks:
-        check_world_size(h.size(), os.environ)
-        check_gpus_seen(len(gpus), os.environ, gpu_device_nodes(), dict(tf.sysconfig.get_build_info()))
-    # [horovod] one GPU per rank, chosen by local rank; CPU workers on one node split its cores
-    devices.place(gpus, h.local_rank(), h.local_size(), threads)
-    controller = "mpi" if h.mpi_enabled() else "gloo"
-    return World(
-        h.rank(),
-        h.size(),
-        h.local_rank(),
-        h.local_size(),
-        h.cross_size(),
-        launcher,
-        controller,
-    )
+        ``checks=False`` leaves the no-silent-fallback checks to the caller (`app doctor` reports them instead).
+        ``accept_grpc`` and ``join_timeout_s`` are the tf engine's: Horovod runs no gRPC server, and its own
+        rendezvous has its time limit (app.engines.rendezvous)."""
+        import tensorflow as tf
 
+        h = hvd()
+        gpus = tf.config.list_physical_devices("GPU")
+        if not gpus:
+            # [horovod] Horovod's coordination loop runs every HOROVOD_CYCLE_TIME ms (default 1), each cycle a
+            # round-trip between the ranks. Where workers share the CPU cores they compute on, that takes ~25% of
+            # a core from each (measured: 2 workers on 2 cores reached 0.70 of two independent processes at 1 ms,
+            # 0.97 at 20 ms, ResNet-50 batch 32). Steps there take seconds, so 20 ms of extra latency is nothing.
+            os.environ.setdefault("HOROVOD_CYCLE_TIME", str(CPU_CYCLE_TIME_MS))
+        stall_settings()  # [horovod] a stalled rank ends the job, not a 32-GPU wait
+        launcher = detected_launcher() or "none"  # before join() below sets HOROVOD_RANK
+        from app.engines import rendezvous
 
-def distributed_optimizer(optimizer, accumulation_steps: int = 1, fp16_allreduce: bool = False):
-    """[horovod] Average gradients across workers (and over local backward passes) before each update."""
-    h = hvd()
-    return h.DistributedOptimizer(
-        optimizer,
-        backward_passes_per_step=accumulation_steps,
-        average_aggregated_gradients=True,
-        compression=h.Compression.fp16 if fp16_allreduce else h.Compression.none,
-    )
+        rendezvous.join()  # [horovod] plain srun (mpi: none): Slurm's ranks to Horovod's Gloo rendezvous
+        h.init()  # [horovod] join the other workers
+        # Never a silent fallback: N launched processes that are N one-worker jobs, or GPUs left unused.
+        if checks:
+            check_world_size(h.size(), os.environ)
+            check_gpus_seen(len(gpus), os.environ, gpu_device_nodes(), dict(tf.sysconfig.get_build_info()))
+        # [horovod] one GPU per rank, chosen by local rank; CPU workers on one node split its cores
+        devices.place(gpus, h.local_rank(), h.local_size(), threads)
+        controller = "mpi" if h.mpi_enabled() else "gloo"
+        return World(
+            h.rank(),
+            h.size(),
+            h.local_rank(),
+            h.local_size(),
+            h.cross_size(),
+            launcher,
+            controller,
+        )
 
+    def distributed_optimizer(self, optimizer, accumulation_steps: int = 1, fp16_allreduce: bool = False):
+        """[horovod] Average gradients across workers (and over local backward passes) before each update."""
+        h = hvd()
+        return h.DistributedOptimizer(
+            optimizer,
+            backward_passes_per_step=accumulation_steps,
+            average_aggregated_gradients=True,
+            compression=h.Compression.fp16 if fp16_allreduce else h.Compression.none,
+        )
 
-def model_scope():
-    """Horovod needs no scope: each rank's model is a plain Keras model."""
-    return contextlib.nullcontext()
+    def model_scope(self):
+        """Horovod needs no scope: each rank's model is a plain Keras model."""
+        return contextlib.nullcontext()
 
+    def prepare_model(self, model, accumulation_steps: int = 1):
+        """[horovod] The model as it is: :func:`distributed_optimizer` accumulates the backward passes."""
+        return model
 
-def prepare_model(model, accumulation_steps: int = 1):
-    """[horovod] The model as it is: :func:`distributed_optimizer` accumulates the backward passes."""
-    return model
+    def distribute_dataset(self, dataset):
+        """Each rank's own shard goes to model.fit as it is."""
+        return dataset
 
+    def local_function(self, fn):
+        """``fn`` compiled once (each rank's model is its own: nothing to keep local)."""
+        import tensorflow as tf
 
-def distribute_dataset(dataset):
-    """Each rank's own shard goes to model.fit as it is."""
-    return dataset
+        return tf.function(fn)
 
+    def train_step_function(self, model, jit_compile: bool = False):
+        """One training step on a batch outside model.fit (`app benchmark`): the model's own, compiled."""
+        import tensorflow as tf
 
-def local_function(fn):
-    """``fn`` compiled once (each rank's model is its own: nothing to keep local)."""
-    import tensorflow as tf
+        return tf.function(model.train_step, jit_compile=jit_compile)
 
-    return tf.function(fn)
+    def saves_on_every_rank(self) -> bool:
+        """Rank 0 writes checkpoints alone: reading the variables needs no other rank."""
+        return False
 
+    def failed_collective(self, exc: BaseException) -> bool:
+        """[horovod] Horovod's word that a collective could not complete: a peer failed or stopped answering."""
+        return "Horovod has been shut down" in str(exc)
 
-def train_step_function(model, jit_compile: bool = False):
-    """One training step on a batch outside model.fit (`app benchmark`): the model's own, compiled."""
-    import tensorflow as tf
+    def first_callbacks(self) -> list:
+        """[horovod] The callbacks that must come first, in Horovod's documented order.
 
-    return tf.function(model.train_step, jit_compile=jit_compile)
+        Broadcast rank 0's initial variables (after a restore too) so every worker starts identical; then
+        average metrics across workers, before any callback that reads them (checkpointing, logging, LR).
+        """
+        h = hvd()
+        return [h.callbacks.BroadcastGlobalVariablesCallback(0), h.callbacks.MetricAverageCallback()]
 
+    def schedule_callback(
+        self, initial_lr: float, multiplier, start_epoch: float, end_epoch: float | None, steps_per_epoch: int
+    ):
+        """[horovod] Horovod's per-batch LR callback: lr = initial_lr * multiplier(fractional epoch).
 
-def saves_on_every_rank() -> bool:
-    """Rank 0 writes checkpoints alone: reading the variables needs no other rank."""
-    return False
+        Momentum correction stays off: it assumes a legacy optimizer whose momentum is a variable, and fails
+        with Keras >= 2.11 optimizers ('float' object has no attribute 'dtype').
+        """
+        return hvd().callbacks.LearningRateScheduleCallback(
+            initial_lr=initial_lr,
+            multiplier=multiplier,
+            start_epoch=start_epoch,
+            end_epoch=end_epoch,
+            staircase=False,
+            momentum_correction=False,
+            steps_per_epoch=steps_per_epoch,
+        )
 
+    def average_model_state(self, model) -> None:
+        """[horovod] Average the non-trainable variables (batch-norm moving means and variances) over all ranks.
 
-def failed_collective(exc: BaseException) -> bool:
-    """[horovod] Horovod's word that a collective could not complete: a peer failed or stopped answering."""
-    return "Horovod has been shut down" in str(exc)
+        Horovod averages gradients, so trainable weights stay identical, but each rank's batch-norm statistics
+        follow its own batches. Called at every epoch end before evaluation and checkpointing: every rank then
+        evaluates the very model rank 0 saves, and the statistics reflect all workers' data (as on one GPU with
+        the global batch), not rank 0's share alone. One grouped allreduce per epoch.
+        """
+        h = _hvd_tf()
+        variables = [v for v in model.non_trainable_variables if v.dtype.is_floating]
+        if _single(h) or not variables:
+            return
+        averaged = h.grouped_allreduce([v.value() for v in variables], op=h.Average, name="model_state")
+        for v, value in zip(variables, averaged, strict=True):
+            v.assign(value)
 
+    def broadcast(self, obj, root: int = 0):
+        """[horovod] Rank ``root``'s Python object on every rank (run directory, resume epoch)."""
+        h = _hvd_tf()
+        return obj if _single(h) else h.broadcast_object(obj, root_rank=root)
 
-def first_callbacks() -> list:
-    """[horovod] The callbacks that must come first, in Horovod's documented order.
+    def enable_timeline(self) -> None:
+        """[horovod] Let :func:`recording_timeline` start Horovod's timeline later; only before :func:`init`."""
+        os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"
 
-    Broadcast rank 0's initial variables (after a restore too) so every worker starts identical; then
-    average metrics across workers, before any callback that reads them (checkpointing, logging, LR).
-    """
-    h = hvd()
-    return [h.callbacks.BroadcastGlobalVariablesCallback(0), h.callbacks.MetricAverageCallback()]
+    @contextlib.contextmanager
+    def recording_timeline(self, path: Path):
+        """[horovod] Horovod's timeline of what runs inside, written to rank 0's ``path`` (Horovod's coordinator
+        writes it; every rank takes part). Needs :func:`enable_timeline` before :func:`init`."""
+        h = hvd()
+        path = Path(self.broadcast(str(path)))
+        h.start_timeline(str(path))
+        try:
+            yield path
+        finally:
+            h.stop_timeline()
 
+    def sum_tensor(self, tensor, name: str):
+        """[horovod] ``tensor`` summed over all ranks (`app doctor`'s timed allreduce); ``name``: Horovod's op name."""
+        h = _hvd_tf()
+        return h.allreduce(tensor, op=h.Sum, name=name)
 
-def schedule_callback(
-    initial_lr: float, multiplier, start_epoch: float, end_epoch: float | None, steps_per_epoch: int
-):
-    """[horovod] Horovod's per-batch LR callback: lr = initial_lr * multiplier(fractional epoch).
+    def all_gather(self, obj) -> list:
+        """[horovod] Every rank's object, in rank order."""
+        h = _hvd_tf()
+        return [obj] if _single(h) else h.allgather_object(obj)
 
-    Momentum correction stays off: it assumes a legacy optimizer whose momentum is a variable, and fails
-    with Keras >= 2.11 optimizers ('float' object has no attribute 'dtype').
-    """
-    return hvd().callbacks.LearningRateScheduleCallback(
-        initial_lr=initial_lr,
-        multiplier=multiplier,
-        start_epoch=start_epoch,
-        end_epoch=end_epoch,
-        staircase=False,
-        momentum_correction=False,
-        steps_per_epoch=steps_per_epoch,
-    )
+    def all_reduce(self, values, op: str = "sum"):
+        """[horovod] ``values`` reduced elementwise over all ranks, as float64 (one tiny allreduce)."""
+        import numpy as np
+        import tensorflow as tf
 
-
-def average_model_state(model) -> None:
-    """[horovod] Average the non-trainable variables (batch-norm moving means and variances) over all ranks.
-
-    Horovod averages gradients, so trainable weights stay identical, but each rank's batch-norm statistics
-    follow its own batches. Called at every epoch end before evaluation and checkpointing: every rank then
-    evaluates the very model rank 0 saves, and the statistics reflect all workers' data (as on one GPU with
-    the global batch), not rank 0's share alone. One grouped allreduce per epoch.
-    """
-    h = _hvd_tf()
-    variables = [v for v in model.non_trainable_variables if v.dtype.is_floating]
-    if _single(h) or not variables:
-        return
-    averaged = h.grouped_allreduce([v.value() for v in variables], op=h.Average, name="model_state")
-    for v, value in zip(variables, averaged, strict=True):
-        v.assign(value)
-
-
-def agree(flags: list[float]) -> list[float]:
-    """[horovod] The largest of every rank's flags, elementwise: one tiny allreduce, so all ranks take the
-    same decision (stop, checkpoint) at the same step. Also a barrier: nobody returns before every rank
-    called it."""
-    import numpy as np
-    import tensorflow as tf
-
-    h = _hvd_tf()
-    if _single(h):
-        return list(flags)
-    out = h.allreduce(tf.constant(np.asarray(flags, np.float32)), op=h.Max, name="scaleout_agree")
-    return [float(v) for v in out.numpy()]
-
-
-def broadcast_object(obj, root: int = 0):
-    """[horovod] Rank ``root``'s Python object on every rank (run directory, resume epoch)."""
-    h = _hvd_tf()
-    return obj if _single(h) else h.broadcast_object(obj, root_rank=root)
-
-
-def enable_timeline() -> None:
-    """[horovod] Let :func:`recording_timeline` start Horovod's timeline later; only before :func:`init`."""
-    os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"
-
-
-@contextlib.contextmanager
-def recording_timeline(path: Path):
-    """[horovod] Horovod's timeline of what runs inside, written to rank 0's ``path`` (Horovod's coordinator
-    writes it; every rank takes part). Needs :func:`enable_timeline` before :func:`init`."""
-    h = hvd()
-    path = Path(broadcast_object(str(path)))
-    h.start_timeline(str(path))
-    try:
-        yield path
-    finally:
-        h.stop_timeline()
-
-
-def allreduce_min(value: int) -> int:
-    """[horovod] The smallest of every rank's value (equal step counts per epoch: unequal ones deadlock)."""
-    import tensorflow as tf
-
-    h = _hvd_tf()
-    if _single(h):
-        return value
-    return int(h.allreduce(tf.constant(value, tf.int64), op=h.Min, name="allreduce_min"))
+        h = _hvd_tf()
+        values = np.asarray(values, np.float64).reshape(-1)
+        if _single(h):
+            return values
+        reduce = {"sum": h.Sum, "min": h.Min, "max": h.Max}[op]
+        return h.allreduce(tf.constant(values), op=reduce, name=f"scaleout_{op}").numpy()
 
 
-def sum_tensor(tensor, name: str):
-    """[horovod] ``tensor`` summed over all ranks (`app doctor`'s timed allreduce); ``name``: Horovod's op name."""
-    h = _hvd_tf()
-    return h.allreduce(tensor, op=h.Sum, name=name)
-
-
-def allgather_object(obj) -> list:
-    """[horovod] Every rank's object, in rank order."""
-    h = _hvd_tf()
-    return [obj] if _single(h) else h.allgather_object(obj)
-
-
-def allreduce_sum(values):
-    """[horovod] Elementwise sums of a float vector over all ranks."""
-    import numpy as np
-    import tensorflow as tf
-
-    h = _hvd_tf()
-    values = np.asarray(values, np.float64)
-    if _single(h):
-        return values
-    return h.allreduce(tf.constant(values), op=h.Sum, name="allreduce_sum").numpy()
+ENGINE_CLASS = HorovodEngine

@@ -64,8 +64,6 @@ DEFAULT_TIMEOUT_S = 300  # ranks start seconds to minutes apart (container start
 POLL_S = 0.5
 QUIET_S = 5.0  # once every rank is through, the server closes after this long without a request
 GRACE_S = 10  # ranks other than 0 wait this much longer, so that rank 0 reports who is missing
-MAPPED = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
-          "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME")  # fmt: skip
 _TASKS = re.compile(r"([0-9]{1,6})(?:\(x([0-9]{1,6})\))?")
 _HOST = re.compile(r"[\w.-]{1,255}")  # what Horovod's own host parser accepts
 

@@ -124,10 +124,12 @@ def run(
         inputs = input_threads(count, world, reporter)
         steps = planned[batch]
         # As many epochs of the real data as the steps need (a small dataset is simply cycled through).
-        # [tf] a process holding several replicas reads one batch for all of them (split by the engine)
+        # [dist] a process holding several replicas reads one batch for all of them (split by the engine)
         batch_here = batch * world.replicas
         per_epoch = (
-            steps if synthetic else distributed.allreduce_min(source.spec.train_examples // batch_here)
+            steps
+            if synthetic
+            else int(distributed.current().all_reduce([source.spec.train_examples // batch_here], "min")[0])
         )
         if per_epoch < 1:
             raise UsageError(
@@ -138,8 +140,10 @@ def run(
             cfg.data.shuffle_buffer, synthetic=synthetic, deterministic=cfg.data.deterministic,
             threads=inputs.pool,
         )  # fmt: skip
-        step_fn = None if model is None else distributed.train_step_function(model, cfg.model.jit_compile)
-        iterator = iter(ds if model is None else distributed.distribute_dataset(ds))
+        step_fn = (
+            None if model is None else distributed.current().train_step_function(model, cfg.model.jit_compile)
+        )
+        iterator = iter(ds if model is None else distributed.current().distribute_dataset(ds))
         times, waits, gpu_samples = measure(iterator, step_fn, steps, world)
         timeline = None
         if timeline_steps and world.size == 1 and world.is_chief and batch == batch_sizes[0]:
@@ -161,8 +165,8 @@ def run(
         # What one CPU thread of the input pipeline delivers: --pipeline-only's per-core figure (docs/training.md);
         # a thread pool is a process's, which under the tf engine reads for all its replicas
         result["images_per_s"]["per_thread"] = result["images_per_s"]["mean"] / (world.size * inputs.count)
-        # [horovod] the slowest rank sets the pace: report the largest step time any rank saw.
-        result["step_time_s"] = max(distributed.allgather_object(result["step_time_s"]))
+        # [dist] the slowest rank sets the pace: report the largest step time any rank saw.
+        result["step_time_s"] = max(distributed.current().all_gather(result["step_time_s"]))
         if world.is_chief:
             report(result, results, reporter, timeline_steps)
         out.append(result)
@@ -328,7 +332,7 @@ def record_timeline(iterator, step_fn, timeline_steps: int, results: Path, world
     folder = results.parent / f"{results.stem}.timeline"
     if world.is_chief:
         folder.mkdir(parents=True, exist_ok=True)
-    with distributed.recording_timeline(folder / f"w{world.size}-b{batch}-{stamp}.json") as trace:
+    with distributed.current().recording_timeline(folder / f"w{world.size}-b{batch}-{stamp}.json") as trace:
         t0 = time.perf_counter()
         for _ in range(timeline_steps):
             images, labels = next(iterator)

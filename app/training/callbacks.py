@@ -62,7 +62,9 @@ class CheckpointWriter:
 
     def __call__(self, epoch: int, row: dict, step: int = 0):
         if not self.chief:
-            if distributed.saves_on_every_rank():  # [tf] rank 0's write reads every rank's variables
+            if (
+                distributed.current().saves_on_every_rank()
+            ):  # [dist] rank 0's write reads every rank's variables
                 with tempfile.TemporaryDirectory(prefix="scaleout-unsaved-") as elsewhere:
                     tracked(self.model).write(os.path.join(elsewhere, "ckpt"))
             return None
@@ -137,7 +139,7 @@ class Interruptions(tf.keras.callbacks.Callback):
         due = self.kind == "steps" and (self.epoch * steps + step) % self.amount < acc
         if (step // acc) % self.every == 0:
             timed = self.kind == "seconds" and time.monotonic() - self.last_checkpoint >= self.amount
-            stop, timed = distributed.agree([float(self.request.number), float(timed)])
+            stop, timed = distributed.current().agree([float(self.request.number), float(timed)])
             due = due or bool(timed)
             if stop:
                 message = self._stop_message(self.write.path(self.epoch, step), step, stop)
@@ -150,19 +152,19 @@ class Interruptions(tf.keras.callbacks.Callback):
         self.last_checkpoint = time.monotonic()
         if epoch + 1 >= self.epochs:  # the run is complete: finishing beats a requeue that has nothing to do
             return
-        (stop,) = distributed.agree([float(self.request.number)])  # after rank 0's checkpoint
+        (stop,) = distributed.current().agree([float(self.request.number)])  # after rank 0's checkpoint
         if stop:
             message = self._stop_message(self.write.path(epoch + 1, 0), 0, stop, epoch + 1)
             self.write.stopped(message)
-            distributed.agree([0.0])  # [horovod] the marker is there before any rank exits
+            distributed.current().barrier()  # [dist] the marker is there before any rank exits
             raise Preempted(message)
 
     def _checkpoint(self, step: int, stop_message: str | None = None):
-        distributed.average_model_state(self.model)
+        distributed.current().average_model_state(self.model)
         self.write(self.epoch, {}, step)  # rank 0 writes
         if stop_message:  # the job script's marker, before any rank exits (srun may end rank 0 early)
             self.write.stopped(stop_message)
-        distributed.agree([0.0])  # [horovod] barrier: the checkpoint is complete before anyone moves on
+        distributed.current().barrier()  # [dist] barrier: the checkpoint is complete before anyone moves on
         self.last_checkpoint = time.monotonic()
 
     def _stop_message(self, path, step: int, number: float, epoch: int | None = None) -> str:
@@ -182,4 +184,4 @@ def lr_callback(schedule: Schedule, steps_per_epoch: int, first_step: int = 0):
         # global step, exactly (the float error is far below half a step).
         return schedule.step_multiplier(round(epoch * steps_per_epoch) + first_step, steps_per_epoch)
 
-    return distributed.schedule_callback(schedule.target_lr, multiplier, 0, None, steps_per_epoch)
+    return distributed.current().schedule_callback(schedule.target_lr, multiplier, 0, None, steps_per_epoch)

@@ -146,10 +146,6 @@ def problem(path: Path) -> str | None:
     return None
 
 
-def is_valid(path: Path) -> bool:
-    return problem(path) is None
-
-
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     """(whole epochs, path) of every checkpoint folder, oldest first by (epoch, step); not checked."""
     root = checkpoint_dir(run_dir)

@@ -34,7 +34,9 @@ def eval_step(model, num_classes: int):
             [tf.reduce_sum(tf.cast(loss, tf.float64)), tf.reduce_sum(top1), tf.reduce_sum(topk), n]
         )
 
-    return distributed.local_function(step)  # [tf] in this rank's replica: its own batch-norm statistics
+    return distributed.current().local_function(
+        step
+    )  # [dist] in this rank's replica: its own batch-norm statistics
 
 
 def evaluate(model, dataset, num_classes: int, tick=None, step=None) -> dict:
@@ -46,7 +48,7 @@ def evaluate(model, dataset, num_classes: int, tick=None, step=None) -> dict:
         sums += step(images, labels).numpy()
         if tick is not None:  # evaluation is progress too (see faults.Watchdog)
             tick()
-    loss, top1, topk, n = distributed.allreduce_sum(sums)  # [horovod] exact totals over all ranks
+    loss, top1, topk, n = distributed.current().all_reduce(sums)  # [dist] exact totals over all ranks
     result = {"val_loss": loss / max(n, 1), "val_accuracy": top1 / max(n, 1), "val_examples": n}
     if num_classes > 10:
         result["val_top5"] = topk / max(n, 1)
@@ -59,7 +61,7 @@ def evaluate_run(cfg: Config, run_dir: Path, epoch: int | None = None, threads: 
     inputs = input_threads(threads, world, reporter)
     skipped: list[str] = []
     found = checkpoint.find(run_dir, epoch, skipped) if world.is_chief else None
-    found = distributed.broadcast_object(found)
+    found = distributed.current().broadcast(found)
     for why in skipped:  # never silently: a newer checkpoint that is damaged is named
         reporter.note(f"skipping checkpoint {why}")
     if found is None:

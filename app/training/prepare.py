@@ -113,7 +113,7 @@ def metrics(num_classes: int) -> list:
 def build_model(cfg: Config, spec: Spec, world: World):
     """The compiled Keras model with its (engine-wrapped) SGD optimizer, variables built for restoring, all
     created in the engine's scope."""
-    with distributed.model_scope():  # [tf] mirrored variables, initialised from rank 0
+    with distributed.current().model_scope():  # [dist] mirrored variables, initialised from rank 0
         model = models.create_model(
             cfg.model.name,
             spec.num_classes,
@@ -122,15 +122,15 @@ def build_model(cfg: Config, spec: Spec, world: World):
             cfg.model.zero_init_residual,
             spec.pixels,
         )
-        model = distributed.prepare_model(
+        model = distributed.current().prepare_model(
             model, cfg.train.accumulation_steps
-        )  # [tf] accumulation in the step
+        )  # [dist] accumulation in the step
         sgd = tf.keras.optimizers.SGD(
             learning_rate=make_schedule(cfg, world.workers).lr(0.0),
             momentum=cfg.train.momentum,
             nesterov=cfg.train.nesterov,
         )
-        optimizer = distributed.distributed_optimizer(
+        optimizer = distributed.current().distributed_optimizer(
             sgd, cfg.train.accumulation_steps, cfg.train.fp16_allreduce
         )
         model.compile(
@@ -154,8 +154,8 @@ def setup(cfg: Config, threads: int = 0) -> tuple[World, Reporter, str]:
     """Join the workers through ``cfg``'s engine, seed, and set the precision policy (before any model is built)."""
     if cfg.model.jit_compile:
         os.environ.setdefault("HOROVOD_ENABLE_XLA_OPS", "1")  # allreduce inside XLA-compiled steps
-    distributed.use(cfg.train.engine)  # which engine answers every distributed.* call from here on
-    world = distributed.init(
+    engine = distributed.use(cfg.train.engine)  # [dist] the engine distributed.current() returns from here on
+    world = engine.init(  # [dist] join the other workers
         threads,
         accept_grpc=cfg.train.tf_accept_unauthenticated_grpc,
         join_timeout_s=cfg.train.tf_join_timeout_s,
@@ -173,7 +173,7 @@ def input_threads(threads: int, world: World, reporter: Reporter) -> RankThreads
     """The size of each rank's tf.data thread pool and where it came from (--threads, SLURM_CPUS_PER_TASK, or
     the node's CPUs shared among its workers: app.engines.world.threads_per_rank), with a note when
     SLURM_CPUS_PER_TASK held something other than a number of CPUs."""
-    # [tf] --threads counts per worker; a process holding several replicas reads for all of them
+    # [dist] --threads counts per worker; a process holding several replicas reads for all of them
     per_process = threads * world.replicas
     chosen = threads_per_rank(per_process, os.environ, os.cpu_count(), world.local_size, world.launcher)
     if chosen.note:

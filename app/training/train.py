@@ -1,8 +1,9 @@
-"""Training and evaluation: the one place that ties data, model, optimizer, Horovod and outputs together.
+"""Training and evaluation: the one place that ties data, model, optimizer, the engine and outputs together.
 
 The order follows Horovod's Keras example: init and pin the device, data sharded by rank, model, LR scaled by
-the global batch, DistributedOptimizer, callbacks Broadcast -> MetricAverage -> LR schedule -> evaluation ->
-checkpoint/metrics (rank 0 only). Lines that exist only because of distribution call app.engines.horovod.
+the global batch, the distributed optimizer, callbacks (the engine's first ones) -> LR schedule -> evaluation ->
+checkpoint/metrics (rank 0 only). Lines that exist only because of distribution are marked ``[dist]`` and call
+the engine in use (app.engines.engine.current()).
 """
 
 from __future__ import annotations
@@ -157,9 +158,9 @@ def train_and_evaluate(
     kept = f"checkpoint {found[1]} is intact" if found else "nothing was trained yet"
     stop_if_asked(request, write, kept, run_dir)
     fit(cfg, model, source, p, world, reporter, write, request, start_epoch, start_step, inputs.pool)
-    # [horovod] Are all replicas still identical? Every variable: the batch-norm statistics were averaged at
+    # [dist] Are all replicas still identical? Every variable: the batch-norm statistics were averaged at
     # the epoch end, so they must agree too.
-    spread = distributed.replica_spread([v.numpy() for v in model.weights])
+    spread = distributed.current().replica_spread([v.numpy() for v in model.weights])
     return summarize(cfg, run_dir, world, p, policy, spread) if world.is_chief else {}
 
 
@@ -190,7 +191,7 @@ def input_rate(
     images, synthetic batches: nothing to decode)."""
     if not isinstance(source, ImagenetSource):
         return None
-    # [tf] a process feeds all its replicas: its batch is theirs, and each GPU gets its share of the rate
+    # [dist] a process feeds all its replicas: its batch is theirs, and each GPU gets its share of the rate
     rate = pipeline_rate(cfg, source, cfg.train.batch_size * world.replicas, world, inputs.pool)
     expected, problem = expected_gpu_rate(os.environ)
     if problem:
@@ -243,8 +244,8 @@ def latest_checkpoint(run_dir: Path, world: World, note) -> tuple[tuple | None, 
         except AppError as exc:
             refusal = str(exc)
     state = checkpoint.read_state(found[1]) if found else {}
-    # [horovod] rank 0 decides for every rank
-    found, state, refusal = distributed.broadcast_object((found, state, refusal))
+    # [dist] rank 0 decides for every rank
+    found, state, refusal = distributed.current().broadcast((found, state, refusal))
     if refusal:
         raise AppError(refusal)
     return found, state, skipped
@@ -337,11 +338,11 @@ def read_text(path: Path) -> str | None:
 
 def stop_if_asked(request: faults.StopRequest, write: CheckpointWriter, kept: str, run_dir: Path) -> None:
     """A stop asked for while starting up: every rank raises Preempted (``kept``: what is intact)."""
-    (stop,) = distributed.agree([float(request.number)])  # a stop asked for while starting up
+    (stop,) = distributed.current().agree([float(request.number)])  # a stop asked for while starting up
     if stop:
         message = stop_message(stop, "before training started", kept, run_dir)
         write.stopped(message)  # rank 0's marker for the job script
-        distributed.agree([0.0])  # [horovod] the marker is there before any rank exits
+        distributed.current().barrier()  # [dist] the marker is there before any rank exits
         raise Preempted(message)
 
 
@@ -353,7 +354,7 @@ def fit(
     input pipelines on ``threads`` threads."""
     run_dir = write.run_dir
     eval_ds = (
-        # [tf] a process reads one batch for all of its replicas, which local_function splits between them
+        # [dist] a process reads one batch for all of its replicas, which local_function splits between them
         eval_dataset(source, cfg.train.batch_size * world.replicas, cfg.train.eval_steps, threads)
         if cfg.run.evaluate
         else None
@@ -362,14 +363,14 @@ def fit(
     def callbacks(first_epoch: int, first_step: int) -> list:
         """The callbacks of one model.fit call whose first epoch starts ``first_step`` steps in."""
         out = [
-            *distributed.first_callbacks(),  # [horovod] broadcast initial state, then average metrics
+            *distributed.current().first_callbacks(),  # [dist] broadcast initial state, then average metrics
             lr_callback(make_schedule(cfg, world.workers), p.steps_per_epoch, first_step),
-            distributed.average_state_callback(),  # [horovod] one set of batch-norm statistics, then evaluate
+            distributed.current().average_state_callback(),  # [dist] one set of batch-norm statistics, then evaluate
         ]
         if eval_ds is not None:
             out.append(EvaluateEachEpoch(eval_ds, source.spec.num_classes, watchdog.progress))
         out.append(faults.watchdog_callback(watchdog))
-        if world.is_chief:  # [horovod] only rank 0 writes checkpoints, metrics and progress
+        if world.is_chief:  # [dist] only rank 0 writes checkpoints, metrics and progress
             steps = p.steps_per_epoch - first_step
             out += [
                 MetricsWriter(
@@ -377,7 +378,7 @@ def fit(
                 ),
                 Progress(reporter, cfg.train.epochs, steps, p.images_per_step, cfg.run.log_every),
             ]
-        elif distributed.saves_on_every_rank():  # [tf] the epoch's checkpoint is a collective
+        elif distributed.current().saves_on_every_rank():  # [dist] the epoch's checkpoint is a collective
             out.append(TakePart(write))
         every = checkpoint_interval(cfg.run.checkpoint_every)
         return [
@@ -393,26 +394,24 @@ def fit(
     first_whole = start_epoch + 1 if start_step else start_epoch
     if first_whole < cfg.train.epochs:
         segments.append((first_whole, 0))
-    watchdog = faults.Watchdog(
-        run_dir, world.rank, world.size, local_rank=world.local_rank
-    ).start()  # [horovod]
+    watchdog = faults.Watchdog(run_dir, world.rank, world.size, local_rank=world.local_rank).start()  # [dist]
     try:
         for first_epoch, first_step in segments:
             last = first_epoch + 1 if first_step else cfg.train.epochs
-            # [tf] a process holding several replicas reads one batch for all of them (split by the engine)
+            # [dist] a process holding several replicas reads one batch for all of them (split by the engine)
             train_ds = train_dataset(
                 source, cfg.train.batch_size * world.replicas, p.steps_per_epoch, last, first_epoch, cfg.run.seed, world.rank,
                 cfg.data.shuffle_buffer, synthetic=cfg.data.source == "synthetic",
                 deterministic=cfg.data.deterministic, skip_steps=first_step, threads=threads,
             )  # fmt: skip
             model.fit(
-                distributed.distribute_dataset(train_ds), epochs=last, initial_epoch=first_epoch, steps_per_epoch=p.steps_per_epoch - first_step,
+                distributed.current().distribute_dataset(train_ds), epochs=last, initial_epoch=first_epoch, steps_per_epoch=p.steps_per_epoch - first_step,
                 callbacks=callbacks(first_epoch, first_step), verbose=0,
             )  # fmt: skip
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as exc:
         raise input_error(source, exc) from None
     except tf.errors.OpError as exc:
-        stalled = watchdog.stalled(exc) if distributed.failed_collective(exc) else None
+        stalled = watchdog.stalled(exc) if distributed.current().failed_collective(exc) else None
         if stalled is None:
             raise
         raise stalled from None

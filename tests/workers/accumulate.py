@@ -21,12 +21,14 @@ from app.training import models  # noqa: E402
 out, accumulation = sys.argv[1], int(sys.argv[2])
 distributed.use(sys.argv[3] if len(sys.argv) > 3 else "horovod")
 tf.config.experimental.enable_op_determinism()
-world = distributed.init(threads=1)
+world = distributed.current().init(threads=1)
 tf.keras.utils.set_random_seed(0)
-with distributed.model_scope():
+with distributed.current().model_scope():
     model = models.create_model("resnet20", 10, (16, 16, 3), weight_decay=1e-4)
-    model = distributed.prepare_model(model, accumulation)
-    optimizer = distributed.distributed_optimizer(tf.keras.optimizers.SGD(0.1, momentum=0.9), accumulation)
+    model = distributed.current().prepare_model(model, accumulation)
+    optimizer = distributed.current().distributed_optimizer(
+        tf.keras.optimizers.SGD(0.1, momentum=0.9), accumulation
+    )
     model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
 rng = np.random.default_rng(42)
@@ -41,8 +43,8 @@ else:
     ds = tf.data.Dataset.from_tensor_slices((x[mine], y[mine]))
 before = [v.numpy().copy() for v in model.trainable_variables]
 model.fit(
-    distributed.distribute_dataset(ds), epochs=1, steps_per_epoch=int(ds.cardinality()),
-    callbacks=distributed.first_callbacks()[:1], verbose=0,
+    distributed.current().distribute_dataset(ds), epochs=1, steps_per_epoch=int(ds.cardinality()),
+    callbacks=distributed.current().first_callbacks()[:1], verbose=0,
 )  # fmt: skip
 after = [v.numpy() for v in model.trainable_variables]
 changed = any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
