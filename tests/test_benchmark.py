@@ -65,6 +65,7 @@ def test_summary_of_steps():
 
 @pytest.mark.slow
 @pytest.mark.distributed
+@pytest.mark.compat
 def test_tiny_benchmark_on_two_workers_writes_one_line_per_batch_size(tmp_path):
     results = tmp_path / "results.jsonl"
     proc = run_app(

@@ -5,8 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import app  # noqa: F401  (installs the keras -> tf_keras alias first)
 from app.core.compat import import_tensorflow
+
+pytestmark = [pytest.mark.compat]
 
 
 def test_tf_keras_is_keras_2():

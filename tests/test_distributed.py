@@ -14,7 +14,7 @@ from conftest import ROOT, run_workers
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
-@pytest.mark.parametrize("launcher", ["horovodrun", "mpirun"])
+@pytest.mark.parametrize("launcher", ["horovodrun", pytest.param("mpirun", marks=pytest.mark.compat)])
 def test_two_workers_end_identical_with_lr_at_target(launcher, tmp_path):
     run_workers(launcher, 2, [str(ROOT / "tests" / "workers" / "tiny_keras.py"), str(tmp_path)])
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
@@ -28,6 +28,7 @@ def test_two_workers_end_identical_with_lr_at_target(launcher, tmp_path):
         assert r["lr"] == pytest.approx(r["target_lr"], rel=1e-6)
 
 
+@pytest.mark.compat
 def test_accumulation_matches_more_workers(tmp_path):
     # The large-global-batch emulation: 1 worker x 2 accumulated backward passes == 2 workers x 1 pass.
     worker = str(ROOT / "tests" / "workers" / "accumulate.py")
@@ -72,6 +73,7 @@ def test_app_train_on_two_workers(launcher, tmp_path, tfds_dir):
     assert "\x1b[" not in out  # plain text for job logs, even where mpirun gives ranks a pty
 
 
+@pytest.mark.compat
 def test_np_launches_local_workers(tmp_path):
     from conftest import TINY_SYNTHETIC, run_app
 

@@ -86,8 +86,10 @@ def rows(run: Path) -> list[int]:
 
 @pytest.mark.parametrize(
     "sig, target, engine",
-    [(signal.SIGUSR1, "one worker", "horovod"), (signal.SIGTERM, "the launcher's group", "horovod"),
-     (signal.SIGUSR1, "one worker", "tf"), (signal.SIGTERM, "the launcher's group", "tf")],  # tf: 1 process
+    [pytest.param(signal.SIGUSR1, "one worker", "horovod", marks=pytest.mark.compat),
+     (signal.SIGTERM, "the launcher's group", "horovod"),
+     pytest.param(signal.SIGUSR1, "one worker", "tf", marks=pytest.mark.tf221),
+     pytest.param(signal.SIGTERM, "the launcher's group", "tf", marks=pytest.mark.tf221)],  # tf: 1 process
 )  # fmt: skip
 def test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path, sig, target, engine):
     whole, split = tmp_path / "whole", tmp_path / "split"
@@ -125,7 +127,7 @@ def test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path, sig, t
 
 
 @pytest.mark.parametrize(
-    "launcher", ["np", "np", "mpirun", "mpirun", "np-tf"]
+    "launcher", ["np", "np", "mpirun", "mpirun", pytest.param("np-tf", marks=pytest.mark.tf221)]
 )  # two trials each, random steps
 def test_a_killed_worker_ends_the_job_and_a_restart_resumes(tmp_path, launcher):
     run = tmp_path / "run"

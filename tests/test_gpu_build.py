@@ -29,6 +29,8 @@ import pytest
 
 from conftest import IN_CI, require_tool
 
+pytestmark = [pytest.mark.compat]
+
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "scaleout" / "gpu-build"
 # Pinned by TensorFlow's `and-cuda` extra; nvcc's wheel has crt/host_config.h, which cuda_runtime.h includes.
 PINNED_WHEELS = ("nvidia-cuda-runtime-cu12", "nvidia-cuda-nvcc-cu12", "nvidia-nccl-cu12")

@@ -10,6 +10,8 @@ from app.core.compat import import_tensorflow
 tf = import_tensorflow()
 from app.training.models import ARCHITECTURES, create_model  # noqa: E402
 
+pytestmark = [pytest.mark.compat, pytest.mark.tf221]
+
 
 def count(variables) -> int:
     return sum(int(tf.size(v)) for v in variables)

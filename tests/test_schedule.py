@@ -11,6 +11,8 @@ from app.engines import engine as distributed
 from app.training.callbacks import lr_callback
 from app.training.schedule import make_schedule
 
+pytestmark = [pytest.mark.tf221]
+
 
 def cfg(**train):
     return config.build([], [f"train.{k}={v}" for k, v in train.items()])

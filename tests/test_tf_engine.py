@@ -17,6 +17,8 @@ import pytest
 
 from conftest import ROOT, TINY_SYNTHETIC, run_app
 
+pytestmark = [pytest.mark.tf221]
+
 # ------------------------------------------------------------------ the cluster, without TensorFlow
 
 
@@ -186,6 +188,7 @@ def test_an_unknown_engine_is_a_usage_error():
 
 @pytest.mark.slow
 @pytest.mark.distributed
+@pytest.mark.compat
 def test_two_tf_replicas_train_evaluate_and_stay_in_sync(tmp_path):
     run = tmp_path / "run"
     proc = run_app(["train", *TINY_SYNTHETIC, "--epochs", "2", "--run-dir", str(run), "--np", "2", "--engine", "tf",
@@ -226,6 +229,7 @@ def test_two_tf_replicas_train_evaluate_and_stay_in_sync(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.distributed
+@pytest.mark.compat
 def test_tf_accumulation_on_one_worker_equals_two_tf_workers(tmp_path):
     # The large-global-batch emulation on the tf engine: 1 worker x 2 accumulated passes == 2 workers x 1 pass
     # (2 replicas of one process, each given its own half of the process's batch).
@@ -266,6 +270,7 @@ def test_app_doctor_checks_two_tf_replicas_and_times_a_correct_all_reduce():
 
 
 @pytest.mark.slow
+@pytest.mark.horovod
 def test_both_engines_train_one_worker_to_the_same_weights(tmp_path):
     from test_faults import RECIPE, weights
 
@@ -283,7 +288,7 @@ def test_both_engines_train_one_worker_to_the_same_weights(tmp_path):
     assert counters and all(h == t == 2 * 6 for h, t in counters.values()), counters
 
 
-@pytest.mark.parametrize("engine", ["horovod", "tf"])
+@pytest.mark.parametrize("engine", [pytest.param("horovod", marks=pytest.mark.horovod), "tf"])
 def test_each_engine_s_lr_callback_sets_the_schedule_s_lr_before_every_batch(engine):
     """One schedule code path: both engines' per-batch callbacks set initial_lr x multiplier(epoch + batch /
     steps), the tf engine's written out as Horovod's LearningRateScheduleCallback (staircase off) does it."""
@@ -343,6 +348,7 @@ def test_fp16_with_loss_scaling_accumulates_on_the_tf_engine(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.horovod
 def test_a_horovod_run_resumes_on_the_tf_engine(tmp_path):
     """A checkpoint holds the same variables under both engines: a run started under Horovod (with
     accumulation) continues under the tf engine, which records itself."""
