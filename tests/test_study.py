@@ -15,8 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from rich.console import Console
 
+from app.cli import cli
 from app.core import config
 from app.core.errors import UsageError
 from app.reports import large_batch as study_report
@@ -484,8 +486,9 @@ def test_unfinished_runs_and_one_seed(tmp_path):
 
 def test_damaged_files_of_a_run_are_said_and_one_bad_metrics_line_keeps_its_result(tmp_path):
     """A finished baseline with one damaged metrics line still counts (the line is left out, with the fix);
-    a damaged summary.json makes the run resumable (the resume writes it again); a damaged config.yaml of a
-    finished run is said, and the run stays done; a failed baseline says why it has no result."""
+    a finished run with a damaged summary.json or config.yaml stays done, said with the fix; one whose last
+    metrics row was lost is resumable; `app study status` shows it all; a failed baseline says why it has no
+    result."""
     folder, p = study_with_results(tmp_path, plan())
     base, other, third = (run_dir(folder, r) for r in p.runs[:3])
     lines = (base / "metrics.jsonl").read_text().splitlines()
@@ -498,13 +501,26 @@ def test_damaged_files_of_a_run_are_said_and_one_bad_metrics_line_keeps_its_resu
         f"{base / 'metrics.jsonl'}: damaged line(s) 2 left out; `app train --run-dir {base}` (as any resume) sets "
         "them aside in metrics.damaged.jsonl"
     )
-    assert (got[1].state, got[1].epochs_done, got[1].detail) == ("partial", 10, "summary damaged")
+    # finished: its results are in its metrics, so it stays done, and the note says how to write it again
+    assert (got[1].state, got[1].epochs_done) == ("done", 10)
     assert got[1].damage.startswith(f"{other / 'summary.json'}: not JSON (")
-    assert got[1].damage.endswith("; resuming writes it again")
+    assert got[1].damage.endswith(f"; `app train --run-dir {other}` sets it aside and writes it again")
     assert (
         got[2].state == "done"
         and "the run's results do not need it; training it further does" in got[2].damage
     )
+    # A finished run (its summary says so) whose last metrics row was lost: resumable, which restores it.
+    fourth = run_dir(folder, p.runs[3])
+    rows = (fourth / "metrics.jsonl").read_text().splitlines()
+    (fourth / "metrics.jsonl").write_text("\n".join(rows[:-1]) + "\n")
+    lost = states(folder, p)[3]
+    assert (lost.state, lost.epochs_done, lost.detail) == ("partial", 9, "metrics lost")
+    assert (
+        lost.damage
+        == f"{fourth / 'metrics.jsonl'} lacks epoch(s) after 9; resuming restores them from the checkpoint"
+    )
+    shown = CliRunner().invoke(cli, ["study", "status", str(folder)], env={"COLUMNS": "2000"})
+    assert shown.exit_code == 0 and "not JSON" in shown.output and "lacks epoch(s) after 9" in shown.output
     results = study_report.collect(folder, p, note=lambda message: None)
     assert results[0].final_error is not None and results[0].epochs_done == 9
     verdicts = study_report.verdicts(study_report.cells(results))

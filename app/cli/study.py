@@ -263,7 +263,8 @@ def study_status(study_dir):
         table.add_column(column, justify="left" if column in ("run", "state", "detail") else "right")
     for run, state in zip_equal(plan.runs, found):
         table.add_row(run.name, str(run.k), f"{run.workers} x {run.accumulation_steps}", f"{run.global_batch:,}",
-                      state.state, f"{state.epochs_done}/{run.epochs}", one_line(state.detail))  # fmt: skip
+                      state.state, f"{state.epochs_done}/{run.epochs}",
+                      one_line("; ".join(filter(None, [state.detail, state.damage]))))  # fmt: skip
     console.print(table)
     counts = Counter(s.state for s in found)
     order = ("done", "running", "partial", "failed", "pending")

@@ -29,6 +29,7 @@ class RunResult:
     precision: str | None = None  # from summary.json, once the run finished
     env: dict | None = None  # where it ran (summary.json's env), once it finished
     detail: str = ""  # why it is in its state (app.study.state.RunState.detail), e.g. "exit status 1"
+    damage: str = ""  # a damaged file of the run and what happens to it (app.study.state.RunState.damage)
 
     @property
     def final_error(self) -> float | None:
@@ -97,7 +98,10 @@ def collect(folder: Path, plan: StudyPlan, note=None) -> list[RunResult]:
         try:
             # damaged lines are left out with a note (the rows it can read make the curve)
             say = (lambda message, name=run.name: note(f"{message} of {name}")) if note else None
-            rows = read_metrics(path, say, damaged=[]) if state.state != "pending" else []
+            lines: list = []
+            rows = read_metrics(path, say, damaged=lines) if state.state != "pending" else []
+            if note and state.damage and not lines:  # a damaged summary or config, lost rows: said once here
+                note(f"{run.name}: {state.damage}")
         except UsageError as exc:
             (note or (lambda message: None))(f"{exc}; {run.name} left out")
             rows = []
@@ -110,6 +114,7 @@ def collect(folder: Path, plan: StudyPlan, note=None) -> list[RunResult]:
                 precision if isinstance(precision := summary.get("precision"), str) else None,
                 env if isinstance(env := summary.get("env"), dict) else None,
                 state.detail,
+                state.damage,
             )
         )  # fmt: skip
     return out

@@ -76,13 +76,16 @@ def run_state(folder: Path, run: RunPlan, last_exit: int | None = None, running:
         state = "failed" if last_exit not in (None, 0, 3, INTERRUPTED) else "partial"
         return RunState(state, 0, f"damaged: {exc}", str(exc))
     epochs = max((int(r["epoch"]) for r in rows), default=0)
-    summary = summary_problem(where) if epochs >= run.epochs else "not finished"
-    damage = metrics_damage(where, damaged)
-    if summary is None:
-        return RunState("done", epochs, damage=damage or saved_config_problem(where))
-    if summary != "not finished" and summary != "missing" and not running:
-        # Resuming the finished run sets the damaged file aside and writes it again (app.training.train).
-        return RunState("partial", epochs, "summary damaged", f"{summary}; resuming writes it again")
+    summary = summary_problem(where)
+    damage = "; ".join(filter(None, [metrics_damage(where, damaged), saved_config_problem(where)]))
+    if summary not in (None, "missing") and epochs >= run.epochs:  # finished; its results are in its metrics
+        fix = f"`app train --run-dir {shlex.quote(str(where))}` sets it aside and writes it again"
+        return RunState("done", epochs, damage="; ".join(filter(None, [f"{summary}; {fix}", damage])))
+    if summary is None and epochs >= run.epochs:
+        return RunState("done", epochs, damage=damage)
+    if summary is None and not running:  # finished (its summary says so), its last metrics rows lost
+        lost = f"{where / 'metrics.jsonl'} lacks epoch(s) after {epochs}; resuming restores them from the checkpoint"
+        return RunState("partial", epochs, "metrics lost", "; ".join(filter(None, [lost, damage])))
     if running:
         return RunState("running", epochs, damage=damage)
     if last_exit not in (None, 0, 3, INTERRUPTED):
@@ -105,10 +108,12 @@ def metrics_damage(run_path: Path, damaged: list[tuple[int, str]]) -> str:
 
 
 def saved_config_problem(run_path: Path) -> str:
-    """Empty when a run's saved config.yaml is readable, else a note that it is not: a finished run needs it
-    only to be trained further, so it stays done."""
+    """Empty when a run's saved config.yaml is readable (or not there yet), else a note that it is not: a
+    finished run needs it only to be trained further, so it stays done."""
     from app.core.rundir import load_saved
 
+    if not (run_path / "config.yaml").exists():
+        return ""
     try:
         load_saved(run_path / "config.yaml")
     except UsageError as exc:

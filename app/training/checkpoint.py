@@ -146,6 +146,20 @@ def problem(path: Path) -> str | None:
     return None
 
 
+def saved_rows(run_dir: Path) -> dict[int, dict]:
+    """The metrics row that each epoch's checkpoint keeps (its state.json's ``metrics``), by epoch: what
+    restores rows of metrics.jsonl that were damaged or lost. A state that cannot be read is passed over."""
+    rows: dict[int, dict] = {}
+    for epoch, path in list_checkpoints(run_dir):
+        try:
+            row = json.loads(read_regular(path / STATE, STATE, STATE_LIMIT)).get("metrics")
+        except (UsageError, ValueError, RecursionError, AttributeError):
+            continue
+        if isinstance(row, dict) and row.get("epoch") == epoch and "-step-" not in path.name:
+            rows[epoch] = row
+    return rows
+
+
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     """(whole epochs, path) of every checkpoint folder, oldest first by (epoch, step); not checked."""
     root = checkpoint_dir(run_dir)

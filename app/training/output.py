@@ -189,12 +189,16 @@ def set_aside(path: Path, name: str) -> Path:
     raise UsageError(f"{path}: 999 damaged copies are already set aside beside it; remove some of them")
 
 
-def reconcile_metrics(run_dir: Path, epoch: int, saved_row: dict | None, note) -> None:
+def reconcile_metrics(
+    run_dir: Path, epoch: int, saved_row: dict | None, note, saved: dict[int, dict] | None = None
+) -> None:
     """Before resuming after ``epoch``: metrics.jsonl and metrics.csv hold each epoch 1..epoch once.
 
     Rows after ``epoch`` (written before a crash whose checkpoint turned out damaged) are dropped, and a row
     for ``epoch`` itself that a crash kept from being written (it is written after the checkpoint) is
-    restored from the checkpoint's own copy. TensorBoard keeps what it has: it shows a re-run epoch twice.
+    restored from the checkpoint's own copy (``saved_row``); so is any other epoch's row that is missing or
+    damaged, where ``saved`` (epoch -> row, from the kept checkpoints) has it. TensorBoard keeps what it has:
+    it shows a re-run epoch twice.
     """
 
     run_dir = Path(run_dir)
@@ -207,8 +211,14 @@ def reconcile_metrics(run_dir: Path, epoch: int, saved_row: dict | None, note) -
         lines = ", ".join(str(n) for n, _ in damaged)
         note(f"{run_dir / 'metrics.jsonl'}: damaged line(s) {lines} set aside in {aside}; the resume goes on")
     kept = [r for r in rows if int(r.get("epoch", 0)) <= epoch]
-    if saved_row and not any(int(r.get("epoch", 0)) == epoch for r in kept):
-        kept.append(saved_row)
+    fill = {e: r for e, r in (saved or {}).items() if e <= epoch}
+    if saved_row:
+        fill[epoch] = saved_row
+    have = {int(r.get("epoch", 0)) for r in kept}
+    back = sorted(e for e in fill if e not in have)
+    kept = sorted([*kept, *(fill[e] for e in back)], key=lambda r: int(r.get("epoch", 0)))
+    if [e for e in back if e != epoch]:  # the last epoch's row coming back is a crash's ordinary repair
+        note(f"the metrics of epoch(s) {back} came back from their checkpoints' copies")
     # Both files are written anew from the rows kept, every time: a crash may have torn the last line of
     # either (the CSV is written after the JSON line), and appending to a torn line would glue two rows.
     dropped = [int(r.get("epoch", 0)) for r in rows if int(r.get("epoch", 0)) > epoch]

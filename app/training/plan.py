@@ -48,14 +48,21 @@ def keep_global_batch(cfg: Config, state: dict, world: World, reporter: Reporter
     workers = world.workers
     saved_workers, saved_global = int(state.get("workers", workers)), int(state.get("global_batch", 0))
     t = cfg.train
-    if saved_workers == workers or not saved_global or cfg.global_batch(workers) == saved_global:
+    if not saved_global or cfg.global_batch(workers) == saved_global:
         return cfg
     per_update = t.batch_size * workers
     if saved_global % per_update == 0:
         accumulation = saved_global // per_update
+        # The same workers and another global batch: the config was changed behind the checkpoint's back.
+        why = (
+            f"resuming on {workers} workers instead of {saved_workers}"
+            if saved_workers != workers
+            else f"the checkpoint trained at global batch {saved_global}, the run's config gives "
+            f"{cfg.global_batch(workers)}"
+        )
         reporter.note(
-            f"resuming on {workers} workers instead of {saved_workers}: train.accumulation_steps "
-            f"{t.accumulation_steps} -> {accumulation} keeps the global batch at {saved_global}"
+            f"{why}: train.accumulation_steps {t.accumulation_steps} -> {accumulation} keeps the global batch at "
+            f"{saved_global}"
         )
         return dataclasses.replace(cfg, train=dataclasses.replace(t, accumulation_steps=accumulation))
     if cfg.run.allow_new_global_batch:

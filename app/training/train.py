@@ -10,21 +10,18 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from pathlib import Path
 
-import numpy as np
 import tensorflow as tf
 from rich.markup import escape
 
 from app.core.config import MIN_IMAGE_SIZE, Config, checkpoint_interval, dump
 from app.core.errors import AppError, Preempted, UsageError
-from app.core.results import read_metrics, summary_problem
+from app.core.results import read_metrics
 from app.data.pipeline import eval_dataset, input_error, train_dataset
 from app.data.sources import ImagenetSource, Source, Spec, open_source
 from app.engines import engine as distributed
 from app.engines import faults
-from app.engines.info import environment
 from app.engines.world import RankThreads, World
 from app.training import checkpoint, runlock
 from app.training.benchmark import GPU_RATE_VARIABLE, expected_gpu_rate, pipeline_rate
@@ -36,13 +33,12 @@ from app.training.callbacks import (
     lr_callback,
     stop_message,
 )
+from app.training.finish import finished_run, summarize
 from app.training.output import (
     MetricsWriter,
     Progress,
     Reporter,
     reconcile_metrics,
-    set_aside,
-    write_json,
     write_text_atomic,
 )
 from app.training.plan import Plan, keep_global_batch, plan, resume_step
@@ -107,6 +103,8 @@ def train_and_evaluate(
     source = open_data(cfg, world)
     spec = source.spec
     found, state, skipped = latest_checkpoint(run_dir, world, reporter.note)
+    if found and found[0] >= cfg.train.epochs:  # finished: nothing to train, nothing of the run rewritten
+        return finished_run(cfg, run_dir, world, state, found[0], reporter)
     if found:
         cfg, policy = resume_config(cfg, state, world, reporter, policy)
     p = plan(cfg, spec, world)
@@ -126,28 +124,9 @@ def train_and_evaluate(
         restore(model, found[1], run_dir)
         where = f"epoch {start_epoch}" + (f", step {start_step}" if start_step else "")
         reporter.note(f"resumed from {found[1]} ({where})")
-    summary = summary_problem(run_dir) if start_epoch >= cfg.train.epochs else "not finished"
-    if summary is None:
-        # A finished run stays as it finished: its config.yaml and summary.json are not rewritten for another
-        # number of workers (a resume without --np would record 1 worker and the accumulation it implies).
-        if world.is_chief:
-            repair_metrics(run_dir, state, start_epoch, reporter)
-        reporter.note(f"nothing to do: {run_dir} already trained {start_epoch}/{cfg.train.epochs} epochs")
-        return {}
-    finished = start_epoch >= cfg.train.epochs
-    if finished and summary != "missing" and world.is_chief:
-        aside = set_aside(run_dir / "summary.json", "summary.damaged.json")
-        reporter.note(f"{summary}; set aside as {aside} and written again")
     # A resume's config.yaml changes with its first checkpoint, not before: a resume that fails first (bad
     # data, a signal at start-up) leaves the run's saved config as it was.
-    pending = (
-        save_config(cfg, run_dir, bool(found) and not finished, state, start_epoch, reporter)
-        if world.is_chief
-        else None
-    )
-    if finished:
-        reporter.note(f"nothing to do: {run_dir} already trained {start_epoch}/{cfg.train.epochs} epochs")
-        return summarize(cfg, run_dir, world, p, policy) if world.is_chief else {}
+    pending = save_config(cfg, run_dir, bool(found), state, start_epoch, reporter) if world.is_chief else None
 
     write = CheckpointWriter(
         run_dir, model, cfg.run.keep_checkpoints,
@@ -162,17 +141,6 @@ def train_and_evaluate(
     # the epoch end, so they must agree too.
     spread = distributed.current().replica_spread([v.numpy() for v in model.weights])
     return summarize(cfg, run_dir, world, p, policy, spread) if world.is_chief else {}
-
-
-def repair_metrics(run_dir: Path, state: dict, epoch: int, reporter: Reporter) -> None:
-    """A finished run's metrics.jsonl with damaged lines: set them aside, the last epoch's row restored from
-    the checkpoint, as a resume does (app.training.output.reconcile_metrics); untouched when intact."""
-    damaged: list = []
-    if (run_dir / "metrics.jsonl").is_file():
-        read_metrics(run_dir, lambda message: None, damaged)
-    if damaged:
-        saved_row = state.get("metrics") or {}
-        reconcile_metrics(run_dir, epoch, saved_row if "epoch" in saved_row else None, reporter.note)
 
 
 def engine_words(world: World) -> str:
@@ -325,7 +293,10 @@ def save_config(
     (run_dir / CheckpointWriter.STOPPED).unlink(missing_ok=True)
     if resumed or (run_dir / "metrics.jsonl").exists():  # each epoch up to the checkpoint once, no torn line
         saved_row = state.get("metrics") or {}
-        reconcile_metrics(run_dir, start_epoch, saved_row if "epoch" in saved_row else None, reporter.note)
+        rows = checkpoint.saved_rows(run_dir)
+        reconcile_metrics(
+            run_dir, start_epoch, saved_row if "epoch" in saved_row else None, reporter.note, rows
+        )
     return pending
 
 
@@ -417,47 +388,3 @@ def fit(
         raise stalled from None
     finally:
         watchdog.stop()
-
-
-def summarize(
-    cfg: Config, run_dir: Path, world: World, p: Plan, policy: str, spread: float | None = None
-) -> dict:
-    """summary.json: the run's shape and outcome, from metrics.jsonl (so it spans resumes)."""
-    rows = read_metrics(run_dir)
-    best = max(rows, key=lambda r: r.get("val_accuracy", -1.0), default={})
-    last = rows[-1] if rows else {}
-    summary = {
-        "name": cfg.name,
-        "model": cfg.model.name,
-        "dataset": cfg.data.name if cfg.data.source == "tfds" else cfg.data.source,
-        "workers": world.workers,
-        "nodes": world.nodes,
-        "launcher": world.launcher,
-        "engine": distributed.current_name(),
-        # The engine's controller or all-reduce; horovod_controller (Horovod's mpi or gloo) as before 2026-12-06
-        "controller": world.controller,
-        "horovod_controller": world.controller if distributed.current_name() == "horovod" else None,
-        "replicas_per_process": world.replicas,
-        "batch_size": cfg.train.batch_size,
-        "accumulation_steps": cfg.train.accumulation_steps,
-        "global_batch": p.global_batch,
-        "scaled_lr": make_schedule(cfg, world.workers).target_lr,
-        "precision": policy,
-        "epochs": int(last.get("epoch", 0)),
-        "final": last,
-        "best_val_accuracy": best.get("val_accuracy"),
-        "best_epoch": best.get("epoch"),
-        "train_time_s": sum(r.get("epoch_time_s", 0.0) for r in rows),
-        "mean_images_per_s": float(np.mean([r["images_per_s"] for r in rows])) if rows else None,
-        "replica_weight_spread": spread,  # max |difference| of weight fingerprints across ranks (0: in sync)
-        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "env": environment(world),  # where it ran: GPU and driver, versions (app/engines/info.py)
-    }
-    write_json(Path(run_dir) / "summary.json", summary)
-    if rows:
-        Reporter(world.rank).note(
-            f"done: {summary['epochs']} epochs, best val_accuracy "
-            f"{float('nan') if summary['best_val_accuracy'] is None else summary['best_val_accuracy']:.4f} "
-            f"(epoch {summary['best_epoch']}), {summary['train_time_s']:.0f}s training; {run_dir}/summary.json"
-        )
-    return summary
