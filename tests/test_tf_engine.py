@@ -449,6 +449,30 @@ def test_a_worker_whose_peer_never_comes_ends_at_its_deadline_and_on_sigterm(tmp
     assert waiting.returncode == 3 and time.monotonic() - t0 < 5, err
     assert "Error: stopped by SIGTERM while the tf engine's workers were joining; nothing was trained" in err
     assert not (tmp_path / "r" / "checkpoints").exists()
+    # SIGUSR1 to the worker alone (not its watcher): its handler's wakeup fd tells the watcher; SIGHUP to the
+    # group (a closed terminal): the watcher takes it, the worker ignores it while it joins. The same end.
+    for sig, group in ((signal.SIGUSR1, False), (signal.SIGHUP, True)):
+        _stop_a_joining_worker(tmp_path, args, sig, group)
+
+
+def _stop_a_joining_worker(tmp_path, args, sig, group: bool) -> None:
+    import signal
+    import time
+
+    env = _across_hosts_env(tmp_path)
+    waiting = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                               start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while subprocess.run(["ss", "-ltnH", f"sport = :{env['SCALEOUT_TF_PORT']}"], capture_output=True,
+                         text=True).stdout.strip() == "":  # fmt: skip
+        assert waiting.poll() is None and time.monotonic() < deadline, waiting.communicate()
+        time.sleep(0.2)
+    time.sleep(1)
+    t0 = time.monotonic()
+    os.killpg(waiting.pid, sig) if group else os.kill(waiting.pid, sig)
+    _, err = waiting.communicate(timeout=30)
+    assert waiting.returncode == 3 and time.monotonic() - t0 < 5, err
+    assert f"Error: stopped by {signal.Signals(sig).name} while the tf engine's workers were joining" in err
 
 
 @pytest.mark.parametrize(

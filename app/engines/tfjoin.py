@@ -10,6 +10,9 @@ not answer, or when a stop signal reaches it (scancel and Slurm's time limit sig
 A stop ends the worker with the stopped status (3, resumable: nothing was trained), not as a crash: for the join,
 SIGQUIT's handler is libc's ``_exit`` itself, installed through ctypes, which runs in C whatever holds the GIL
 and exits with the signal's number, 3. The watcher sends SIGQUIT, and SIGKILL if that did not end the worker.
+A stop signal sent to the worker alone reaches the watcher through Python's signal wakeup fd (written in C by
+the worker's own handler); SIGTERM is the exception, since TensorFlow's handler replaces Python's there. A stop
+the watcher saw just as the join ended is handed to the worker's stop handler once it is back in place.
 """
 
 from __future__ import annotations
@@ -24,12 +27,12 @@ import tempfile
 
 from app.core.errors import REQUEUE_EXIT_CODE, AppError
 
-# The watcher: argv = parent pid, seconds; the peers (host:port, one a line) on stdin, not in argv, which every
+# The watcher: argv = parent pid, seconds, the read end of the worker's signal wakeup fd; the peers (host:port, one a line) on stdin, not in argv, which every
 # user of the node can read. Standard library only; it starts in ~50 ms. It starts with the stop signals
 # blocked (inherited from join()) and unblocks them once its handlers are in place: none is lost meanwhile.
 _WATCHER = """
-import os, signal, socket, sys, time
-parent, timeout = int(sys.argv[1]), float(sys.argv[2])
+import os, select, signal, socket, sys, time
+parent, timeout, wakeup = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 peers = sys.stdin.read().split()
 
 def end(message, how=signal.SIGKILL):
@@ -46,7 +49,8 @@ def end(message, how=signal.SIGKILL):
         pass
     os._exit(0)
 
-def stopped(signum, frame):
+def stopped(signum, frame=None):
+    print(int(signum), flush=True)  # told to the worker, should its join end before the SIGQUIT arrives
     end("stopped by %s while the tf engine's workers were joining; nothing was trained or written"
         % signal.Signals(signum).name, signal.SIGQUIT)
 
@@ -65,57 +69,79 @@ deadline = time.monotonic() + timeout
 while time.monotonic() < deadline:
     if os.getppid() != parent:
         os._exit(0)
-    time.sleep(0.2)
+    # A stop signal sent to the worker alone: Python's C-level handler there writes its number to the wakeup fd.
+    if select.select([wakeup], [], [], 0.2)[0]:
+        got = os.read(wakeup, 64)
+        if not got:
+            os._exit(0)
+        if got[0] in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            stopped(got[0])
 silent = [p for p in peers if not answers(p)]
 who = "no answer from " + ", ".join(silent) if silent else "all of %s answer but did not join" % ", ".join(peers)
 end("the tf engine's workers did not all join within %g s (train.tf_join_timeout_s): %s; check that every node "
     "started its task (the job log), or raise train.tf_join_timeout_s" % (timeout, who))
 """
 
+STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
+
 
 def join(tf, gpus: bool, workers: list[str], rank: int, timeout_s: float):
     """The MultiWorkerMirroredStrategy of ``workers`` (this process is ``rank``; its server listens on its port on
     every interface): NCCL between GPUs (TensorFlow-ROCm's NCCL path is RCCL on AMD GPUs), TensorFlow's ring over
-    gRPC on CPUs. At most ``timeout_s`` to join; a stop signal to the step ends the wait."""
-
+    gRPC on CPUs. At most ``timeout_s`` to join; a stop signal to the step, or SIGINT or SIGUSR1 to this process
+    alone, ends the wait with status 3 (SIGTERM to this process alone is TensorFlow's: its handler takes it)."""
     comm = tf.distribute.experimental.CommunicationImplementation
     options = tf.distribute.experimental.CommunicationOptions(implementation=comm.NCCL if gpus else comm.RING)
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
-    peers = [w for i, w in enumerate(workers) if i != rank]
-    stops = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
-    quit_handler = signal.getsignal(signal.SIGQUIT)
-    _exit_on_sigquit()
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, stops)  # the watcher inherits the mask, then unblocks
+    handlers = {s: signal.getsignal(s) for s in (*STOPS, signal.SIGQUIT)}
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    try:
+        # SIGHUP would end this process at once (its default), not as a stop: the watcher takes it instead.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        wakeup = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        watcher = _watch(workers, rank, timeout_s, read)
+        _exit_on_sigquit()
+        try:
+            with _start_up_lines_dropped():
+                strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        except (tf.errors.OpError, RuntimeError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise AppError(
+                f"the tf engine could not start this worker's server on {workers[rank]} ({first}): another "
+                "program may hold the port; start the job again (its port is drawn at random at each start)"
+            ) from None
+        finally:
+            watcher.kill()
+            reported = watcher.communicate()[0].split()
+            signal.set_wakeup_fd(wakeup)
+    finally:
+        os.close(read)
+        os.close(write)
+        # MWMS's coordination service installed its own C-level SIGTERM handler (TensorFlow's preemption
+        # notifier), which silently replaced scaleout's: SIGTERM then stopped nothing (measured). Whatever was
+        # there before is put back (scaleout's stop handler, or the default: a command without one ends on
+        # scancel), SIGQUIT's and SIGHUP's too.
+        for number, handler in handlers.items():
+            signal.signal(number, signal.SIG_DFL if handler is None else handler)
+    if reported:  # a stop the watcher saw as the join ended: handed to the stop handler now in place
+        os.kill(os.getpid(), int(reported[0]))
+    return strategy
+
+
+def _watch(workers: list[str], rank: int, timeout_s: float, wakeup: int) -> subprocess.Popen:
+    """The watcher process (see _WATCHER), started with the stop signals blocked (it unblocks them once its
+    handlers are in place: none is lost meanwhile); the peers reach it on its standard input."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
     try:
         watcher = subprocess.Popen(
-            [sys.executable, "-c", _WATCHER, str(os.getpid()), str(timeout_s)],
-            stdin=subprocess.PIPE,
-            text=True,
-        )
+            [sys.executable, "-c", _WATCHER, str(os.getpid()), str(timeout_s), str(wakeup)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, pass_fds=(wakeup,),
+        )  # fmt: skip
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
-    watcher.stdin.write("\n".join(peers))
+    watcher.stdin.write("\n".join(w for i, w in enumerate(workers) if i != rank))
     watcher.stdin.close()
-    try:
-        with _start_up_lines_dropped():
-            strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-    except (tf.errors.OpError, RuntimeError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise AppError(
-            f"the tf engine could not start this worker's server on {workers[rank]} ({first}): another program "
-            "may hold the port; start the job again (its port is drawn at random at each start)"
-        ) from None
-    finally:
-        watcher.kill()
-        watcher.wait()
-        signal.signal(signal.SIGQUIT, signal.SIG_DFL if quit_handler is None else quit_handler)
-    # MWMS's coordination service installed its own C-level SIGTERM handler (TensorFlow's preemption notifier),
-    # which silently replaced scaleout's: SIGTERM then stopped nothing (measured). Whatever was there before is
-    # put back (scaleout's stop handler, or the default: a command without one ends on scancel).
-    for number, handler in handlers.items():
-        if handler is not None:
-            signal.signal(number, handler)
-    return strategy
+    return watcher
 
 
 def _exit_on_sigquit() -> None:
