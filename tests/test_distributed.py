@@ -108,13 +108,18 @@ def test_np_inside_an_interactive_srun_shell_starts_its_workers(tmp_path):
     (run / "metrics.jsonl").write_text('{"epoch": 1, "accuracy": 7}\n')
     (run / "summary.json").write_text("[")
     proc = run_app(["train", "--run-dir", str(run)])
-    assert "nothing to do" in proc.stdout and "written again from metrics.jsonl and the checkpoint" in proc.stdout
+    assert (
+        "nothing to do" in proc.stdout
+        and "written again from metrics.jsonl and the checkpoint" in proc.stdout
+    )
     rebuilt = json.loads((run / "summary.json").read_text())
     assert (rebuilt["workers"], rebuilt["global_batch"], rebuilt["accumulation_steps"]) == (2, 16, 1), rebuilt
     assert rebuilt["launcher"] is None and rebuilt["env"] is None and "rebuilt" in rebuilt
     assert rebuilt["best_val_accuracy"] == json.loads(before["summary.json"])["best_val_accuracy"]
     assert (run / "config.yaml").read_bytes() == before["config.yaml"]
-    assert (run / "metrics.jsonl").read_text() == good_row and (run / "summary.damaged.json").read_text() == "["
+    assert (run / "metrics.jsonl").read_text() == good_row and (
+        run / "summary.damaged.json"
+    ).read_text() == "["
 
 
 def test_usage_error_under_two_workers_is_printed_once(tmp_path):

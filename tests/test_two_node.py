@@ -237,7 +237,8 @@ run: {log_every: 1, tensorboard: false, stop_check_every: 1, evaluate: false}
 """
 
 
-# The tf engine across nodes: consented, as it must be (test_two_node_tf_engine_job_is_refused_without_consent).
+# The tf engine across nodes: consented, as it must be (tests/test_submit.py:
+# test_a_tf_engine_job_across_nodes_is_refused_without_consent_and_says_what_opens).
 ENGINE_PROFILES = {"horovod": ("local-2node",), "tf": ("local-2node-tf", "--accept-unauthenticated-grpc")}
 
 

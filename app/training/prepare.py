@@ -199,6 +199,12 @@ def set_precision(cfg: Config, world: World, reporter: Reporter) -> str:
     return policy
 
 
+def _unrestored_values_filter(record) -> bool:
+    """TensorFlow's warnings about the values a failed restore left unrestored (and only those)."""
+    text = record.getMessage()
+    return "unrestored values" not in text and "Value in checkpoint could not be found" not in text
+
+
 def restore(model, path: Path, run_dir: Path, label: str = "--run-dir") -> None:
     """Restore the checkpoint at ``path`` into ``model`` (training's resume, `app evaluate`), or one line saying
     that it does not fit the model the config builds."""
@@ -207,8 +213,8 @@ def restore(model, path: Path, run_dir: Path, label: str = "--run-dir") -> None:
     except (AssertionError, ValueError, tf.errors.OpError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         # The half-done restore warns about every value it did not restore when it is collected (17-70
-        # WARNING lines after this one): the run ends here, with this line saying all of it.
-        tf.get_logger().setLevel("ERROR")
+        # WARNING lines after this one): this line says all of it, so those are dropped.
+        tf.get_logger().addFilter(_unrestored_values_filter)
         raise UsageError(
             f"{label} {run_dir}: checkpoint {path} does not fit the model built from this config "
             f"({first[:200]}); use the run's own data and model, or start a new --run-dir"

@@ -178,9 +178,9 @@ def starved(
     engine)."""
     if rate is None or expected is None or not on_gpu or rate / replicas >= expected:
         return None
-    rate, threads = rate / replicas, max(1, threads // replicas)
+    rate, per_gpu = rate / replicas, threads / replicas  # a process's threads feed all of its GPUs
     return (
-        f"Warning: the input pipeline delivered {rate:,.0f} images/s on {threads} thread(s) per GPU, below the "
+        f"Warning: the input pipeline delivered {rate:,.0f} images/s on {per_gpu:g} thread(s) per GPU, below the "
         f"{expected:,.0f} images/s a GPU here is expected to consume ({GPU_RATE_VARIABLE}): the GPU will wait "
         "for data; give each task more CPUs (--cpus-per-task) where the node has them"
     )
