@@ -82,6 +82,8 @@ def evaluate_run(cfg: Config, run_dir: Path, epoch: int | None = None, threads: 
         "step": step,
         "checkpoint": str(found[1]),
         "workers": world.workers,
+        "engine": distributed.current_name(),
+        "eval_steps": cfg.train.eval_steps,  # 0: the whole split; else per process, its replicas' batches each
         **scores,
     }
     if world.is_chief:  # named as the checkpoint: a mid-epoch one's results never replace the epoch's own
