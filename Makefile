@@ -157,8 +157,9 @@ test-data:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null; \
 	else echo "test-data: tests that need Fashion-MNIST will skip (apt-get install dataset-fashion-mnist as root)"; fi
 
-lint: install ## ruff check + ruff format --check + hadolint on the Dockerfile
+lint: install ## ruff check + ruff format --check + mypy on the engine contract + hadolint on the Dockerfile
 	$(VENV)/bin/ruff check app tests $(wildcard bench)
+	$(VENV)/bin/mypy
 	$(VENV)/bin/ruff format --check app tests $(wildcard bench)
 	$(VENV)/bin/hadolint Dockerfile
 

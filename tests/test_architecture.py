@@ -189,3 +189,15 @@ def test_the_graph_sees_real_imports():
     assert "tensorflow" in GRAPH["app.training.checkpoint"][1]  # inside problem(), lazily
     assert "app.training" in GRAPH["app.study.large_batch"][0]  # a package's __init__ runs on import
     assert "tensorflow" in GRAPH["app.data.convert"][1]  # through import_tensorflow(), loaded by name
+
+
+def test_the_engines_type_check_against_their_contract():
+    """mypy on the engine contract and both engines (pyproject.toml's [tool.mypy] files): an engine whose
+    method no longer matches Engine's signature fails here, as in `make lint`."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy"], cwd=APP.parent, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr

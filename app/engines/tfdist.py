@@ -29,6 +29,7 @@ import os
 import pickle
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -86,7 +87,7 @@ class TfEngine(Engine):
     name = "tf"
 
     def __init__(self) -> None:
-        self._strategy = None  # MirroredStrategy over this host's replicas, or MWMS across hosts
+        self._strategy: Any = None  # MirroredStrategy over this host's replicas, or MWMS across hosts
         self._rank, self._size, self._replicas = 0, 1, 1  # this process among the processes (one per host)
 
     def strategy(self):
@@ -307,7 +308,7 @@ class TfEngine(Engine):
         """[tf] lr = initial_lr * multiplier(epoch + batch / steps_per_epoch) before every batch: what Horovod's
         LearningRateScheduleCallback does with staircase off (the Horovod engine's), written out here since the tf
         engine has no Horovod."""
-        tf = _tf()
+        tf: Any = _tf()
 
         class Schedule(tf.keras.callbacks.Callback):
             def on_epoch_begin(self, epoch, logs=None):
