@@ -102,7 +102,7 @@ COMPAT_TF_VERSION ?= 2.16.1
 COMPAT_PYTHON     ?= $(PYTHON_SYS)
 COMPAT_VENV       ?= .venv-tf$(COMPAT_TF_VERSION)
 # The tests marked `compat` (pytest markers, never a hand-kept list of test IDs), collected from these files only
-# (the others need what the compat venv may lack).
+# (the others need what the compat venv may lack). A `-m` in PYTEST_ARGS would replace this one: use -k there.
 COMPAT_TESTS      ?= -m compat tests/test_compat.py tests/test_models.py tests/test_gpu_build.py \
     tests/test_distributed.py tests/test_faults.py tests/test_benchmark.py tests/test_tf_engine.py
 

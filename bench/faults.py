@@ -24,13 +24,14 @@ tf = import_tensorflow()
 
 from app.core import config  # noqa: E402
 from app.data import sources  # noqa: E402
-from app.engines import horovod as distributed  # noqa: E402
+from app.engines.horovod import HorovodEngine  # noqa: E402
 from app.engines.world import World  # noqa: E402
 from app.training import checkpoint, prepare  # noqa: E402
 
 
 def agree(calls: int) -> None:
     """Seconds per agreement (one tiny allreduce, as `Interruptions` makes every run.stop_check_every updates)."""
+    distributed = HorovodEngine()
     world = distributed.init(threads=1)
     for _ in range(5):  # the first collectives set up Horovod's response cache
         distributed.agree([0.0, 0.0])
@@ -56,7 +57,7 @@ def checkpoint_times(repeats: int) -> None:
             writes.append(time.perf_counter() - t0)
             fresh = prepare.build_model(cfg, spec, world)
             t0 = time.perf_counter()
-            assert checkpoint.is_valid(path)  # what a resume does: the checksums, then the restore
+            assert checkpoint.problem(path) is None  # what a resume does: the checksums, then the restore
             checkpoint.restore(prepare.tracked(fresh), path)
             reads.append(time.perf_counter() - t0)
         size = sum(f.stat().st_size for f in path.iterdir())

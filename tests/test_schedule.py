@@ -177,3 +177,25 @@ def test_constant_warmup_without_scaling_is_flat():
         cfg(batch_size=64, warmup_epochs=1, epochs=3, schedule="constant", warmup="constant"), 2
     )
     assert s.lr(0.0) == s.lr(0.5) == s.lr(2.0) == pytest.approx(0.05)
+
+
+def test_a_resume_keeps_the_checkpoint_s_global_batch_also_on_the_same_workers():
+    """A config whose global batch is not the checkpoint's (changed behind its back, e.g. rewritten by a repair
+    before 2026-12-06) trains at the checkpoint's again, said in a note; on other workers the same."""
+    from app.engines.world import World
+    from app.training.plan import keep_global_batch
+
+    notes = []
+    reporter = type("R", (), {"note": lambda self, line: notes.append(line)})()
+    two = World(0, 2, 0, 2, 1, "local", "gloo")
+    kept = keep_global_batch(
+        cfg(batch_size=8, accumulation_steps=2), {"workers": 2, "global_batch": 16}, two, reporter
+    )
+    assert kept.train.accumulation_steps == 1 and kept.global_batch(2) == 16
+    assert notes == [
+        "the checkpoint trained at global batch 16, the run's config gives 32: train.accumulation_steps 2 -> 1 "
+        "keeps the global batch at 16"
+    ]
+    one = World(0, 1, 0, 1, 1, "none", "gloo")
+    kept = keep_global_batch(cfg(batch_size=8), {"workers": 2, "global_batch": 16}, one, reporter)
+    assert kept.train.accumulation_steps == 2 and notes[-1].startswith("resuming on 1 workers instead of 2: ")

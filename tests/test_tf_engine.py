@@ -144,9 +144,11 @@ def test_a_node_list_it_cannot_read_is_one_line():
             tfconfig.expand_hosts(bad)
 
 
-def test_both_engines_implement_the_whole_interface():
+def test_both_engines_implement_the_whole_interface(monkeypatch):
     """Each engine is a concrete Engine (abc refuses to make one that lacks a method), and use() returns it."""
     from app.engines import engine, horovod, tfdist
+
+    monkeypatch.setattr(engine, "_current", None)  # this test's choice of engine ends with it
 
     for module in (horovod, tfdist):
         made = module.ENGINE_CLASS()
@@ -453,6 +455,32 @@ def test_a_worker_whose_peer_never_comes_ends_at_its_deadline_and_on_sigterm(tmp
     # group (a closed terminal): the watcher takes it, the worker ignores it while it joins. The same end.
     for sig, group in ((signal.SIGUSR1, False), (signal.SIGHUP, True)):
         _stop_a_joining_worker(tmp_path, args, sig, group)
+
+
+def test_a_join_that_succeeds_returns_the_strategy_and_puts_every_handler_back():
+    """The watcher ends quietly when the peers came in time, and the process keeps no trace of the join: its
+    signal handlers and Python's wakeup fd are as before (a stand-in TensorFlow whose strategy starts at once)."""
+    import signal
+    import types
+
+    from app.engines import tfjoin
+
+    made = object()
+    fake = types.SimpleNamespace(
+        errors=types.SimpleNamespace(OpError=type("OpError", (Exception,), {})),
+        distribute=types.SimpleNamespace(
+            experimental=types.SimpleNamespace(
+                CommunicationImplementation=types.SimpleNamespace(NCCL="nccl", RING="ring"),
+                CommunicationOptions=lambda implementation: implementation,
+            ),
+            MultiWorkerMirroredStrategy=lambda communication_options: made,
+        ),
+    )
+    numbers = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP, signal.SIGQUIT)
+    before = {n: signal.getsignal(n) for n in numbers}
+    assert tfjoin.join(fake, False, ["localhost:20001", "peer:20001"], 0, 30.0) is made
+    assert {n: signal.getsignal(n) for n in numbers} == before
+    assert signal.set_wakeup_fd(-1) == -1  # none left set
 
 
 def _stop_a_joining_worker(tmp_path, args, sig, group: bool) -> None:

@@ -153,9 +153,9 @@ def benchmark(
         )
     if timeline:
         refuse_timeline_on_tf(True, None, cfg)
-        from app.engines.horovod import enable_timeline
+        from app.engines.horovod import HorovodEngine
 
-        enable_timeline()  # before the workers start: they inherit it
+        HorovodEngine().enable_timeline()  # before the workers start: they inherit it
     relaunch(np_, engine=cfg.train.engine)
     import_tensorflow()
     from app.training.benchmark import run

@@ -129,6 +129,23 @@ METRIC_RANGES = {"accuracy": (0.0, 1.0), "val_accuracy": (0.0, 1.0), "val_top5":
 MAX_EPOCH = 10**6
 
 
+def row_problem(row: object) -> str | None:
+    """Why ``row`` is not one epoch's metrics (no epoch number, a value that is no number or out of range), or
+    None. Null values are absent metrics, not wrong ones."""
+    if not isinstance(row, dict) or not is_positive_int(row.get("epoch")):
+        return "not an epoch's metrics (no epoch number)"
+    if row["epoch"] > MAX_EPOCH:
+        return f"epoch {brief(row['epoch'])} is above {MAX_EPOCH:,}"
+    row = {k: v for k, v in row.items() if v is not None}
+    bad = [k for k in METRIC_NUMBERS if k in row and not is_number(row[k])]
+    if bad:
+        return f"{bad[0]} is not a number ({brief(row[bad[0]])})"
+    for key, (low, high) in METRIC_RANGES.items():
+        if is_number(row.get(key)) and not low <= row[key] <= high:
+            return f"{key} is {brief(row[key])}, outside {low:g} to {high:g}"
+    return None
+
+
 def read_metrics(run_dir: Path, note=None, damaged: list | None = None) -> list[dict]:
     """The per-epoch rows of a run's metrics.jsonl ([] before the first epoch ends).
 
@@ -143,31 +160,10 @@ def read_metrics(run_dir: Path, note=None, damaged: list | None = None) -> list[
     rows = []
     lenient = damaged is not None
     for n, row in json_lines(path, "one epoch's metrics", note, skip_bad=lenient, bad=damaged):
-        problem = None
-        if not isinstance(row, dict) or not is_positive_int(row.get("epoch")):
-            problem = f"{path} line {n}: not an epoch's metrics (no epoch number); the file is damaged"
-        elif row["epoch"] > MAX_EPOCH:
-            problem = (
-                f"{path} line {n}: epoch {brief(row['epoch'])} is above {MAX_EPOCH:,}; the file is damaged"
-            )
-        else:
+        wrong = row_problem(row)
+        problem = f"{path} line {n}: {wrong}; the file is damaged" if wrong else None
+        if isinstance(row, dict):
             row = {k: v for k, v in row.items() if v is not None}
-            bad = [k for k in METRIC_NUMBERS if k in row and not is_number(row[k])]
-            out = [
-                k
-                for k, (low, high) in METRIC_RANGES.items()
-                if is_number(row.get(k)) and not low <= row[k] <= high
-            ]
-            if bad:
-                problem = (
-                    f"{path} line {n}: {bad[0]} is not a number ({brief(row[bad[0]])}); the file is damaged"
-                )
-            elif out:
-                low, high = METRIC_RANGES[out[0]]
-                problem = (
-                    f"{path} line {n}: {out[0]} is {brief(row[out[0]])}, outside {low:g} to {high:g}; the file is "
-                    "damaged"
-                )
         if problem and not lenient:
             raise UsageError(problem)
         if problem:

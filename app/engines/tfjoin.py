@@ -74,8 +74,9 @@ while time.monotonic() < deadline:
         got = os.read(wakeup, 64)
         if not got:
             os._exit(0)
-        if got[0] in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-            stopped(got[0])
+        for number in got:
+            if number in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP):
+                stopped(number)
 silent = [p for p in peers if not answers(p)]
 who = "no answer from " + ", ".join(silent) if silent else "all of %s answer but did not join" % ", ".join(peers)
 end("the tf engine's workers did not all join within %g s (train.tf_join_timeout_s): %s; check that every node "
@@ -95,26 +96,27 @@ def join(tf, gpus: bool, workers: list[str], rank: int, timeout_s: float):
     handlers = {s: signal.getsignal(s) for s in (*STOPS, signal.SIGQUIT)}
     read, write = os.pipe()
     os.set_blocking(write, False)
+    watcher, wakeup, reported = None, None, []
     try:
+        _exit_on_sigquit()  # first: the watcher's SIGQUIT must never meet the default handler (a core dump)
         # SIGHUP would end this process at once (its default), not as a stop: the watcher takes it instead.
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         wakeup = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
         watcher = _watch(workers, rank, timeout_s, read)
-        _exit_on_sigquit()
-        try:
-            with _start_up_lines_dropped():
-                strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-        except (tf.errors.OpError, RuntimeError) as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            raise AppError(
-                f"the tf engine could not start this worker's server on {workers[rank]} ({first}): another "
-                "program may hold the port; start the job again (its port is drawn at random at each start)"
-            ) from None
-        finally:
+        with _start_up_lines_dropped():
+            strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    except (tf.errors.OpError, RuntimeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise AppError(
+            f"the tf engine could not start this worker's server on {workers[rank]} ({first}): another "
+            "program may hold the port; start the job again (its port is drawn at random at each start)"
+        ) from None
+    finally:
+        if watcher is not None:
             watcher.kill()
             reported = watcher.communicate()[0].split()
+        if wakeup is not None:
             signal.set_wakeup_fd(wakeup)
-    finally:
         os.close(read)
         os.close(write)
         # MWMS's coordination service installed its own C-level SIGTERM handler (TensorFlow's preemption
@@ -123,8 +125,10 @@ def join(tf, gpus: bool, workers: list[str], rank: int, timeout_s: float):
         # scancel), SIGQUIT's and SIGHUP's too.
         for number, handler in handlers.items():
             signal.signal(number, signal.SIG_DFL if handler is None else handler)
-    if reported:  # a stop the watcher saw as the join ended: handed to the stop handler now in place
-        os.kill(os.getpid(), int(reported[0]))
+    if reported:
+        # A stop the watcher saw as the join ended, handed to the stop handler now in place: as SIGTERM, which
+        # it records, whatever it was (SIGHUP's default would end the process, SIGINT raise KeyboardInterrupt).
+        os.kill(os.getpid(), signal.SIGTERM)
     return strategy
 
 
@@ -139,8 +143,10 @@ def _watch(workers: list[str], rank: int, timeout_s: float, wakeup: int) -> subp
         )  # fmt: skip
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
-    watcher.stdin.write("\n".join(w for i, w in enumerate(workers) if i != rank))
-    watcher.stdin.close()
+    stdin, watcher.stdin = watcher.stdin, None  # written and closed here: communicate() must not flush it
+    if stdin is not None:
+        with stdin:
+            stdin.write("\n".join(w for i, w in enumerate(workers) if i != rank))
     return watcher
 
 

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from app.core.errors import AppError, UsageError, read_regular
+from app.core.results import row_problem
 
 PREFIX = "ckpt"
 STATE = "state.json"
@@ -155,7 +156,13 @@ def saved_rows(run_dir: Path) -> dict[int, dict]:
             row = json.loads(read_regular(path / STATE, STATE, STATE_LIMIT)).get("metrics")
         except (UsageError, ValueError, RecursionError, AttributeError):
             continue
-        if isinstance(row, dict) and row.get("epoch") == epoch and "-step-" not in path.name:
+        # a copy that is itself damaged would be set aside again at every start: only sound rows come back
+        if (
+            isinstance(row, dict)
+            and row.get("epoch") == epoch
+            and "-step-" not in path.name
+            and not row_problem(row)
+        ):
             rows[epoch] = row
     return rows
 

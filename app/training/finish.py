@@ -33,7 +33,10 @@ def finished_run(
     if world.is_chief:
         repair_metrics(run_dir, state, epoch, reporter)
         problem = summary_problem(run_dir)
-        if problem is not None:
+        readable = _metrics_readable(
+            run_dir, reporter
+        )  # else the summary stays as it is: nothing to build from
+        if problem is not None and readable:
             if problem != "missing":
                 aside = set_aside(run_dir / "summary.json", "summary.damaged.json")
                 reporter.note(f"{problem}; set aside as {aside}")
@@ -41,6 +44,15 @@ def finished_run(
             reporter.note(f"{run_dir / 'summary.json'} written again from metrics.jsonl and the checkpoint")
     reporter.note(f"nothing to do: {run_dir} already trained {epoch}/{cfg.train.epochs} epochs")
     return summary
+
+
+def _metrics_readable(run_dir: Path, reporter: Reporter) -> bool:
+    try:
+        read_metrics(run_dir, lambda message: None)
+    except UsageError as exc:
+        reporter.note(f"{exc}; summary.json is left as it is")
+        return False
+    return True
 
 
 def repair_metrics(run_dir: Path, state: dict, epoch: int, reporter: Reporter) -> None:
@@ -98,12 +110,19 @@ def rebuilt_summary(cfg: Config, run_dir: Path, state: dict) -> dict:
     workers = _count(state.get("workers")) or 1
     global_batch = _count(state.get("global_batch"))
     per_update = cfg.train.batch_size * workers
+    t = cfg.train
+    # the LR the checkpoint's global batch scaled to (the config's accumulation may not be the run's)
+    lr = (
+        t.base_lr * global_batch / t.reference_batch
+        if t.scale_lr and global_batch
+        else make_schedule(cfg, workers).target_lr
+    )
     shape = {
-        "workers": workers, "nodes": None, "launcher": None, "engine": state.get("engine"), "controller": None,
-        "horovod_controller": None, "replicas_per_process": None,
+        "workers": workers, "nodes": None, "launcher": None,
+        "engine": state.get("engine", "horovod"),  # checkpoints from before 2026-12-05 were all Horovod's
+        "controller": None, "horovod_controller": None, "replicas_per_process": None,
         "accumulation_steps": global_batch // per_update if global_batch and global_batch % per_update == 0 else None,
-        "global_batch": global_batch, "scaled_lr": make_schedule(cfg, workers).target_lr,
-        "precision": state.get("precision"),
+        "global_batch": global_batch, "scaled_lr": lr, "precision": state.get("precision"),
     }  # fmt: skip
     extra = {"replica_weight_spread": None, "finished_at": None, "env": None,
              "rebuilt": f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')}: from metrics.jsonl and the checkpoint's state.json"}  # fmt: skip

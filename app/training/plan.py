@@ -51,15 +51,14 @@ def keep_global_batch(cfg: Config, state: dict, world: World, reporter: Reporter
     if not saved_global or cfg.global_batch(workers) == saved_global:
         return cfg
     per_update = t.batch_size * workers
+    # The same workers and another global batch: the config was changed behind the checkpoint's back.
+    why = (
+        f"resuming on {workers} workers instead of {saved_workers}"
+        if saved_workers != workers
+        else f"the checkpoint trained at global batch {saved_global}, the run's config gives {cfg.global_batch(workers)}"
+    )
     if saved_global % per_update == 0:
         accumulation = saved_global // per_update
-        # The same workers and another global batch: the config was changed behind the checkpoint's back.
-        why = (
-            f"resuming on {workers} workers instead of {saved_workers}"
-            if saved_workers != workers
-            else f"the checkpoint trained at global batch {saved_global}, the run's config gives "
-            f"{cfg.global_batch(workers)}"
-        )
         reporter.note(
             f"{why}: train.accumulation_steps {t.accumulation_steps} -> {accumulation} keeps the global batch at "
             f"{saved_global}"
@@ -67,12 +66,13 @@ def keep_global_batch(cfg: Config, state: dict, world: World, reporter: Reporter
         return dataclasses.replace(cfg, train=dataclasses.replace(t, accumulation_steps=accumulation))
     if cfg.run.allow_new_global_batch:
         reporter.note(
-            f"resuming on {workers} workers instead of {saved_workers}: the global batch changes from "
+            f"{why}: the global batch changes from "
             f"{saved_global} to {cfg.global_batch(workers)} (run.allow_new_global_batch), the LR with it"
         )
         return cfg
+    head = f"{why} would change" if saved_workers != workers else f"{why}; resuming would change"
     raise UsageError(
-        f"resuming on {workers} workers instead of {saved_workers} would change the global batch from "
+        f"{head} the global batch from "
         f"{saved_global} to {cfg.global_batch(workers)} (train.batch_size {t.batch_size} x {workers} "
         f"workers x accumulation {t.accumulation_steps}), and no whole number of accumulation steps keeps it; "
         f"resume on {saved_workers} workers, or accept the change with --set run.allow_new_global_batch=true"

@@ -104,6 +104,8 @@ def train_and_evaluate(
     spec = source.spec
     found, state, skipped = latest_checkpoint(run_dir, world, reporter.note)
     if found and found[0] >= cfg.train.epochs:  # finished: nothing to train, nothing of the run rewritten
+        for why in skipped:  # never silently, as on every start
+            reporter.note(f"skipping checkpoint {why}")
         return finished_run(cfg, run_dir, world, state, found[0], reporter)
     if found:
         cfg, policy = resume_config(cfg, state, world, reporter, policy)
