@@ -201,3 +201,14 @@ def test_the_engines_type_check_against_their_contract():
         [sys.executable, "-m", "mypy"], cwd=APP.parent, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_architecture_page_names_every_module():
+    """docs/architecture.md is the map: a module it does not name is one a reader cannot find."""
+    page = (APP.parent / "docs" / "architecture.md").read_text()
+    unnamed = [
+        str(path.relative_to(APP.parent))
+        for path in sorted(APP.rglob("*.py"))
+        if path.name != "__init__.py" and f"`{path.name}`" not in page and f"`app/{path.name}`" not in page
+    ]
+    assert not unnamed, "name these in docs/architecture.md: " + ", ".join(unnamed)

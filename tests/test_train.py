@@ -120,6 +120,11 @@ def test_a_resume_that_would_change_the_precision_is_refused(tmp_path):
         "auto on this machine); resume with --set model.precision=mixed_float16, or on the machine it trained on"
     )
     assert not (run / "checkpoints" / "epoch-0002").exists()
+    # The advice works: naming the checkpoint's policy resumes in it (here the other one a CPU can train in).
+    other = "float32" if trained == "mixed_bfloat16" else "mixed_bfloat16"
+    state_path.write_text(json.dumps({**state, "precision": other}))
+    run_app(["train", "--run-dir", str(run), "--epochs", "2", "--set", f"model.precision={other}"])
+    assert json.loads((run / "checkpoints" / "epoch-0002" / "state.json").read_text())["precision"] == other
 
 
 def test_missing_data_dir(tmp_path):

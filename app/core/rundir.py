@@ -17,6 +17,9 @@ FRESH = "start a new --run-dir"  # how `app train` starts over; `app submit --re
 # train.engine: both engines train the same steps and their checkpoints hold the same variables (docs/engines.md);
 # train.tf_*: the tf engine's consent to its gRPC server across hosts and its join deadline.
 RESUMABLE_CHANGES = (
+    # the precision too: a resume that would train in another policy than the checkpoint's is refused anyway
+    # (app.training.train.resume_config), and naming the checkpoint's own is how a resume on other GPUs says it
+    "model.precision",
     "train.epochs",
     "train.decay_epochs",
     "data.data_dir",

@@ -5,39 +5,16 @@ never has to match the host's (NCCL/RCCL still move the gradients).
 Two halves, one per side of `srun`:
 
 - :func:`serve` (``app rendezvous``, run in the background by the job script on the first node) starts
-  Horovod's rendezvous HTTP server (``horovod.runner.http.http_server.RendezvousServer``) with the host
-  assignments Horovod's own launcher would make (``horovod.runner.common.util.hosts``), prints its port and
-  serves until it is stopped (the job script's EXIT trap, also on a requeue).
-- :func:`join` (called by :func:`app.engines.horovod.init` before ``hvd.init()``) maps each task's Slurm variables
-  (``SLURM_PROCID``, ``SLURM_STEP_NUM_TASKS``, ``SLURM_LOCALID``, ``SLURM_NODEID``, the tasks per node and
-  number of nodes of the step, ``SLURMD_NODENAME``) to the ``HOROVOD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE/CROSS_RANK/CROSS_SIZE/HOSTNAME``
-  that Horovod's Gloo controller reads, and waits, with a time limit, until every rank has arrived.
+  Horovod's rendezvous HTTP server with the host assignments Horovod's own launcher would make, prints its port
+  and serves until every rank is through (or the job script's EXIT trap stops it).
+- :func:`join` (called by the Horovod engine's ``init`` before ``hvd.init()``) maps each task's Slurm variables
+  to the ``HOROVOD_*`` ones that Horovod's Gloo controller reads, and waits, with a time limit, until every rank
+  has arrived. Gloo itself aborts the process (C++ ``terminate``) when its rendezvous fails, so :func:`join`
+  checks what it can first, in Python, and fails with one line.
 
-Gloo itself aborts the process (C++ ``terminate``) when its rendezvous fails, so :func:`join` checks what it
-can first, in Python, and fails with one line: no server at the address, a rank that never arrived.
-Importing this module is cheap (no TensorFlow, no Horovod); :func:`serve` imports Horovod's runner only.
-
-Exposure. Horovod's own server (what `horovodrun --gloo` starts) listens on every interface, admits anyone and
-lives as long as the job; what it holds are the ranks' Gloo addresses, so whoever can write there can put
-itself between two ranks. This server is Horovod's store with three limits around it:
-
-- it listens only on the address this node's name resolves to (an IPv4 address, which the ranks are then given
-  in place of the name), not on every interface;
-- it admits connections only from the job's nodes (the addresses ``--hosts`` resolve to here; any loopback
-  address when it listens on one), and from this node only sockets of its own user (their owner in
-  /proc/net/tcp); it names each connection it turned away, once, on stderr;
-- it closes once every rank has finished all three of Gloo's rendezvous (global, per node, across nodes: each
-  rank deletes its key in a scope when it is done there) and no request has come for QUIET_S (5 s), seconds
-  after the ranks start, not at the job's end. (Closing at the last delete left a rank that still read a key,
-  as happened on a loaded machine, with Gloo's "HTTP GET request failed too many times".)
-
-A per-job secret (``SCALEOUT_RENDEZVOUS_TOKEN``, made fresh by the job script at each start, passed in the
-environment, never in argv) guards scaleout's own keys (the joins above): a rank without it is refused. Gloo's
-own keys cannot be guarded that way: Horovod's C++ store (``horovod/common/gloo/http_store.h``) sends plain
-requests to ``http://ADDR:PORT/SCOPE/KEY`` with no header or credential of any kind. On the server's own node
-the socket's owner tells another user's process apart; from the job's other nodes only the address is
-checked, so another user's process on one of those nodes could still reach Gloo's keys in the seconds the
-server is open, unless the job has its nodes to itself.
+What the server exposes and for how long (where it listens, whom it admits, when it closes, the per-job secret
+and what it cannot guard): docs/clusters/other-slurm.md, "mpi: none". Importing this module is cheap (no
+TensorFlow, no Horovod); :func:`serve` imports Horovod's runner only.
 """
 
 from __future__ import annotations

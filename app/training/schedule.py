@@ -1,35 +1,8 @@
-"""The learning-rate schedule: linear scaling, Goyal et al.'s warmup (gradual or constant), then step decay or
-cosine.
+"""The learning-rate schedule: linear scaling by the global batch, Goyal et al.'s warmup (gradual or constant),
+then step decay or cosine, as a function of the step alone (so a resumed run continues exactly where it stopped).
 
-Defined by the *global* batch, not by the number of workers. Horovod's own ``LearningRateWarmupCallback``
-ramps from ``lr / hvd.size()`` to ``lr``; that equals Goyal's ramp (from the reference LR at batch 256 to
-k times it) only when the global batch is ``size`` x 256, and with one worker plus gradient accumulation its
-ramp is flat. So the multipliers here are computed from k = global_batch / reference_batch, and Horovod's
-per-batch ``LearningRateScheduleCallback`` applies them at every step of every epoch: the LR at any step is a
-function of the step alone, so a resumed run continues exactly where it stopped.
-
-``multiplier(epoch)`` is the curve over continuous training time. What a step trains at is decided in
-integers, by ``step_multiplier(step, steps_per_epoch)``, so that no float rounding moves a boundary:
-warmup takes the curve at the step's *end* (progress ``(step + 1) / steps_per_epoch``, as Horovod's warmup
-does), so the last warmup step trains at exactly the curve's LR where the warmup ends (the target LR for step
-decay); step decay and cosine take it at the step's *start*, so a decay at epoch ``d`` begins with the first
-step of epoch ``d + 1`` (step ``d x steps_per_epoch``, counting from 0), and cosine's last step trains at a
-small LR above 0, not at 0.
-
-The curve after the warmup (step decay, cosine or constant) is a function of the whole run's time, the same
-with or without a warmup: the warmup replaces the curve's first epochs and never moves or compresses what
-follows. So the variants of a study (no warmup, a constant or a gradual one) train on one curve after the
-warmup, and only the warmup differs (issue 21; before 2026-12-05 cosine ran from the warmup's end to the
-run's end, so a warmup variant's cosine was a compressed one). Cosine is 1 at the run's start and 0 at its
-end (timm's ``CosineLRScheduler`` with ``warmup_prefix=False`` places its cosine the same way).
-
-Goyal et al.'s two warmups (``train.warmup``): ``gradual`` (the default) ramps linearly from the reference LR
-to the curve's value where the warmup ends (the scaled LR itself for step decay, unless a decay comes inside
-the warmup; a little below it for cosine, so that the LR has no jump), and is the curve itself when that
-value is not above the reference LR (nothing to warm up to: the global batch is at most the reference batch,
-or ``scale_lr`` is off, or a cosine warmup so long that the curve has fallen under the reference LR);
-``constant`` trains at the reference LR for the whole warmup and then jumps to the curve at its first step
-after it. Both end at the same step, so everything after the warmup is the same.
+Why it is defined this way (the global batch rather than the workers, integer step boundaries, a warmup that
+replaces the curve's first epochs and leaves the rest alone): docs/training.md, "The schedule in detail".
 """
 
 from __future__ import annotations
