@@ -856,13 +856,15 @@ def test_two_runs_at_once_share_the_cores_stop_together_and_continue(tmp_path, t
     )
     assert "(output: " in stdout
     # Every run that started either finished before the signal or checkpointed at it; those that had not
-    # started have no run directory; the two in progress at the signal (at least one) stopped.
+    # started have no run directory; the two in progress at the signal (at least one) stopped. A run the study
+    # started a moment before the signal (the first had finished meanwhile, on a loaded machine) may have been
+    # stopped before it made its directory: said as interrupted or stopped, with nothing trained.
     p = load_plan(folder)
     first = states(folder, p)
     started = [s for r, s in zip(p.runs, first, strict=True) if run_dir(folder, r).is_dir()]
-    assert first[: len(started)] == started and all(s.state == "pending" for s in first[len(started) :]), (
-        first
-    )
+    unmade = [(s.state, s.epochs_done, s.detail) for s in first[len(started) :] if s.state != "pending"]
+    assert first[: len(started)] == started, first
+    assert unmade in ([], [("partial", 0, "interrupted")], [("partial", 0, "stopped")]), first
     assert all(s.state == "done" or (s.state, s.detail) == ("partial", "stopped") for s in started), first
     assert sum(s.state == "partial" for s in started) >= 1, first
     started_lines = stdout.count("+ app train ")

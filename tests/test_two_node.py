@@ -330,7 +330,7 @@ def test_two_node_usr1_checkpoints_requeues_and_resumes_on_both_nodes(cluster, t
     assert "JobState=COMPLETED" in job_state(cluster, job)
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["engine"], summary["workers"], summary["nodes"]) == (engine, 2, 2), summary
-    # Only TensorFlow's own notices of starting its servers are dropped from the log (6 lines a start).
+    # Only TensorFlow's own notices of starting its servers are dropped from the log (3 lines a worker a start).
     assert "grpc_server_lib" not in text and "absl::InitializeLog" not in text, text
     if engine == "tf":  # the consent said at each start: what listens, where, how long
         assert text.count("with no authentication: anyone who can reach these nodes") == 2, text

@@ -165,7 +165,7 @@ def _exit_on_sigquit() -> None:
 
 
 # MultiWorkerMirroredStrategy's start-up lines from C++ (absl logging, which TF_CPP_MIN_LOG_LEVEL does not reach):
-# absl's notice, each worker's gRPC server and its connection to the coordination service (6 lines a worker).
+# absl's notice, the worker's gRPC server and its connection to the coordination service (three lines a worker).
 _START_NOISE = re.compile(
     r"^I[0-9]{4} .*(grpc_server_lib|coordination_service)|All log messages before absl::InitializeLog"
 )
