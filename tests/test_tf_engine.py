@@ -420,7 +420,6 @@ def test_a_run_across_hosts_needs_consent_naming_what_it_opens(tmp_path):
 @pytest.mark.slow
 def test_a_worker_whose_peer_never_comes_ends_at_its_deadline_and_on_sigterm(tmp_path):
     import signal
-    import time
 
     args = [sys.executable, "-m", "app", "train", *TINY_SYNTHETIC, "--engine", "tf", "--run-dir", str(tmp_path / "r"),
             "--set", "train.tf_accept_unauthenticated_grpc=true", "--set", "train.tf_join_timeout_s=8"]  # fmt: skip
@@ -433,22 +432,10 @@ def test_a_worker_whose_peer_never_comes_ends_at_its_deadline_and_on_sigterm(tmp
         f"peer-that-never-came.invalid:{env['SCALEOUT_TF_PORT']}; check that every node started its task (the "
         "job log), or raise train.tf_join_timeout_s"
     )
-    # SIGTERM to the step's processes while it waits (what scancel sends): it ends at once, whatever the deadline.
-    env = _across_hosts_env(tmp_path)
+    # SIGTERM to the step's processes while it waits (what scancel sends): it ends at once, whatever the deadline,
+    # with the stopped status (3, resumable), not as a crash: SIGQUIT's handler during the join is _exit.
     args[-1] = "train.tf_join_timeout_s=600"
-    waiting = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                               start_new_session=True)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while subprocess.run(["ss", "-ltnH", f"sport = :{env['SCALEOUT_TF_PORT']}"], capture_output=True,
-                         text=True).stdout.strip() == "":  # fmt: skip
-        assert waiting.poll() is None and time.monotonic() < deadline, waiting.communicate()
-        time.sleep(0.2)
-    time.sleep(1)  # inside TensorFlow's wait
-    t0 = time.monotonic()
-    os.killpg(waiting.pid, signal.SIGTERM)
-    _, err = waiting.communicate(timeout=30)
-    # ends with the stopped status (3, resumable), not as a crash: SIGQUIT's handler during the join is _exit
-    assert waiting.returncode == 3 and time.monotonic() - t0 < 5, err
+    err = _stop_a_joining_worker(tmp_path, args, signal.SIGTERM, True)
     assert "Error: stopped by SIGTERM while the tf engine's workers were joining; nothing was trained" in err
     assert not (tmp_path / "r" / "checkpoints").exists()
     # SIGUSR1 to the worker alone (not its watcher): its handler's wakeup fd tells the watcher; SIGHUP to the
@@ -483,7 +470,9 @@ def test_a_join_that_succeeds_returns_the_strategy_and_puts_every_handler_back()
     assert signal.set_wakeup_fd(-1) == -1  # none left set
 
 
-def _stop_a_joining_worker(tmp_path, args, sig, group: bool) -> None:
+def _stop_a_joining_worker(tmp_path, args, sig, group: bool) -> str:
+    """Start ``args`` as a worker whose peer never comes, send ``sig`` (to its process group, or to it alone)
+    once it waits inside TensorFlow's join, and check that it ends within seconds with status 3; its stderr."""
     import signal
     import time
 
@@ -501,6 +490,7 @@ def _stop_a_joining_worker(tmp_path, args, sig, group: bool) -> None:
     _, err = waiting.communicate(timeout=30)
     assert waiting.returncode == 3 and time.monotonic() - t0 < 5, err
     assert f"Error: stopped by {signal.Signals(sig).name} while the tf engine's workers were joining" in err
+    return err
 
 
 @pytest.mark.parametrize(
