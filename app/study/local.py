@@ -154,7 +154,8 @@ def run_local(
                 head, run, log = active.pop(child)
                 if log is not None:
                     log.close()
-                _record(folder, run.name, code)
+                # killed by the stop it was passed before its own handler was in place: interrupted, not failed
+                _record(folder, run.name, INTERRUPTED if forward.signum and code < 0 else code)
                 lock.current(",".join(r.name for _, r, _ in active.values()) or None)
                 stopped = _after_run(head, run, code, log, active, forward, stopped, failed, echo)
             stopped = stopped or bool(forward.signum and queue)
