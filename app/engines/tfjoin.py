@@ -139,8 +139,11 @@ def _watch(workers: list[str], rank: int, timeout_s: float, wakeup: int) -> subp
     try:
         watcher = subprocess.Popen(
             [sys.executable, "-c", _WATCHER, str(os.getpid()), str(timeout_s), str(wakeup)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, pass_fds=(wakeup,),
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            pass_fds=(wakeup,),
+        )
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
     stdin, watcher.stdin = watcher.stdin, None  # written and closed here: communicate() must not flush it

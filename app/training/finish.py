@@ -98,9 +98,12 @@ def summarize(
         "scaled_lr": make_schedule(cfg, world.workers).target_lr,
         "precision": policy,
     }
-    # where it ran: GPU and driver, versions (app/engines/info.py)
-    extra = {"replica_weight_spread": spread, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-             "env": environment(world)}  # fmt: skip
+    extra = {
+        # max |difference| of weight fingerprints across ranks (0: in sync)
+        "replica_weight_spread": spread,
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "env": environment(world),  # where it ran: GPU and driver, versions (app/engines/info.py)
+    }
     return write_summary(cfg, run_dir, world.rank, shape, extra)
 
 
@@ -118,14 +121,26 @@ def rebuilt_summary(cfg: Config, run_dir: Path, state: dict) -> dict:
         else make_schedule(cfg, workers).target_lr
     )
     shape = {
-        "workers": workers, "nodes": None, "launcher": None,
+        "workers": workers,
+        "nodes": None,
+        "launcher": None,
         "engine": state.get("engine", "horovod"),  # checkpoints from before 2026-12-05 were all Horovod's
-        "controller": None, "horovod_controller": None, "replicas_per_process": None,
-        "accumulation_steps": global_batch // per_update if global_batch and global_batch % per_update == 0 else None,
-        "global_batch": global_batch, "scaled_lr": lr, "precision": state.get("precision"),
-    }  # fmt: skip
-    extra = {"replica_weight_spread": None, "finished_at": None, "env": None,
-             "rebuilt": f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')}: from metrics.jsonl and the checkpoint's state.json"}  # fmt: skip
+        "controller": None,
+        "horovod_controller": None,
+        "replicas_per_process": None,
+        "accumulation_steps": global_batch // per_update
+        if global_batch and global_batch % per_update == 0
+        else None,
+        "global_batch": global_batch,
+        "scaled_lr": lr,
+        "precision": state.get("precision"),
+    }
+    extra = {
+        "replica_weight_spread": None,
+        "finished_at": None,
+        "env": None,
+        "rebuilt": f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')}: from metrics.jsonl and the checkpoint's state.json",
+    }
     return write_summary(cfg, run_dir, 0, shape, extra)
 
 
@@ -160,8 +175,7 @@ def write_summary(cfg: Config, run_dir: Path, rank: int, shape: dict, extra: dic
         "mean_images_per_s": float(np.mean(rates))
         if (rates := [r["images_per_s"] for r in rows if "images_per_s" in r])
         else None,
-        # max |difference| of weight fingerprints across ranks (0: in sync)
-        **extra,
+        **extra,  # who trained it and where: app/engines/info.py's environment, or null when rebuilt
     }
     write_json(Path(run_dir) / "summary.json", summary)
     if rows:
