@@ -324,7 +324,7 @@ def test_without_tensorboard_a_run_says_so_and_writes_its_metrics(tmp_path, monk
         importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a)
     )
     notes = []
-    reporter = type("R", (), {"note": lambda self, line: notes.append(line)})()
+    reporter = type("R", (), {"enabled": True, "note": lambda self, line: notes.append(line)})()
     writer = output.MetricsWriter(reporter, tmp_path, True, 8, 2)
     assert writer.writer is None and not (tmp_path / "tensorboard").exists()
     assert notes == [

@@ -103,8 +103,19 @@ class Engine(abc.ABC):
         """One compiled training step on a batch outside ``model.fit`` (`app benchmark`)."""
 
     @abc.abstractmethod
-    def saves_on_every_rank(self) -> bool:
-        """Whether writing a checkpoint is a collective, so that every rank must write."""
+    def save_checkpoint(self, trackable, save: Callable[[], T]) -> T | None:
+        """Who writes a checkpoint: every rank calls this at the same point, with ``trackable`` (the model's
+        ``tf.train.Checkpoint``) and ``save``, which writes it and the run's files into the run directory.
+
+        Returns:
+            ``save()``'s result on the rank that writes (rank 0); None on every other rank, which writes nothing
+            there (and, where writing reads variables collectively, takes part in the write elsewhere).
+        """
+
+    def restore_checkpoint(self, read: Callable[[], None]) -> None:
+        """Who reads a checkpoint on a resume: every rank runs ``read`` (which loads it into the model from the
+        shared file system); the first callbacks then start every replica from the same state."""
+        read()
 
     @abc.abstractmethod
     def failed_collective(self, exc: BaseException) -> bool:

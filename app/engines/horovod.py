@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from app.engines import devices
-from app.engines.engine import Engine
+from app.engines.engine import Engine, T
 from app.engines.world import (
     World,
     check_gpus_seen,
@@ -126,9 +127,9 @@ class HorovodEngine(Engine):
 
         return tf.function(model.train_step, jit_compile=jit_compile)
 
-    def saves_on_every_rank(self) -> bool:
-        """Rank 0 writes checkpoints alone: reading the variables needs no other rank."""
-        return False
+    def save_checkpoint(self, trackable, save: Callable[[], T]) -> T | None:
+        """[horovod] Rank 0 writes alone: reading its variables needs no other rank."""
+        return save() if hvd().rank() == 0 else None
 
     def failed_collective(self, exc: BaseException) -> bool:
         """[horovod] Horovod's word that a collective could not complete: a peer failed or stopped answering."""

@@ -28,6 +28,8 @@ import contextlib
 import os
 import pickle
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +38,7 @@ import numpy as np
 from app.core.config import FP16_ON_TF
 from app.core.errors import AppError, UsageError, brief
 from app.engines import devices, tfconfig, tfjoin
-from app.engines.engine import TIMELINE_ON_TF, Engine
+from app.engines.engine import TIMELINE_ON_TF, Engine, T
 from app.engines.tfaccumulate import accumulating_class
 from app.engines.world import (
     REPLICAS_VAR,
@@ -280,9 +282,15 @@ class TfEngine(Engine):
 
         return step
 
-    def saves_on_every_rank(self) -> bool:
-        """[tf] Across hosts, writing a checkpoint reads the sync-on-read variables, a collective: every rank writes."""
-        return self._size > 1
+    def save_checkpoint(self, trackable, save: Callable[[], T]) -> T | None:
+        """[tf] Rank 0 writes. Across hosts, writing reads the sync-on-read variables (batch-norm statistics), a
+        collective: every other rank writes the same checkpoint into a temporary folder, removed at once."""
+        if self._rank == 0:
+            return save()
+        if self._size > 1:
+            with tempfile.TemporaryDirectory(prefix="scaleout-unsaved-") as elsewhere:
+                trackable.write(os.path.join(elsewhere, "ckpt"))
+        return None
 
     def failed_collective(self, exc: BaseException) -> bool:
         """[tf] MWMS's words for a collective that a peer left: it failed, was killed or stopped answering."""

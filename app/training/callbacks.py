@@ -4,8 +4,6 @@ stops and checkpoints inside epochs, and the learning rate of every step."""
 from __future__ import annotations
 
 import contextlib
-import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -38,42 +36,38 @@ class EvaluateEachEpoch(tf.keras.callbacks.Callback):
 
 
 class CheckpointWriter:
-    """Rank 0's checkpoints: at each epoch end as :class:`~app.training.output.MetricsWriter`'s ``before_write`` (written before
-    the epoch's metrics row, and holding that row, so a resume restores exactly what was recorded), and
-    inside epochs for :class:`Interruptions`. On other ranks it returns None, having written nothing, or (where
-    the engine's checkpoints are collectives, the tf engine's) the same checkpoint into a temporary folder that
-    is removed at once; there :class:`TakePart` calls it at each epoch end, where rank 0's MetricsWriter does."""
+    """The run's checkpoints: at each epoch end as :class:`~app.training.output.MetricsWriter`'s ``before_write``
+    (written before the epoch's metrics row, and holding that row, so a resume restores exactly what was
+    recorded), and inside epochs for :class:`Interruptions`. Every rank calls it at the same points; the engine
+    decides who writes (:meth:`~app.engines.engine.Engine.save_checkpoint`): rank 0 gets the path written, the
+    others None."""
 
     STOPPED = ".stopped"  # rank 0 leaves the stop message here for the job script (see jobs/train.sbatch)
 
     def __init__(
-        self, run_dir: Path, model, keep: int, extra_state: dict, chief: bool, pending_config: str | None = None
-    ):  # fmt: skip
-        self.run_dir, self.model, self.keep, self.extra_state, self.chief = (
-            run_dir,
-            model,
-            keep,
-            extra_state,
-            chief,
-        )
-        self.pending_config = (
-            pending_config  # a resume's changed config.yaml, written with its first checkpoint
-        )
+        self,
+        run_dir: Path,
+        model,
+        keep: int,
+        extra_state: dict,
+        chief: bool,
+        pending_config: str | None = None,
+    ):
+        self.run_dir, self.model, self.keep, self.extra_state = run_dir, model, keep, extra_state
+        self.chief = chief  # writes the stop marker, the job script's (rank-0 output)
+        # A resume's changed config.yaml, written with its first checkpoint.
+        self.pending_config = pending_config
 
-    def __call__(self, epoch: int, row: dict, step: int = 0):
-        if not self.chief:
-            if (
-                distributed.current().saves_on_every_rank()
-            ):  # [dist] rank 0's write reads every rank's variables
-                with tempfile.TemporaryDirectory(prefix="scaleout-unsaved-") as elsewhere:
-                    tracked(self.model).write(os.path.join(elsewhere, "ckpt"))
-            return None
-        state = {**self.extra_state, "metrics": row}
-        saved = checkpoint.save(self.run_dir, tracked(self.model), epoch, state, self.keep, step)
-        if self.pending_config is not None:  # the resume took effect: its config is the run's now
-            write_text_atomic(self.run_dir / "config.yaml", self.pending_config)
-            self.pending_config = None
-        return saved
+    def __call__(self, epoch: int, row: dict, step: int = 0) -> Path | None:
+        def save() -> Path:
+            state = {**self.extra_state, "metrics": row}
+            saved = checkpoint.save(self.run_dir, tracked(self.model), epoch, state, self.keep, step)
+            if self.pending_config is not None:  # the resume took effect: its config is the run's now
+                write_text_atomic(self.run_dir / "config.yaml", self.pending_config)
+                self.pending_config = None
+            return saved
+
+        return distributed.current().save_checkpoint(tracked(self.model), save)  # [dist] who writes
 
     def path(self, epoch: int, step: int) -> Path:
         return checkpoint.checkpoint_dir(self.run_dir) / checkpoint.name_for(epoch, step)
@@ -83,17 +77,6 @@ class CheckpointWriter:
             # The checkpoint is written: if the marker cannot be, exit status 3 alone still requeues the job.
             with contextlib.suppress(OSError):
                 write_text_atomic(self.run_dir / self.STOPPED, message + "\n")
-
-
-class TakePart(tf.keras.callbacks.Callback):
-    """[tf] On ranks other than 0: their part in the epoch's checkpoint, where rank 0's MetricsWriter writes it."""
-
-    def __init__(self, write: CheckpointWriter):
-        super().__init__()
-        self.write = write
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.write(epoch + 1, {})
 
 
 def stop_message(number: float, when: str, kept: str, run_dir) -> str:
@@ -161,7 +144,7 @@ class Interruptions(tf.keras.callbacks.Callback):
 
     def _checkpoint(self, step: int, stop_message: str | None = None):
         distributed.current().average_model_state(self.model)
-        self.write(self.epoch, {}, step)  # rank 0 writes
+        self.write(self.epoch, {}, step)  # the engine decides who writes
         if stop_message:  # the job script's marker, before any rank exits (srun may end rank 0 early)
             self.write.stopped(stop_message)
         distributed.current().barrier()  # [dist] barrier: the checkpoint is complete before anyone moves on

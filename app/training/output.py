@@ -110,8 +110,10 @@ class Progress(tf.keras.callbacks.Callback):
 class MetricsWriter(tf.keras.callbacks.Callback):
     """Per-epoch metrics to metrics.jsonl, metrics.csv and TensorBoard, plus a one-line epoch summary.
 
-    Sits after Horovod's MetricAverageCallback and the evaluation callback, so ``logs`` hold metrics averaged
-    over all workers, validation metrics, and the epoch's throughput.
+    Sits after the engine's metric averaging and the evaluation callback, so ``logs`` hold metrics averaged
+    over all workers, validation metrics, and the epoch's throughput. It runs on every rank, so that
+    ``before_write`` (the epoch's checkpoint, whose writer the engine chooses) is called on each; only the
+    reporter's rank (rank 0) writes the files and the line.
     """
 
     def __init__(
@@ -125,6 +127,7 @@ class MetricsWriter(tf.keras.callbacks.Callback):
         self.resumed_at = resumed_at
         self.images_per_step, self.steps = images_per_step, steps
         self.before_write = before_write  # called with (epoch, row) first: the checkpoint, then the metrics
+        tensorboard = tensorboard and reporter.enabled
         if tensorboard and importlib.util.find_spec("tensorboard") is None:
             # TensorFlow 2.20 and newer no longer bring TensorBoard (a site module may lack it): said, not fatal.
             reporter.note(
@@ -154,6 +157,8 @@ class MetricsWriter(tf.keras.callbacks.Callback):
             row["resumed_at_step"] = self.resumed_at
         if self.before_write is not None:  # a crash between the two then never duplicates an epoch's row
             self.before_write(epoch + 1, row)
+        if not self.reporter.enabled:
+            return
         append_metrics(self.run_dir, row)
         if self.writer is not None:
             with self.writer.as_default(step=epoch + 1):

@@ -208,8 +208,8 @@ def _unrestored_values_filter(record) -> bool:
 def restore(model, path: Path, run_dir: Path, label: str = "--run-dir") -> None:
     """Restore the checkpoint at ``path`` into ``model`` (training's resume, `app evaluate`), or one line saying
     that it does not fit the model the config builds."""
-    try:  # every rank restores; the broadcast below re-syncs
-        checkpoint.restore(tracked(model), path)
+    try:  # [dist] the engine says who reads
+        distributed.current().restore_checkpoint(lambda: checkpoint.restore(tracked(model), path))
     except (AssertionError, ValueError, tf.errors.OpError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         # The half-done restore warns about every value it did not restore when it is collected (17-70

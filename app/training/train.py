@@ -29,7 +29,6 @@ from app.training.callbacks import (
     CheckpointWriter,
     EvaluateEachEpoch,
     Interruptions,
-    TakePart,
     lr_callback,
     stop_message,
 )
@@ -343,16 +342,14 @@ def fit(
         if eval_ds is not None:
             out.append(EvaluateEachEpoch(eval_ds, source.spec.num_classes, watchdog.progress))
         out.append(faults.watchdog_callback(watchdog))
-        if world.is_chief:  # [dist] only rank 0 writes checkpoints, metrics and progress
-            steps = p.steps_per_epoch - first_step
-            out += [
-                MetricsWriter(
-                    reporter, run_dir, cfg.run.tensorboard, p.images_per_step, steps, write, first_step
-                ),
-                Progress(reporter, cfg.train.epochs, steps, p.images_per_step, cfg.run.log_every),
-            ]
-        elif distributed.current().saves_on_every_rank():  # [dist] the epoch's checkpoint is a collective
-            out.append(TakePart(write))
+        steps = p.steps_per_epoch - first_step
+        out += [
+            # On every rank: the epoch's checkpoint (the engine decides who writes), then rank 0's output.
+            MetricsWriter(
+                reporter, run_dir, cfg.run.tensorboard, p.images_per_step, steps, write, first_step
+            ),
+            Progress(reporter, cfg.train.epochs, steps, p.images_per_step, cfg.run.log_every),
+        ]
         every = checkpoint_interval(cfg.run.checkpoint_every)
         return [
             *out,
