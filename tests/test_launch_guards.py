@@ -196,3 +196,37 @@ def test_tf_engine_tasks_that_did_not_join_are_refused_with_the_tf_engine_s_fix(
         "SLURM_STEP_NUM_TASKS=4 processes were started, but the tf engine joined 1"
     )
     assert "leave TF_CONFIG unset" in str(err.value) and "MPI" not in str(err.value)
+
+
+def test_slurm_env_prefers_the_step_over_the_job_and_names_what_it_read():
+    """app.core.slurm is the one reader of SLURM_*: a step's values win over the job's, and each answer names
+    the variable it came from (for the messages that quote it)."""
+    from app.core.slurm import SlurmEnv
+
+    job = SlurmEnv(
+        {"SLURM_JOB_ID": " 42 ", "SLURM_NTASKS": "8", "SLURM_TASKS_PER_NODE": "4(x2)", "SLURM_PROCID": "0"}
+    )
+    assert (job.job_id, job.step_id, job.is_task, job.in_step, job.step_tasks) == ("42", None, True, False, 0)
+    assert job.size() == ("SLURM_NTASKS", "8") and job.tasks_per_node() == ("SLURM_TASKS_PER_NODE", "4(x2)")
+    step = SlurmEnv(
+        {**job.env, "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
+    )
+    assert (step.in_step, step.step_tasks, step.size()) == (True, 2, ("SLURM_STEP_NUM_TASKS", "2"))
+    assert step.tasks_per_node() == ("SLURM_STEP_TASKS_PER_NODE", "1(x2)")
+    assert SlurmEnv({}).job_id is None and SlurmEnv({"SLURM_JOB_ID": ""}).job_id is None
+    assert SlurmEnv({"SLURM_GPUS_ON_NODE": "0"}).gpus() is None
+    assert SlurmEnv({"SLURM_GPUS_ON_NODE": "0", "SLURM_JOB_GPUS": "1,2"}).gpus() == "SLURM_JOB_GPUS=1,2"
+    assert SlurmEnv({"SLURM_STEP_NUM_TASKS": "x"}).step_tasks == 0
+
+
+def test_only_app_core_slurm_reads_slurm_variables():
+    """Slurm in one room: no other module reads a SLURM_* variable from an environment itself."""
+    import re
+    from pathlib import Path
+
+    reads = re.compile(
+        r"""(environ|env)(\.get\(|\[)\s*["']SLURM|["']SLURM_\w+["']\s+(not\s+)?in\s+(os\.)?env"""
+    )
+    app = Path(__file__).resolve().parents[1] / "app"
+    readers = sorted(str(p.relative_to(app.parent)) for p in app.rglob("*.py") if reads.search(p.read_text()))
+    assert readers == ["app/core/slurm.py"], readers

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from app.core.config import SECTIONS, Config, build, flat, flatten
 from app.core.errors import NO_ROOM_ERRNOS, AppError, UsageError, brief, show
+from app.core.slurm import SlurmEnv
 from app.core.yamlfile import parse_yaml, read_text
 
 FRESH = "start a new --run-dir"  # how `app train` starts over; `app submit --resume` says its own
@@ -65,7 +66,7 @@ def default_run_dir(name: str) -> Path:
     """runs/<name>-<Slurm job id> under Slurm (stable across requeues), else runs/<name>-<date-time>."""
     import time
 
-    job = os.environ.get("SLURM_JOB_ID")
+    job = SlurmEnv().job_id
     return Path("runs") / f"{name}-{job if job else time.strftime('%Y%m%d-%H%M%S')}"
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from app import __version__
 from app.core.compat import import_tensorflow, keras_flavour
 from app.core.config import tfds_data_dir
+from app.core.slurm import SlurmEnv
 
 TOOLS = ("horovodrun", "mpirun", "srun", "sbatch", "apptainer", "singularity", "docker", "podman")
 
@@ -92,7 +93,7 @@ def environment(world) -> dict:
         "scaleout": __version__,
         "scaleout_source": source_digest(),
         "launcher": world.launcher,
-        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "slurm_job_id": SlurmEnv().job_id,
         "git_revision": _git_revision(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

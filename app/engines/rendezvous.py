@@ -31,6 +31,7 @@ import urllib.error
 import urllib.request
 
 from app.core.errors import AppError, UsageError, brief, show
+from app.core.slurm import LOCALID, NODEID, PROCID, SlurmEnv, whole
 
 ADDR_VAR, PORT_VAR = "HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT"
 TIMEOUT_VAR = "HOROVOD_GLOO_TIMEOUT_SECONDS"
@@ -281,36 +282,32 @@ def serve(hosts: list[str], spec: str, announce=_announce, env=None) -> None:
     server.stop()
 
 
-def _whole(env, var: str) -> int | None:
-    value = env.get(var, "").strip()
-    return int(value) if re.fullmatch(r"[0-9]{1,9}", value) else None
-
-
 def horovod_env(env) -> dict[str, str]:
     """The Horovod rank variables of this Slurm task, as `horovodrun --gloo` would set them (its
     ``get_host_assignments`` over the step's nodes in node-list order, which is what SLURM_NODEID counts)."""
-    step = "SLURM_STEP_TASKS_PER_NODE" if env.get("SLURM_STEP_TASKS_PER_NODE") else "SLURM_TASKS_PER_NODE"
-    names = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID")
-    size_var = "SLURM_STEP_NUM_TASKS" if env.get("SLURM_STEP_NUM_TASKS") else "SLURM_NTASKS"
-    values = {var: _whole(env, var) for var in (*names, size_var)}
-    missing = [var for var, value in values.items() if value is None] + ([] if env.get(step) else [step])
+    slurm = SlurmEnv(env)
+    step, spec = slurm.tasks_per_node()
+    size_var, size_value = slurm.size()
+    raw = {**slurm.task_ids(), size_var: size_value}
+    values = {var: whole(value) for var, value in raw.items()}
+    missing = [var for var, value in values.items() if value is None] + ([] if spec else [step])
     if missing:
         raise AppError(
             f"{ADDR_VAR} is set (Horovod's Gloo rendezvous for mpi: none), but {missing[0]} is "
-            f"{'not a count' if env.get(missing[0]) else 'unset'}: start every rank with srun inside the job "
+            f"{'not a count' if raw.get(missing[0]) else 'unset'}: start every rank with srun inside the job "
             f"(the job script of app submit does), or unset {ADDR_VAR}"
         )
-    counts = tasks_per_node(env[step], step)
-    rank, local, node, size = (values[v] for v in (*names, size_var))
-    nodes_var = "SLURM_STEP_NUM_NODES" if env.get("SLURM_STEP_NUM_NODES") else "SLURM_NNODES"
-    nodes = _whole(env, nodes_var)
+    counts = tasks_per_node(spec, step)
+    rank, local, node, size = values.values()
+    nodes_var, nodes_value = slurm.nodes()
+    nodes = whole(nodes_value)
     if (
         sum(counts) != size or node >= len(counts) or local >= counts[node] or rank >= size
         or nodes not in (None, len(counts))
     ):  # fmt: skip
         raise AppError(
-            f"Slurm's task layout does not add up ({size_var}={size}, {step}={env[step]}, SLURM_NODEID={node}, "
-            f"SLURM_LOCALID={local}, SLURM_PROCID={rank}, {nodes_var}={env.get(nodes_var, '')}): start the ranks "
+            f"Slurm's task layout does not add up ({size_var}={size}, {step}={spec}, {NODEID}={node}, "
+            f"{LOCALID}={local}, {PROCID}={rank}, {nodes_var}={nodes_value}): start the ranks "
             "with one srun over the whole job"
         )
     return {
@@ -322,7 +319,7 @@ def horovod_env(env) -> dict[str, str]:
         "HOROVOD_CROSS_RANK": str(sum(1 for n in counts[:node] if n > local)),
         "HOROVOD_CROSS_SIZE": str(sum(1 for n in counts if n > local)),
         # The scope of this node's local communicator: the name the server's plan knows the node by.
-        "HOROVOD_HOSTNAME": env.get("SLURMD_NODENAME") or socket.gethostname(),
+        "HOROVOD_HOSTNAME": slurm.node_name or socket.gethostname(),
     }
 
 
@@ -330,7 +327,7 @@ def _timeout(env) -> int:
     value = env.get(TIMEOUT_VAR, "").strip()
     if not value:
         return DEFAULT_TIMEOUT_S
-    seconds = _whole(env, TIMEOUT_VAR)
+    seconds = whole(env.get(TIMEOUT_VAR, ""))
     if not seconds:
         raise UsageError(
             f"{TIMEOUT_VAR}={brief(value)}: whole seconds, 1 or more (unset it for {DEFAULT_TIMEOUT_S})"
@@ -359,7 +356,7 @@ def join(env=None) -> bool:
         return False
     mapped = horovod_env(env)
     secret = token(env)
-    addr, port = env[ADDR_VAR].strip(), _whole(env, PORT_VAR)
+    addr, port = env[ADDR_VAR].strip(), whole(env.get(PORT_VAR, ""))
     if port is None or not 0 < port < 65536:
         raise AppError(
             f"{PORT_VAR}={brief(env.get(PORT_VAR, ''))}: not a port; the job script sets it (mpi: none)"
@@ -378,7 +375,8 @@ def join(env=None) -> bool:
     # others wait for that word: O(ranks) requests a round, not O(ranks^2). Gloo would wait too, but gives up by
     # aborting the process; this names who is missing.
     rank, size, timeout = int(mapped["HOROVOD_RANK"]), int(mapped["HOROVOD_SIZE"]), _timeout(env)
-    scope = f"http://{addr}:{port}/scaleout-{env.get('SLURM_JOB_ID', 'job')}.{env.get('SLURM_STEP_ID', '0')}"
+    slurm = SlurmEnv(env)
+    scope = f"http://{addr}:{port}/scaleout-{slurm.job_id or 'job'}.{slurm.step_id or '0'}"
     # Rank 0 gives up first (the others wait a little longer), so its line naming the missing ranks is the one
     # the job log shows when srun ends the step.
     missing, deadline = set(range(1, size)), time.monotonic() + timeout + (0 if rank == 0 else GRACE_S)

@@ -15,7 +15,7 @@ import re
 
 from app.core.errors import AppError, UsageError
 from app.core.ports import TF_PORT_BASE, TF_PORT_SPAN
-from app.engines.world import whole
+from app.core.slurm import NODEID, PROCID, SlurmEnv, whole
 
 TF_CONFIG = "TF_CONFIG"
 HOSTS_VAR = "SCALEOUT_TF_HOSTS"  # the job's nodes, comma-separated, as the job script read them with scontrol
@@ -67,17 +67,19 @@ def slurm_config(env, hosts: list[str]) -> str:
     SLURM_PROCID and the node's name), each listening on the job's port (PORT_VAR)."""
     from app.engines.rendezvous import tasks_per_node
 
-    step = "SLURM_STEP_TASKS_PER_NODE" if env.get("SLURM_STEP_TASKS_PER_NODE") else "SLURM_TASKS_PER_NODE"
-    counts = tasks_per_node(env.get(step, ""), step)
-    rank, node = (whole(env.get(v, "")) for v in ("SLURM_PROCID", "SLURM_NODEID"))
+    slurm = SlurmEnv(env)
+    step, spec = slurm.tasks_per_node()
+    counts = tasks_per_node(spec, step)
+    ids = slurm.task_ids()
+    rank, node = (whole(ids[v]) for v in (PROCID, NODEID))
     if len(counts) != len(hosts):
         raise AppError(
-            f"{step}={env.get(step)} counts {len(counts)} node(s) but the step has {len(hosts)} ({', '.join(hosts)}); "
+            f"{step}={spec or None} counts {len(counts)} node(s) but the step has {len(hosts)} ({', '.join(hosts)}); "
             "start the ranks with one srun over the whole job"
         )
     if any(n != 1 for n in counts):
         raise AppError(
-            f"{step}={env.get(step)}: the tf engine runs one task per node, holding all of its GPUs; start srun "
+            f"{step}={spec or None}: the tf engine runs one task per node, holding all of its GPUs; start srun "
             "with --ntasks-per-node=1 (app submit's job scripts do)"
         )
     if None in (rank, node) or node >= len(counts) or rank != node:
@@ -85,7 +87,7 @@ def slurm_config(env, hosts: list[str]) -> str:
             "SLURM_PROCID and SLURM_NODEID do not place this task in the step: start the ranks with srun inside "
             "the job, one task per node"
         )
-    node_name = env.get("SLURMD_NODENAME", "").strip()
+    node_name = slurm.node_name
     if node_name and node_name != hosts[node]:
         raise AppError(
             f"this task runs on {node_name}, but the step's node list puts node {node} at {hosts[node]}: start the "
@@ -153,7 +155,7 @@ def slurm_hosts(env) -> list[str]:
     listed = env.get(HOSTS_VAR, "").strip()
     if listed:
         return [h.strip() for h in listed.split(",") if h.strip()]
-    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
+    nodelist = SlurmEnv(env).nodelist()
     if not nodelist.strip():
         raise AppError("a Slurm step without SLURM_STEP_NODELIST: start the ranks with srun inside the job")
     return expand_hosts(nodelist)
@@ -164,9 +166,10 @@ def cluster(env) -> tuple[list[str], int] | None:
     more than one task (and put in ``env``, os.environ, where MultiWorkerMirroredStrategy reads it), else None
     (one worker)."""
     found = read_config(env)
-    tasks = whole(env.get("SLURM_STEP_NUM_TASKS", ""))
+    slurm = SlurmEnv(env)
+    tasks = slurm.step_tasks
     if found is not None:
-        rank = whole(env.get("SLURM_PROCID", ""))
+        rank = whole(slurm.task_ids()[PROCID])
         if not tasks or tasks < 2:
             # Nothing launched this process as one of several: most likely a leftover in the shell, whose
             # peers would never come (MWMS would wait for them for ever).
@@ -181,7 +184,7 @@ def cluster(env) -> tuple[list[str], int] | None:
                 f"{tasks} tasks and this is task {rank}: unset {TF_CONFIG} (the tf engine builds one from Slurm's variables)"
             )
         return found
-    if "SLURM_PROCID" in env and tasks and tasks > 1:
+    if slurm.is_task and tasks > 1:
         env[TF_CONFIG] = slurm_config(env, slurm_hosts(env))
         return read_config(env)
     return None

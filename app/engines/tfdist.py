@@ -37,6 +37,7 @@ import numpy as np
 
 from app.core.config import FP16_ON_TF
 from app.core.errors import AppError, UsageError, brief
+from app.core.slurm import SlurmEnv
 from app.engines import devices, tfconfig, tfjoin
 from app.engines.engine import TIMELINE_ON_TF, Engine, T
 from app.engines.tfaccumulate import accumulating_class
@@ -110,8 +111,7 @@ class TfEngine(Engine):
         """
         tf = _tf()
         # One task per node: a one-task srun step is srun's all the same (a job script's, or `srun app train`).
-        in_step = "SLURM_STEP_ID" in os.environ and "SLURM_PROCID" in os.environ
-        launcher = detected_launcher() or ("srun" if in_step else "none")
+        launcher = detected_launcher() or ("srun" if SlurmEnv().in_step else "none")
         if launcher not in ("none", "local", "srun"):
             raise UsageError(
                 f"the tf engine's workers start with `app train --np N` or srun, not {launcher}: use one of those, or "

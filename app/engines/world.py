@@ -14,7 +14,9 @@ import os
 import re
 from dataclasses import dataclass
 
+from app.core import slurm
 from app.core.errors import AppError, UsageError, brief, show
+from app.core.slurm import SlurmEnv, whole
 
 # What `app --np N --engine tf` (app.engines.local) tells the one process it starts.
 LOCAL_RANK_VARS = {"rank": "SCALEOUT_RANK", "size": "SCALEOUT_SIZE"}
@@ -27,7 +29,7 @@ LAUNCHER_RANK_VARS = {
     "local": LOCAL_RANK_VARS["rank"],
     "horovodrun": "HOROVOD_RANK",
     "mpirun": "OMPI_COMM_WORLD_RANK",
-    "srun": "SLURM_PROCID",
+    "srun": slurm.PROCID,
     "pmix": "PMIX_RANK",
 }
 
@@ -35,12 +37,6 @@ LAUNCHER_RANK_VARS = {
 # Horovod's stall inspector: warn (naming the ranks that did not submit a tensor) after 60 s, shut down after
 # 600 s. The shutdown time also bounds scaleout's own watchdog (see Watchdog). Both stay overridable.
 STALL_DEFAULTS = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "60", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "600"}
-
-
-def whole(value: str) -> int | None:
-    """``value`` as a count (ASCII digits only, at most 9: what launchers and Horovod's strtol agree on)."""
-    value = value.strip()
-    return int(value) if re.fullmatch(r"[0-9]{1,9}", value) else None
 
 
 def stall_settings() -> dict[str, int]:
@@ -72,15 +68,13 @@ LAUNCHER_SIZE_VARS = (
     "HOROVOD_SIZE",
     "OMPI_COMM_WORLD_SIZE",
     "PMI_SIZE",
-    "SLURM_STEP_NUM_TASKS",
+    slurm.STEP_NUM_TASKS,
 )
 
 
 # What says GPUs were given to this process: CUDA/ROCm's own masks, then Slurm's allocation.
-GPU_ALLOCATION_VARS = (
-    "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS",
-    "SLURM_GPUS_ON_NODE",
-)  # fmt: skip
+GPU_MASK_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+GPU_ALLOCATION_VARS = (*GPU_MASK_VARS, *slurm.GPU_VARS)
 
 
 GPU_DEVICE_NODES = ("/dev/nvidia[0-9]*", "/dev/kfd")  # NVIDIA's per-GPU nodes; AMD's compute interface
@@ -98,8 +92,8 @@ def launched_size(env) -> tuple[str, int] | None:
     for var in LAUNCHER_SIZE_VARS:
         if (n := whole(env.get(var, ""))) is not None:
             return var, n
-    if "SLURM_PROCID" in env and (n := whole(env.get("SLURM_NTASKS", ""))) is not None:
-        return "SLURM_NTASKS", n
+    if SlurmEnv(env).is_task and (n := SlurmEnv(env).job_tasks) is not None:
+        return slurm.NTASKS, n
     return None
 
 
@@ -109,9 +103,9 @@ def check_world_size(size: int, env, engine: str = "horovod") -> None:
     if launched is None or launched[1] == size:
         return
     var, n = launched
-    if var == "SLURM_NTASKS":  # the batch script itself, not an srun step
+    if var == slurm.NTASKS:  # the batch script itself, not an srun step
         raise AppError(
-            f"this Slurm job has {n} tasks (SLURM_NTASKS={n}) but `app` runs alone in its batch script: start "
+            f"this Slurm job has {n} tasks ({slurm.NTASKS}={n}) but `app` runs alone in its batch script: start "
             f"it with `srun app ...` (app submit's job script does), or with --np {n} on one node"
         )
     if engine == "tf":
@@ -132,23 +126,19 @@ def allocated_gpus(env, device_nodes) -> str | None:
     """The variable (with its value) that says this process was given GPUs whose device files exist here."""
     if not device_nodes:  # no GPU device here (a CPU node, or the test cluster's fake GPUs: plain files)
         return None
-    for var in GPU_ALLOCATION_VARS[
-        :3
-    ]:  # a CUDA/ROCm mask, where set, decides: "" or -1 hides GPUs on purpose
+    # A CUDA/ROCm mask, where set, decides: "" or -1 hides GPUs on purpose.
+    for var in GPU_MASK_VARS:
         if var in env:
             value = env[var].strip()
             return f"{var}={value}" if value and value != "NoDevFiles" and not value.startswith("-") else None
-    for var in GPU_ALLOCATION_VARS[3:]:
-        value = env.get(var, "").strip()
-        if value and not (var == "SLURM_GPUS_ON_NODE" and value == "0"):  # a count; the others list indices
-            return f"{var}={value}"
-    nvidia = [
-        n for n in device_nodes if "nvidia" in n
-    ]  # /dev/kfd is also every AMD APU's and Radeon desktop's
-    if nvidia and not any(
-        v in env for v in ("SLURM_JOB_ID", *GPU_ALLOCATION_VARS[3:])
-    ):  # a workstation: its GPUs are
-        return f"{len(nvidia)} NVIDIA GPU(s) here, none hidden by CUDA_VISIBLE_DEVICES"  # this process's
+    allocation = SlurmEnv(env).gpus()
+    if allocation:
+        return allocation
+    # /dev/kfd is also every AMD APU's and Radeon desktop's.
+    nvidia = [n for n in device_nodes if "nvidia" in n]
+    if nvidia and not SlurmEnv(env).says_gpus():
+        # A workstation: its GPUs are this process's.
+        return f"{len(nvidia)} NVIDIA GPU(s) here, none hidden by CUDA_VISIBLE_DEVICES"
     return None  # a Slurm job that was given no GPUs (its device cgroup hides the node's GPUs)
 
 
@@ -248,7 +238,7 @@ def joined_launcher() -> str | None:
 def _srun_step_tasks() -> int:
     """Tasks of the srun step this process is in: 0 in a batch script (SLURM_PROCID is set there too, but
     only srun sets SLURM_STEP_NUM_TASKS), so `app train --np N` in a batch script launches its N workers."""
-    return whole(os.environ.get("SLURM_STEP_NUM_TASKS", "")) or 0
+    return SlurmEnv().step_tasks
 
 
 def rank_from_env() -> int:
@@ -260,7 +250,7 @@ def rank_from_env() -> int:
 
 
 # What `--cpus-per-task` gave each task: 7 cores a GCD on LUMI-G, up to 72 a GPU on Roihu.
-CPUS_PER_TASK_VAR = "SLURM_CPUS_PER_TASK"
+CPUS_PER_TASK_VAR = slurm.CPUS_PER_TASK
 
 
 @dataclass(frozen=True)
@@ -298,9 +288,9 @@ def threads_per_rank(
     fallback = RankThreads(
         max(1, cpus // shared), f"this node's {cpus} CPU{'s' if cpus > 1 else ''}{among}", private=False
     )
-    if CPUS_PER_TASK_VAR not in env:
+    raw = SlurmEnv(env).cpus_per_task
+    if raw is None:
         return fallback
-    raw = str(env[CPUS_PER_TASK_VAR])
     value = raw.strip()
     if not re.fullmatch(r"[0-9]+", value) or not value.lstrip("0"):
         problem = f"{CPUS_PER_TASK_VAR}={show(raw)} is not a number of CPUs (a whole number from 1)"

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from app.core.errors import AppError
+from app.core.slurm import SlurmEnv
 
 LOCK = ".lock"
 _held: list = []  # the open lock files of this process: closing one would release its lock
@@ -50,7 +51,7 @@ def gone(info: dict) -> str | None:
     """Why the lock's holder is provably gone although its lock is still held, or None. A parallel file system
     can keep a dead node's lock past Slurm's automatic requeue: the holder was this same Slurm job's earlier
     start (Slurm runs one start of a job at a time), or a process of this host that no longer exists."""
-    job = os.environ.get("SLURM_JOB_ID", "").strip()
+    job = SlurmEnv().job_id
     if job and str(info.get("job")) == job:
         return f"its holder was this Slurm job's earlier start (job {job}), which ended before this one began"
     pid = info.get("pid")
@@ -90,7 +91,7 @@ def acquire(run_dir: Path, note=None) -> None:
     with contextlib.suppress(OSError):  # who holds it, for the next one's message; the lock holds without it
         f.seek(0)
         f.truncate()
-        info = {"host": socket.gethostname(), "pid": os.getpid(), "job": os.environ.get("SLURM_JOB_ID"),
+        info = {"host": socket.gethostname(), "pid": os.getpid(), "job": SlurmEnv().job_id,
                 "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}  # fmt: skip
         f.write(json.dumps(info).encode())
         f.flush()
