@@ -1,5 +1,5 @@
-"""Where one worker computes, the same under both engines: one GPU per local rank (memory grown, not grabbed), or
-on CPU-only workers the node's cores shared among its local workers instead of oversubscribed."""
+"""Where one worker computes, the same under both engines: one GPU per local rank (memory grown, not grabbed),
+or on CPU-only workers the node's cores shared among its local workers instead of oversubscribed."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 
 
 def place(gpus: list, local_rank: int, local_size: int, threads: int = 0) -> None:
-    """Pin this process to GPU ``local_rank`` of ``gpus``, or give it its share of the CPU threads (``threads``
-    when given). Before any TensorFlow op runs."""
+    """Pin this process to GPU ``local_rank`` of ``gpus``, or give it its share of the CPU threads
+    (``threads`` when given). Before any TensorFlow op runs."""
     import tensorflow as tf
 
     if gpus:
@@ -22,8 +22,8 @@ def place(gpus: list, local_rank: int, local_size: int, threads: int = 0) -> Non
 
 
 def place_replicas(gpus: list, replicas: int, threads: int = 0) -> None:
-    """The tf engine's process holds ``replicas`` replicas: the first ``replicas`` GPUs (memory grown), or as many
-    logical devices on the CPU (for CPU runs and tests), which share this process's threads. Before any
+    """The tf engine's process holds ``replicas`` replicas: the first ``replicas`` GPUs (memory grown), or as
+    many logical devices on the CPU (for CPU runs and tests), which share this process's threads. Before any
     TensorFlow op runs."""
     import tensorflow as tf
 
@@ -32,7 +32,8 @@ def place_replicas(gpus: list, replicas: int, threads: int = 0) -> None:
     if gpus:
         if len(gpus) < replicas:
             raise UsageError(
-                f"{replicas} replicas asked for, but this process sees {len(gpus)} GPU(s): use --np {len(gpus)} "
+                f"{replicas} replicas asked for, but this process sees {len(gpus)} GPU(s): use --np "
+                f"{len(gpus)} "
                 "or fewer, or give the task the node's GPUs"
             )
         for gpu in gpus:

@@ -1,21 +1,22 @@
 """`app doctor`: is this allocation ready to train? The first command to run on a new cluster.
 
-Run it the way training runs (``srun app doctor`` inside a job, ``app submit --smoke``, or ``app doctor --np 2``
-on a workstation). Every rank checks itself, rank 0 prints one table and a verdict:
+Run it the way training runs (``srun app doctor`` inside a job, ``app submit --smoke``, or ``app doctor --np
+2`` on a workstation). Every rank checks itself, rank 0 prints one table and a verdict:
 
 1. build: TensorFlow's build (CUDA, ROCm or CPU only) and Horovod's (TensorFlow ops, controllers, NCCL/RCCL);
 2. devices: the GPUs TensorFlow sees on each rank against what the job was given (the same check that stops
    `app train` from training on the CPU of a GPU allocation);
-3. world: Horovod's size against the launcher's task count (the check that stops N one-worker trainings),
-   the nodes and ranks per node as Horovod sees them;
+3. world: Horovod's size against the launcher's task count (the check that stops N one-worker trainings), the
+   nodes and ranks per node as Horovod sees them;
 4. allreduce: one buffer of ``--megabytes`` (100 MB is about ResNet-50's float32 gradients) summed across the
    ranks, checked element by element, timed over ``--iterations`` after two warm-up rounds, reported as
    algorithm and bus bandwidth the way nccl-tests do (bus = algorithm x 2(n-1)/n, comparable across n);
 5. transport: which network NCCL/RCCL chose ("Using network IB", "Socket", "AWS Libfabric" for LUMI's OFI
    plugin), the plugin it loaded, the libfabric provider and the interfaces, read from NCCL's own log, which
-   this command turns on (NCCL_DEBUG=INFO into a temporary file) unless NCCL_DEBUG is already set; when the job
-   asks for Slingshot (NCCL_SOCKET_IFNAME=hsn..., LUMI's profile) and the log shows another path, a problem;
-   without NCCL the allreduce goes through Horovod's CPU operations. The controller (MPI or Gloo) is in 3.
+   this command turns on (NCCL_DEBUG=INFO into a temporary file) unless NCCL_DEBUG is already set; when the
+   job asks for Slingshot (NCCL_SOCKET_IFNAME=hsn..., LUMI's profile) and the log shows another path, a
+   problem; without NCCL the allreduce goes through Horovod's CPU operations. The controller (MPI or Gloo) is
+   in 3.
 
 A failed check exits with status 1 after the table, naming the first problem and what to check.
 """
@@ -123,7 +124,8 @@ def slingshot_used(path: dict) -> tuple[bool | None, str]:
 
 
 def bandwidths(nbytes: int, seconds: float, size: int) -> tuple[float, float]:
-    """(algorithm, bus) bandwidth in GB/s of an allreduce of ``nbytes`` that took ``seconds`` on ``size`` ranks."""
+    """(algorithm, bus) bandwidth in GB/s of an allreduce of ``nbytes`` that took ``seconds`` on ``size``
+    ranks."""
     if seconds <= 0:
         return float("nan"), float("nan")
     algorithm = nbytes / seconds / 1e9
@@ -164,11 +166,24 @@ def run(
     try:
         report = _run(megabytes, iterations, threads, nccl_dir, checks, accept_grpc)
     except Stopped as exc:
-        checks.append(Check("stopped", False, f"stopped by {exc} before every check ended (the job's time "
-                                               "limit, or scancel); the rows above are what it found"))  # fmt: skip
+        checks.append(
+            Check(
+                "stopped",
+                False,
+                f"stopped by {exc} before every check ended (the job's time "
+                "limit, or scancel); the rows above are what it found",
+            )
+        )
         launched = launched_size(os.environ)
-        return {"rank": rank_from_env(), "size": launched[1] if launched else 1, "stopped": True,
-                "checks": [asdict(c) for c in checks], "ranks": [], "allreduce": None, "network": None}  # fmt: skip
+        return {
+            "rank": rank_from_env(),
+            "size": launched[1] if launched else 1,
+            "stopped": True,
+            "checks": [asdict(c) for c in checks],
+            "ranks": [],
+            "allreduce": None,
+            "network": None,
+        }
     except BaseException:
         if nccl_dir is not None:  # NCCL's own words on what failed are there, WARN lines included
             print(f"scaleout doctor: NCCL's log of this rank is in {nccl_dir}", file=sys.stderr)
@@ -239,8 +254,8 @@ def _run(
 
 
 def check_build(tf, hvd_build: dict, tf_build: dict, world) -> Check:
-    """1. TensorFlow's and the engine's builds: under Horovod, Horovod importable with NCCL/RCCL for a GPU build
-    (the tf engine's collectives are TensorFlow's own); the same on every rank."""
+    """1. TensorFlow's and the engine's builds: under Horovod, Horovod importable with NCCL/RCCL for a GPU
+    build (the tf engine's collectives are TensorFlow's own); the same on every rank."""
     from app.engines import engine as dist
 
     gpu_build = tf_build["cuda"] or tf_build["rocm"]
@@ -321,8 +336,9 @@ def check_world(ranks: list[dict], world) -> Check:
         bad is None,
         f"rank {bad['rank']}: {bad['world_problem']}"
         if bad
-        else f"{_engine_name()} size {world.size}{replicas} ({said}), {world.nodes} node(s), {world.local_size} rank(s) "
-        f"on this node, controller {world.controller}, launched by {world.launcher}",
+        else f"{_engine_name()} size {world.size}{replicas} ({said}), {world.nodes} node(s), "
+        f"{world.local_size} rank(s) on this node, controller {world.controller}, "
+        f"launched by {world.launcher}",
     )
 
 
@@ -369,7 +385,8 @@ def check_transport(
 ) -> Check:
     """5. The path gradients take: NCCL/RCCL and the network its log named (its plugin, libfabric provider and
     interfaces), or Horovod's CPU operations; the same network on every rank; and where the job asks for
-    Slingshot (NCCL_SOCKET_IFNAME names hsn interfaces, as the LUMI profile does), that Slingshot carries it."""
+    Slingshot (NCCL_SOCKET_IFNAME names hsn interfaces, as the LUMI profile does), that Slingshot carries
+    it."""
     from app.engines import engine as dist
 
     path = path or {}
@@ -385,7 +402,7 @@ def check_transport(
                 ("plugin:", path.get("plugin")),
                 ("libfabric provider", path.get("provider")),
                 ("devices", ",".join(path.get("devices", ())) or None),
-            )  # fmt: skip
+            )
             if value
         )
         wanted = os.environ.get("NCCL_SOCKET_IFNAME", "")
@@ -393,8 +410,10 @@ def check_transport(
         if "hsn" in wanted and used is not None:
             transport += f"; Slingshot RDMA: {'used' if used else 'NOT used'} ({how})"
             if not used:
-                problem = (" (NCCL_SOCKET_IFNAME asks for Slingshot's hsn interfaces: check the RCCL OFI plugin "
-                           "and the /opt/cray and libcxi binds)")  # fmt: skip
+                problem = (
+                    " (NCCL_SOCKET_IFNAME asks for Slingshot's hsn interfaces: check the RCCL OFI plugin "
+                    "and the /opt/cray and libcxi binds)"
+                )
     elif dist.current_name() == "tf" and world.size > 1:
         transport = "TensorFlow's ring all-reduce over gRPC (no GPUs); no NCCL on this path"
     elif dist.current_name() == "tf":

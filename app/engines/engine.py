@@ -1,17 +1,19 @@
-"""The one interface training code calls for everything distribution adds, and the choice of the engine behind it.
+"""The one interface training code calls for everything distribution adds, and the choice of the engine behind
+it.
 
 Two engines implement :class:`Engine`, one module each:
 
 - ``horovod`` (app.engines.horovod): Horovod's Keras integration, the engine of the reference study and the
-  default where Horovod imports with this TensorFlow (its last release, 0.28.1, builds against TensorFlow <= 2.18);
+  default where Horovod imports with this TensorFlow (its last release, 0.28.1, builds against TensorFlow <=
+  2.18);
 - ``tf`` (app.engines.tfdist): TensorFlow's own strategies with tf_keras (MirroredStrategy in one process per
-  host, MultiWorkerMirroredStrategy across hosts), which run on the sites' TensorFlow modules (CSC's 2.16 on LUMI,
-  2.21 on Roihu) with no Horovod and no image.
+  host, MultiWorkerMirroredStrategy across hosts), which run on the sites' TensorFlow modules (CSC's 2.16 on
+  LUMI, 2.21 on Roihu) with no Horovod and no image.
 
-``train.engine: auto`` (the default; ``--engine``, ``APP_TRAIN_ENGINE``) picks Horovod when it imports, else tf.
-:func:`use` (in app.training.prepare.setup, before anything else distributed) chooses the engine; training code
-reaches it with :func:`current` and calls its methods. Login-node code may import this module: nothing here
-imports TensorFlow or Horovod until an engine's method needs it.
+``train.engine: auto`` (the default; ``--engine``, ``APP_TRAIN_ENGINE``) picks Horovod when it imports, else
+tf. :func:`use` (in app.training.prepare.setup, before anything else distributed) chooses the engine; training
+code reaches it with :func:`current` and calls its methods. Login-node code may import this module: nothing
+here imports TensorFlow or Horovod until an engine's method needs it.
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ Op = Literal["sum", "min", "max"]
 class Engine(abc.ABC):
     """What running on N workers adds to training, one subclass per engine (each holds its own state).
 
-    Training code reaches the engine in use through :func:`current` (after :func:`use`) and calls these methods
-    on it; lines that exist only because of distribution are marked ``[dist]`` there. Collectives are
+    Training code reaches the engine in use through :func:`current` (after :func:`use`) and calls these
+    methods on it; lines that exist only because of distribution are marked ``[dist]`` there. Collectives are
     collective: every rank must call them, in the same order.
     """
 
@@ -58,7 +60,8 @@ class Engine(abc.ABC):
 
         Args:
             threads: input threads per worker (0: the launcher's or the node's share).
-            checks: refuse a silent fallback (N one-worker jobs, GPUs left unused); `app doctor` reports instead.
+            checks: refuse a silent fallback (N one-worker jobs, GPUs left unused); `app doctor` reports
+                instead.
             accept_grpc: the tf engine across hosts only: consent to TensorFlow's unauthenticated gRPC server.
             join_timeout_s: the tf engine across hosts only: how long to wait for the peers.
         """
@@ -69,11 +72,13 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def distributed_optimizer(self, optimizer, accumulation_steps: int = 1, fp16_allreduce: bool = False):
-        """``optimizer`` whose updates use the gradients averaged over the workers (and the accumulated passes)."""
+        """``optimizer`` whose updates use the gradients averaged over the workers (and the accumulated
+        passes)."""
 
     @abc.abstractmethod
     def prepare_model(self, model, accumulation_steps: int = 1):
-        """The model that accumulates ``accumulation_steps`` backward passes per update, where the engine does so."""
+        """The model that accumulates ``accumulation_steps`` backward passes per update, where the engine does
+        so."""
 
     @abc.abstractmethod
     def first_callbacks(self) -> list:
@@ -96,7 +101,8 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def local_function(self, fn: Callable) -> Callable:
-        """``fn`` (which returns sums over its batch) compiled to run on this process's replicas, no collective."""
+        """``fn`` (which returns sums over its batch) compiled to run on this process's replicas, no
+        collective."""
 
     @abc.abstractmethod
     def train_step_function(self, model, jit_compile: bool = False) -> Callable:
@@ -108,13 +114,14 @@ class Engine(abc.ABC):
         ``tf.train.Checkpoint``) and ``save``, which writes it and the run's files into the run directory.
 
         Returns:
-            ``save()``'s result on the rank that writes (rank 0); None on every other rank, which writes nothing
-            there (and, where writing reads variables collectively, takes part in the write elsewhere).
+            ``save()``'s result on the rank that writes (rank 0); None on every other rank, which writes
+            nothing there (and, where writing reads variables collectively, takes part in the write
+            elsewhere).
         """
 
     def restore_checkpoint(self, read: Callable[[], None]) -> None:
-        """Who reads a checkpoint on a resume: every rank runs ``read`` (which loads it into the model from the
-        shared file system); the first callbacks then start every replica from the same state."""
+        """Who reads a checkpoint on a resume: every rank runs ``read`` (which loads it into the model from
+        the shared file system); the first callbacks then start every replica from the same state."""
         read()
 
     @abc.abstractmethod
@@ -161,8 +168,8 @@ class Engine(abc.ABC):
         self.agree([0.0])
 
     def average_state_callback(self):
-        """A Keras callback averaging the batch-norm statistics (:meth:`average_model_state`) at each epoch end;
-        it must come before evaluation and checkpointing."""
+        """A Keras callback averaging the batch-norm statistics (:meth:`average_model_state`) at each epoch
+        end; it must come before evaluation and checkpointing."""
         import tensorflow as tf
 
         engine = self
@@ -174,8 +181,8 @@ class Engine(abc.ABC):
         return AverageModelState()
 
     def replica_spread(self, weights: list) -> float:
-        """The largest difference between any two ranks' weights, from per-tensor fingerprints (sums and largest
-        magnitudes, gathered once at the end of training).
+        """The largest difference between any two ranks' weights, from per-tensor fingerprints (sums and
+        largest magnitudes, gathered once at the end of training).
 
         Data parallelism means every replica holds the same weights; anything above float noise here means a
         broadcast or an all-reduce went wrong."""
@@ -217,7 +224,8 @@ def installed_guess() -> str:
 
 
 def for_launch(name: str) -> str:
-    """The engine a launcher starts for ``name``: ``auto`` by :func:`installed_guess`, else ``name`` itself."""
+    """The engine a launcher starts for ``name``: ``auto`` by :func:`installed_guess`, else ``name``
+    itself."""
     return installed_guess() if name == "auto" else name
 
 

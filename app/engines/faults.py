@@ -170,8 +170,10 @@ class Watchdog:
                 if self.reporter:
                     _write(os.path.join(self.local, "reporter"), line)
                     lines = self._read_folder(self.local, names=("rank",))
-                    _write(os.path.join(self.folder, f"node-{self.rank}"),
-                           "".join(f"{r} {n} {t:.3f}\n" for r, (n, t) in sorted(lines.items())))  # fmt: skip
+                    _write(
+                        os.path.join(self.folder, f"node-{self.rank}"),
+                        "".join(f"{r} {n} {t:.3f}\n" for r, (n, t) in sorted(lines.items())),
+                    )
                     return
                 reporter = self._read_file(os.path.join(self.local, "reporter"))
                 if any(time.time() - t < 1.5 * self.beat for _, t in reporter.values()):

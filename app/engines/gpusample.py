@@ -107,8 +107,14 @@ class GpuSampler:
 
     def _sample(self) -> None:
         try:
-            proc = subprocess.run([self.tool, *self.args], capture_output=True, text=True, errors="replace",
-                                  timeout=TIMEOUT_S, stdin=subprocess.DEVNULL)  # fmt: skip
+            proc = subprocess.run(
+                [self.tool, *self.args],
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=TIMEOUT_S,
+                stdin=subprocess.DEVNULL,
+            )
         except (OSError, subprocess.SubprocessError):
             return
         if proc.returncode == 0 and (gpus := self.parse(proc.stdout)):

@@ -1,5 +1,5 @@
-"""`app info`: what this environment can do (versions, Horovod build, the engine auto picks, GPUs, launchers on
-PATH)."""
+"""`app info`: what this environment can do (versions, Horovod build, the engine auto picks, GPUs, launchers
+on PATH)."""
 
 from __future__ import annotations
 
@@ -175,7 +175,8 @@ def tensorflow_build(tf) -> dict:
 
 
 def cpu_has_avx512_bf16() -> bool:
-    """True when the CPU does bfloat16 arithmetic natively (where mixed_bfloat16 was 1.65x float32 in `make bench` here)."""
+    """True when the CPU does bfloat16 arithmetic natively (where mixed_bfloat16 was 1.65x float32 in `make
+    bench` here)."""
     try:
         with open("/proc/cpuinfo") as f:
             return any(line.startswith("flags") and "avx512_bf16" in line.split() for line in f)

@@ -1,7 +1,7 @@
-"""`--np N`: N local workers, through ``horovodrun --gloo`` with its rendezvous on loopback (the Horovod engine),
-or one process holding N replicas (the tf engine), with their signals, output and errors handled so that they
-behave as one command (one error line, Ctrl-C and a stop signal reaching every worker, nothing left running when
-the launcher dies). Nothing either starts listens beyond loopback.
+"""`--np N`: N local workers, through ``horovodrun --gloo`` with its rendezvous on loopback (the Horovod
+engine), or one process holding N replicas (the tf engine), with their signals, output and errors handled so
+that they behave as one command (one error line, Ctrl-C and a stop signal reaching every worker, nothing left
+running when the launcher dies). Nothing either starts listens beyond loopback.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ def launch_local(np: int, argv: list[str], engine: str = "horovod") -> int:
     )
     if horovodrun is None:
         raise AppError(
-            "--np with the Horovod engine needs horovodrun, which comes with Horovod: run `make install`, or pass --engine tf"
+            "--np with the Horovod engine needs horovodrun, which comes with Horovod: run `make install`, or "
+            "pass --engine tf"
         )
     cmd = [horovodrun, "--gloo", "-np", str(np), "-H", f"localhost:{np}", sys.executable, "-m", "app", *argv]
     # The wrapper runs horovodrun's own code with its rendezvous server on loopback (see _HOROVODRUN_WRAPPER).
@@ -43,7 +44,8 @@ def launch_local(np: int, argv: list[str], engine: str = "horovod") -> int:
 def _with_errors(np: int, run) -> int:
     """``run(env)``'s exit status, the workers' own error lines printed once each (rank 0's first)."""
     with tempfile.TemporaryDirectory(prefix="scaleout-errors-") as errors:
-        # An outer launcher's identity of this one process (a one-task srun step's PMIx rank) is not the workers'.
+        # An outer launcher's identity of this one process (a one-task srun step's PMIx rank) is not the
+        # workers'.
         outer = ("PMIX_", "OMPI_COMM_WORLD_", "PMI_RANK", "PMI_SIZE", "TF_CONFIG", REPLICAS_VAR)
         env = {k: v for k, v in os.environ.items() if not k.startswith(outer)}
         # One machine: NCCL's bootstrap sockets (GPU runs of either engine) on loopback, as everything else.
@@ -74,9 +76,15 @@ def _run_horovodrun(cmd: list[str], env: dict, np: int) -> int:
 
     with _signals_held():  # a signal during the start waits until horovodrun's pid is known
         proc = subprocess.Popen(
-            [sys.executable, "-c", _HOROVODRUN_WRAPPER, *cmd], env=env, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True, errors="backslashreplace",
-        )  # fmt: skip
+            [sys.executable, "-c", _HOROVODRUN_WRAPPER, *cmd],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+            errors="backslashreplace",
+        )
         forwarder.started(proc.pid)
     own: list[str] = []
     for line in proc.stdout:
@@ -110,10 +118,10 @@ def _run_horovodrun(cmd: list[str], env: dict, np: int) -> int:
 #
 # Loopback: horovodrun's rendezvous server binds ('', port), every interface, for the whole run (measured with
 # ss), and Horovod has no option to bind it elsewhere. With LOOPBACK_FLAG the wrapper runs horovodrun's own
-# entry point in this process with that one function, horovod.runner.http.http_server.find_port, replaced by one
-# binding 127.0.0.1 on a port the kernel picks. Every host is local, so horovodrun already gives the workers
-# 127.0.0.1 as the rendezvous address and `lo` as Gloo's interface. Horovod 0.28.1 is its last release; a
-# Horovod without that function stops here in one line rather than listening on every interface.
+# entry point in this process with that one function, horovod.runner.http.http_server.find_port, replaced by
+# one binding 127.0.0.1 on a port the kernel picks. Every host is local, so horovodrun already gives the
+# workers 127.0.0.1 as the rendezvous address and `lo` as Gloo's interface. Horovod 0.28.1 is its last
+# release; a Horovod without that function stops here in one line rather than listening on every interface.
 LOOPBACK_FLAG = "--scaleout-horovodrun-on-loopback"
 _HOROVODRUN_WRAPPER = """
 import ctypes, os, signal, sys
@@ -134,9 +142,11 @@ if sys.argv[1] != "@LOOPBACK_FLAG@":
 try:
     import horovod.runner.http.http_server as http_server
 except ImportError as exc:
-    sys.exit("Error: horovodrun's runner does not import in " + sys.executable + " (" + str(exc) + "): run make install")
+    sys.exit("Error: horovodrun's runner does not import in " + sys.executable + " (" + str(exc) + "): "
+             "run make install")
 if not hasattr(http_server, "find_port"):
-    sys.exit("Error: this Horovod's horovodrun cannot be kept on loopback (no http_server.find_port); use Horovod 0.28.1")
+    sys.exit("Error: this Horovod's horovodrun cannot be kept on loopback (no http_server.find_port); "
+             "use Horovod 0.28.1")
 def find_port(server_factory):
     server = server_factory(("127.0.0.1", 0))
     return server, server.server_address[1]
@@ -190,8 +200,8 @@ class _Forwarder:
             signal.signal(getattr(signal, name), self._note)
 
     def started(self, pid: int, group: list[int] | None = None) -> None:
-        """``pid``: horovodrun's, whose process group ends on Ctrl-C; ``group``: the tf engine's workers, each in
-        a session of its own (``pid`` is then the first)."""
+        """``pid``: horovodrun's, whose process group ends on Ctrl-C; ``group``: the tf engine's workers, each
+        in a session of its own (``pid`` is then the first)."""
         self.pid, self.group = pid, group or [pid]
         self.own = group is not None  # the tf engine's processes are the workers, horovodrun's are below it
         self.wake.set()
@@ -237,7 +247,8 @@ class _Forwarder:
 
 
 def _catches(pid: int, signum: int) -> bool:
-    """Whether process ``pid`` has a handler for ``signum`` (its SigCgt mask in /proc), i.e. will not die of it."""
+    """Whether process ``pid`` has a handler for ``signum`` (its SigCgt mask in /proc), i.e. will not die of
+    it."""
     try:
         with open(f"/proc/{pid}/status") as f:
             mask = next(int(ln.split()[1], 16) for ln in f if ln.startswith("SigCgt:"))
@@ -247,8 +258,8 @@ def _catches(pid: int, signum: int) -> bool:
 
 
 def _worker_pids(root: int, itself: bool = False) -> list[int]:
-    """The `python -m app` processes below ``root`` (and ``root`` itself when ``itself``), read from /proc: the
-    standard library has no process tree, and this is the only place that needs one."""
+    """The `python -m app` processes below ``root`` (and ``root`` itself when ``itself``), read from /proc:
+    the standard library has no process tree, and this is the only place that needs one."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -273,11 +284,11 @@ def _worker_pids(root: int, itself: bool = False) -> list[int]:
     return found
 
 
-# ------------------------------------------------------------------ the tf engine's own launcher
-# `app train --np N --engine tf`: one process holding N replicas (app.engines.tfdist: no gRPC server, no port).
-# The process machinery below serves any number of processes: their output is relayed (rank 0's as the
-# command's, the others' on stderr marked [rank r]); when one fails, the others get PATIENCE_S to end on their
-# own, then are ended: nothing is left running.
+# ------------------------------------------------------------------ the tf engine's own launcher `app train
+# --np N --engine tf`: one process holding N replicas (app.engines.tfdist: no gRPC server, no port). The
+# process machinery below serves any number of processes: their output is relayed (rank 0's as the command's,
+# the others' on stderr marked [rank r]); when one fails, the others get PATIENCE_S to end on their own, then
+# are ended: nothing is left running.
 
 PATIENCE_S = 10  # after one worker failed: how long the others may take to notice and end on their own
 DONE_PATIENCE_S = 120  # after one worker succeeded: how long the others may take to finish too
@@ -299,9 +310,11 @@ def launch_tf(replicas: int, argv: list[str], env: dict) -> int:
     with _signals_held():  # a signal during the start waits until every pid is known
         for rank in range(np):
             worker_env = {
-                **env, LOCAL_RANK_VARS["rank"]: str(rank), LOCAL_RANK_VARS["size"]: str(np),
+                **env,
+                LOCAL_RANK_VARS["rank"]: str(rank),
+                LOCAL_RANK_VARS["size"]: str(np),
                 REPLICAS_VAR: str(replicas),
-            }  # fmt: skip
+            }
             # The wrapper horovodrun runs in: the worker dies with this launcher (PR_SET_PDEATHSIG).
             procs.append(
                 subprocess.Popen(
@@ -313,7 +326,7 @@ def launch_tf(replicas: int, argv: list[str], env: dict) -> int:
                     bufsize=1,
                     errors="backslashreplace",  # a worker's undecodable byte must not stop its reader
                     start_new_session=True,
-                )  # fmt: skip
+                )
             )
         forwarder.started(procs[0].pid, [p.pid for p in procs])
     readers = [

@@ -1,16 +1,16 @@
-"""Ranks started by plain `srun` (a cluster profile's ``mpi: none``) join one Horovod job through Horovod's own
-Gloo rendezvous, as `horovodrun --gloo` does it, but with Slurm as the launcher: no MPI, so the image's MPI
-never has to match the host's (NCCL/RCCL still move the gradients).
+"""Ranks started by plain `srun` (a cluster profile's ``mpi: none``) join one Horovod job through Horovod's
+own Gloo rendezvous, as `horovodrun --gloo` does it, but with Slurm as the launcher: no MPI, so the image's
+MPI never has to match the host's (NCCL/RCCL still move the gradients).
 
 Two halves, one per side of `srun`:
 
 - :func:`serve` (``app rendezvous``, run in the background by the job script on the first node) starts
-  Horovod's rendezvous HTTP server with the host assignments Horovod's own launcher would make, prints its port
-  and serves until every rank is through (or the job script's EXIT trap stops it).
-- :func:`join` (called by the Horovod engine's ``init`` before ``hvd.init()``) maps each task's Slurm variables
-  to the ``HOROVOD_*`` ones that Horovod's Gloo controller reads, and waits, with a time limit, until every rank
-  has arrived. Gloo itself aborts the process (C++ ``terminate``) when its rendezvous fails, so :func:`join`
-  checks what it can first, in Python, and fails with one line.
+  Horovod's rendezvous HTTP server with the host assignments Horovod's own launcher would make, prints its
+  port and serves until every rank is through (or the job script's EXIT trap stops it).
+- :func:`join` (called by the Horovod engine's ``init`` before ``hvd.init()``) maps each task's Slurm
+  variables to the ``HOROVOD_*`` ones that Horovod's Gloo controller reads, and waits, with a time limit,
+  until every rank has arrived. Gloo itself aborts the process (C++ ``terminate``) when its rendezvous fails,
+  so :func:`join` checks what it can first, in Python, and fails with one line.
 
 What the server exposes and for how long (where it listens, whom it admits, when it closes, the per-job secret
 and what it cannot guard): docs/clusters/other-slurm.md, "mpi: none". Importing this module is cheap (no
@@ -58,7 +58,8 @@ def tasks_per_node(spec: str, what: str = "SLURM_TASKS_PER_NODE") -> list[int]:
 
 
 def host_assignments(hosts: list[str], counts: list[int]):
-    """Horovod's own slot plan (rank, local and cross rank and size per slot) for ``counts`` tasks on ``hosts``."""
+    """Horovod's own slot plan (rank, local and cross rank and size per slot) for ``counts`` tasks on
+    ``hosts``."""
     from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
 
     return get_host_assignments([HostInfo(h, n) for h, n in zip(hosts, counts, strict=True)], sum(counts))
@@ -89,8 +90,10 @@ def bind_address(nodes: int) -> tuple[str, str]:
     name = socket.gethostname()
     found = _addresses(name)
     if not found or (nodes > 1 and ipaddress.ip_address(found[0]).is_loopback):
-        _note(f"{name} has no address here the other nodes could use: listening on every interface "
-              "(the job's nodes are still the only ones admitted)")  # fmt: skip
+        _note(
+            f"{name} has no address here the other nodes could use: listening on every interface "
+            "(the job's nodes are still the only ones admitted)"
+        )
         return "", name
     return found[0], found[0]
 
@@ -99,7 +102,8 @@ def token(env) -> str:
     value = env.get(TOKEN_VAR, "")
     if not _TOKEN.fullmatch(value):
         raise UsageError(
-            f"{TOKEN_VAR} is {'not 32-128 lowercase hex digits' if value else 'unset'}: the job script of app "
+            f"{TOKEN_VAR} is {'not 32-128 lowercase hex digits' if value else 'unset'}: the job script of "
+            "app "
             f"submit sets a fresh one; by hand, export {TOKEN_VAR}=$(python3 -c 'import secrets; "
             "print(secrets.token_hex(16))') for the server and every rank"
         )
@@ -108,8 +112,9 @@ def token(env) -> str:
 
 class Server:
     """Horovod's rendezvous store (``horovod.runner.http.http_server``) for one job: listening on ``host``
-    only, admitting only ``peers``, the token required for scaleout's keys, and :attr:`done` set once every rank
-    has finished each of Gloo's rendezvous in Horovod's plan (global, local per node, cross per local rank)."""
+    only, admitting only ``peers``, the token required for scaleout's keys, and :attr:`done` set once every
+    rank has finished each of Gloo's rendezvous in Horovod's plan (global, local per node, cross per local
+    rank)."""
 
     def __init__(self, hosts: list[str], counts: list[int], secret: str, host: str, peers: set[str]):
         from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
@@ -193,8 +198,8 @@ class Server:
 
 
 def local_addresses() -> set[str]:
-    """This node's own IPv4 addresses: every interface's (psutil, which Horovod's runner depends on), else what
-    the node's name resolves to; loopback always."""
+    """This node's own IPv4 addresses: every interface's (psutil, which Horovod's runner depends on), else
+    what the node's name resolves to; loopback always."""
     found = {"127.0.0.1", *_addresses(socket.gethostname())}
     try:
         import psutil
@@ -273,9 +278,9 @@ def serve(hosts: list[str], spec: str, announce=_announce, env=None) -> None:
     # A timed wait: the handler runs in the main thread only, and a signal the kernel hands to the server's
     # thread would otherwise leave an untimed wait() asleep for good (seen: 1 hang in 5 starts).
     while not stop.wait(POLL_S):
-        # Through, and then no request for QUIET_S: a rank that reads a key after its last Finalize (seen under
-        # load: Gloo's "HTTP GET request failed too many times" when the server closed at the last DELETE)
-        # still finds the server.
+        # Through, and then no request for QUIET_S: a rank that reads a key after its last Finalize (seen
+        # under load: Gloo's "HTTP GET request failed too many times" when the server closed at the last
+        # DELETE) still finds the server.
         if server.done.is_set() and time.monotonic() - server.last >= QUIET_S:
             _note(f"all {sum(counts)} ranks are through Gloo's rendezvous; closed")
             break
@@ -302,9 +307,12 @@ def horovod_env(env) -> dict[str, str]:
     nodes_var, nodes_value = slurm.nodes()
     nodes = whole(nodes_value)
     if (
-        sum(counts) != size or node >= len(counts) or local >= counts[node] or rank >= size
+        sum(counts) != size
+        or node >= len(counts)
+        or local >= counts[node]
+        or rank >= size
         or nodes not in (None, len(counts))
-    ):  # fmt: skip
+    ):
         raise AppError(
             f"Slurm's task layout does not add up ({size_var}={size}, {step}={spec}, {NODEID}={node}, "
             f"{LOCALID}={local}, {PROCID}={rank}, {nodes_var}={nodes_value}): start the ranks "
@@ -367,13 +375,14 @@ def join(env=None) -> bool:
             pass
     except OSError as exc:
         raise AppError(
-            f"no Horovod rendezvous server at {show(where)} ({exc.strerror or exc}): the job script starts it on "
+            f"no Horovod rendezvous server at {show(where)} ({exc.strerror or exc}): the job script starts "
+            "it on "
             "the first node for mpi: none and stops it when it exits; check that this node reaches that host "
             "name, and the job log for the server's own error"
         ) from None
-    # Every rank announces itself in a scope of this step; rank 0 waits for them all, then says so once, and the
-    # others wait for that word: O(ranks) requests a round, not O(ranks^2). Gloo would wait too, but gives up by
-    # aborting the process; this names who is missing.
+    # Every rank announces itself in a scope of this step; rank 0 waits for them all, then says so once, and
+    # the others wait for that word: O(ranks) requests a round, not O(ranks^2). Gloo would wait too, but gives
+    # up by aborting the process; this names who is missing.
     rank, size, timeout = int(mapped["HOROVOD_RANK"]), int(mapped["HOROVOD_SIZE"]), _timeout(env)
     slurm = SlurmEnv(env)
     scope = f"http://{addr}:{port}/scaleout-{slurm.job_id or 'job'}.{slurm.step_id or '0'}"
@@ -398,12 +407,14 @@ def join(env=None) -> bool:
                 f"Horovod's rendezvous server at {show(where)} answered {exc.code}: see the job log"
             ) from None
         raise AppError(
-            f"Horovod's rendezvous server at {show(where)} refused this rank's {TOKEN_VAR}: every rank needs the "
+            f"Horovod's rendezvous server at {show(where)} refused this rank's {TOKEN_VAR}: every rank needs "
+            "the "
             "one the job script gave the server (srun passes the job's environment on; do not change it)"
         ) from None
     except OSError as exc:
         raise AppError(
-            f"Horovod's rendezvous server at {show(where)} stopped answering ({brief(str(exc))}): it closes once "
+            f"Horovod's rendezvous server at {show(where)} stopped answering ({brief(str(exc))}): it closes "
+            "once "
             "every rank is through and turns away other nodes' connections; see its lines in the job log"
         ) from None
     if missing and rank == 0:

@@ -25,9 +25,9 @@ class _Sums:
 
 
 def accumulating_class():
-    """The Keras model class whose training step accumulates ``accumulation_steps`` backward passes per update,
-    as Horovod's ``backward_passes_per_step`` does: the mean of the micro-batches' gradients, then one update
-    (all-reduced across the ranks)."""
+    """The Keras model class whose training step accumulates ``accumulation_steps`` backward passes per
+    update, as Horovod's ``backward_passes_per_step`` does: the mean of the micro-batches' gradients, then one
+    update (all-reduced across the ranks)."""
     tf = _tf()
 
     class AccumulatingModel(tf.keras.Model):
@@ -58,8 +58,8 @@ def accumulating_class():
             return self.compute_metrics(x, y, y_pred, None)
 
         def make_train_function(self, force=False):
-            """Two compiled steps, accumulate and accumulate-then-update, chosen per batch in Python: the update
-            all-reduces, and MWMS allows no collective inside a tf.cond."""
+            """Two compiled steps, accumulate and accumulate-then-update, chosen per batch in Python: the
+            update all-reduces, and MWMS allows no collective inside a tf.cond."""
             if self.train_function is not None and not force:
                 return self.train_function
             if getattr(self, "_sums", None) is None:

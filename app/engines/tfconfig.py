@@ -1,11 +1,10 @@
-"""The tf engine's cluster across hosts: ``TF_CONFIG`` for MultiWorkerMirroredStrategy, one worker per host, from
-Slurm's variables (one task per node) or, inside such an srun step, as the user set it; and who this process is
-in it. A run on one host
-has none: its one process holds every replica (app.engines.tfdist).
+"""The tf engine's cluster across hosts: ``TF_CONFIG`` for MultiWorkerMirroredStrategy, one worker per host,
+from Slurm's variables (one task per node) or, inside such an srun step, as the user set it; and who this
+process is in it. A run on one host has none: its one process holds every replica (app.engines.tfdist).
 
 No TensorFlow here: the job scripts' checks and the tests use it. TensorFlow's own SlurmClusterResolver is not
-used: it runs `scontrol` (absent inside most containers), gives every task one fixed port (8888: anyone reading
-`squeue` knows where the job listens), and counts GPUs with nvidia-smi (absent on LUMI).
+used: it runs `scontrol` (absent inside most containers), gives every task one fixed port (8888: anyone
+reading `squeue` knows where the job listens), and counts GPUs with nvidia-smi (absent on LUMI).
 """
 
 from __future__ import annotations
@@ -32,7 +31,8 @@ def _config(workers: list[str], index: int) -> str:
 
 
 def read_config(env) -> tuple[list[str], int] | None:
-    """(worker addresses, this task's index) from TF_CONFIG, or None when it is unset; bad ones in one line."""
+    """(worker addresses, this task's index) from TF_CONFIG, or None when it is unset; bad ones in one
+    line."""
     raw = env.get(TF_CONFIG, "").strip()
     if not raw:
         return None
@@ -41,16 +41,22 @@ def read_config(env) -> tuple[list[str], int] | None:
         workers, task = cfg["cluster"]["worker"], cfg["task"]
         index = task["index"]
         ok = (
-            set(cfg["cluster"]) == {"worker"} and isinstance(workers, list) and workers
-            and all(isinstance(w, str) and _port(w) for w in workers) and len(set(workers)) == len(workers)
-            and task.get("type") == "worker" and type(index) is int and 0 <= index < len(workers)
-        )  # fmt: skip
+            set(cfg["cluster"]) == {"worker"}
+            and isinstance(workers, list)
+            and workers
+            and all(isinstance(w, str) and _port(w) for w in workers)
+            and len(set(workers)) == len(workers)
+            and task.get("type") == "worker"
+            and type(index) is int
+            and 0 <= index < len(workers)
+        )
     except (ValueError, KeyError, TypeError, AttributeError):
         ok = False
     if not ok:
         raise UsageError(
             f"{TF_CONFIG} is not a cluster of workers with this task's index in it (such as "
-            '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": 0}}, each address '
+            '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": 0}}, each '
+            "address "
             "once, ports 1-65535); unset it: the tf engine's jobs build their own from Slurm's variables"
         )
     return workers, index
@@ -74,29 +80,35 @@ def slurm_config(env, hosts: list[str]) -> str:
     rank, node = (whole(ids[v]) for v in (PROCID, NODEID))
     if len(counts) != len(hosts):
         raise AppError(
-            f"{step}={spec or None} counts {len(counts)} node(s) but the step has {len(hosts)} ({', '.join(hosts)}); "
+            f"{step}={spec or None} counts {len(counts)} node(s) but the step has {len(hosts)} "
+            f"({', '.join(hosts)}); "
             "start the ranks with one srun over the whole job"
         )
     if any(n != 1 for n in counts):
         raise AppError(
-            f"{step}={spec or None}: the tf engine runs one task per node, holding all of its GPUs; start srun "
+            f"{step}={spec or None}: the tf engine runs one task per node, holding all of its GPUs; start "
+            "srun "
             "with --ntasks-per-node=1 (app submit's job scripts do)"
         )
     if None in (rank, node) or node >= len(counts) or rank != node:
         raise AppError(
-            "SLURM_PROCID and SLURM_NODEID do not place this task in the step: start the ranks with srun inside "
+            "SLURM_PROCID and SLURM_NODEID do not place this task in the step: start the ranks with srun "
+            "inside "
             "the job, one task per node"
         )
     node_name = slurm.node_name
     if node_name and node_name != hosts[node]:
         raise AppError(
-            f"this task runs on {node_name}, but the step's node list puts node {node} at {hosts[node]}: start the "
-            "ranks with one srun over the whole job (the job script's SCALEOUT_TF_HOSTS must list its nodes in order)"
+            f"this task runs on {node_name}, but the step's node list puts node {node} at {hosts[node]}: "
+            "start the "
+            "ranks with one srun over the whole job (the job script's SCALEOUT_TF_HOSTS must list its nodes "
+            "in order)"
         )
     port = whole(env.get(PORT_VAR, ""))
     if port is None or not PORT_BASE <= port < PORT_BASE + PORT_SPAN:
         raise AppError(
-            f"{PORT_VAR}={env.get(PORT_VAR, '')!r}: the tf engine across nodes needs the port its job script draws "
+            f"{PORT_VAR}={env.get(PORT_VAR, '')!r}: the tf engine across nodes needs the port its job script "
+            "draws "
             f"({PORT_BASE}-{PORT_BASE + PORT_SPAN - 1}); submit with app submit, or export one"
         )
     return _config([f"{h}:{port}" for h in hosts], rank)
@@ -108,15 +120,16 @@ def check_one_per_host(workers: list[str]) -> None:
     twice = next((h for h in hosts if hosts.count(h) > 1), None)
     if twice is not None:
         raise UsageError(
-            f"{TF_CONFIG} puts {hosts.count(twice)} workers on {twice}: the tf engine runs one process per host, "
+            f"{TF_CONFIG} puts {hosts.count(twice)} workers on {twice}: the tf engine runs one process per "
+            "host, "
             "holding all its replicas; use `app train --np N` on one host, or one worker per host"
         )
 
 
 def expand_hosts(nodelist: str) -> list[str]:
     """Slurm's compressed node list (``gpu[001-003,007],login1``, ``a[1-2]b[3-4]``) as host names, in Slurm's
-    order. Written here: the step's node list is in the environment, but `scontrol show hostnames` is often not
-    in the container. One line naming the list when it is not one."""
+    order. Written here: the step's node list is in the environment, but `scontrol show hostnames` is often
+    not in the container. One line naming the list when it is not one."""
     hosts, part, depth = [], "", 0
     for ch in nodelist.strip() + ",":
         depth += (ch == "[") - (ch == "]")
@@ -133,7 +146,8 @@ def expand_hosts(nodelist: str) -> list[str]:
 
 
 def _expand_one(part: str, nodelist: str) -> list[str]:
-    """One host pattern: its first [ranges] expanded, the rest recursively (Slurm's order: the last varies fastest)."""
+    """One host pattern: its first [ranges] expanded, the rest recursively (Slurm's order: the last varies
+    fastest)."""
     if not part or "]" in part.partition("[")[0]:
         raise AppError(f"node list {nodelist!r}: not Slurm's node list (such as gpu[001-003,007],login1)")
     if "[" not in part:
@@ -174,14 +188,18 @@ def cluster(env) -> tuple[list[str], int] | None:
             # Nothing launched this process as one of several: most likely a leftover in the shell, whose
             # peers would never come (MWMS would wait for them for ever).
             raise UsageError(
-                f"{TF_CONFIG} is set (a cluster of {len(found[0])} workers) but no srun step started this process "
-                f"with others: a leftover from another run? unset {TF_CONFIG}; `app train --np N` and app submit's "
+                f"{TF_CONFIG} is set (a cluster of {len(found[0])} workers) but no srun step started this "
+                "process "
+                f"with others: a leftover from another run? unset {TF_CONFIG}; `app train --np N` and app "
+                "submit's "
                 "jobs set up the tf engine themselves"
             )
         if len(found[0]) != tasks or found[1] != rank:
             raise UsageError(
-                f"{TF_CONFIG} names {len(found[0])} workers with this one at index {found[1]}, but srun started "
-                f"{tasks} tasks and this is task {rank}: unset {TF_CONFIG} (the tf engine builds one from Slurm's variables)"
+                f"{TF_CONFIG} names {len(found[0])} workers with this one at index {found[1]}, but srun "
+                "started "
+                f"{tasks} tasks and this is task {rank}: unset {TF_CONFIG} (the tf engine builds one from "
+                "Slurm's variables)"
             )
         return found
     if slurm.is_task and tasks > 1:

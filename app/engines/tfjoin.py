@@ -1,18 +1,20 @@
 """[tf] Joining the tf engine's workers across hosts: MultiWorkerMirroredStrategy's start, bounded in time and
 ended by a stop signal.
 
-TensorFlow waits in C++ until every worker has come, for ever, holding Python's GIL (a Python thread does not run
-meanwhile: measured on TensorFlow 2.18), and its coordination service installs its own SIGTERM handler, which
-only notes the signal. So neither a thread nor a Python signal handler of this process can end the wait. A
-small watcher process does: it ends this process (SIGKILL) after the deadline, naming the peers whose port does
-not answer, or when a stop signal reaches it (scancel and Slurm's time limit signal every process of the step).
+TensorFlow waits in C++ until every worker has come, for ever, holding Python's GIL (a Python thread does not
+run meanwhile: measured on TensorFlow 2.18), and its coordination service installs its own SIGTERM handler,
+which only notes the signal. So neither a thread nor a Python signal handler of this process can end the wait.
+A small watcher process does: it ends this process (SIGKILL) after the deadline, naming the peers whose port
+does not answer, or when a stop signal reaches it (scancel and Slurm's time limit signal every process of the
+step).
 
-A stop ends the worker with the stopped status (3, resumable: nothing was trained), not as a crash: for the join,
-SIGQUIT's handler is libc's ``_exit`` itself, installed through ctypes, which runs in C whatever holds the GIL
-and exits with the signal's number, 3. The watcher sends SIGQUIT, and SIGKILL if that did not end the worker.
-A stop signal sent to the worker alone reaches the watcher through Python's signal wakeup fd (written in C by
-the worker's own handler); SIGTERM is the exception, since TensorFlow's handler replaces Python's there. A stop
-the watcher saw just as the join ended is handed to the worker's stop handler once it is back in place.
+A stop ends the worker with the stopped status (3, resumable: nothing was trained), not as a crash: for the
+join, SIGQUIT's handler is libc's ``_exit`` itself, installed through ctypes, which runs in C whatever holds
+the GIL and exits with the signal's number, 3. The watcher sends SIGQUIT, and SIGKILL if that did not end the
+worker. A stop signal sent to the worker alone reaches the watcher through Python's signal wakeup fd (written
+in C by the worker's own handler); SIGTERM is the exception, since TensorFlow's handler replaces Python's
+there. A stop the watcher saw just as the join ended is handed to the worker's stop handler once it is back in
+place.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ import tempfile
 
 from app.core.errors import REQUEUE_EXIT_CODE, AppError
 
-# The watcher: argv = parent pid, seconds, the read end of the worker's signal wakeup fd; the peers (host:port, one a line) on stdin, not in argv, which every
-# user of the node can read. Standard library only; it starts in ~50 ms. It starts with the stop signals
-# blocked (inherited from join()) and unblocks them once its handlers are in place: none is lost meanwhile.
+# The watcher: argv = parent pid, seconds, the read end of the worker's signal wakeup fd; the peers
+# (host:port, one a line) on stdin, not in argv, which every user of the node can read. Standard library only;
+# it starts in ~50 ms. It starts with the stop signals blocked (inherited from join()) and unblocks them once
+# its handlers are in place: none is lost meanwhile.
 _WATCHER = """
 import os, select, signal, socket, sys, time
 parent, timeout, wakeup = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
@@ -69,7 +72,8 @@ deadline = time.monotonic() + timeout
 while time.monotonic() < deadline:
     if os.getppid() != parent:
         os._exit(0)
-    # A stop signal sent to the worker alone: Python's C-level handler there writes its number to the wakeup fd.
+    # A stop signal sent to the worker alone: Python's C-level handler there writes its number to the wakeup
+    # fd.
     if select.select([wakeup], [], [], 0.2)[0]:
         got = os.read(wakeup, 64)
         if not got:
@@ -78,19 +82,23 @@ while time.monotonic() < deadline:
             if number in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP):
                 stopped(number)
 silent = [p for p in peers if not answers(p)]
-who = "no answer from " + ", ".join(silent) if silent else "all of %s answer but did not join" % ", ".join(peers)
-end("the tf engine's workers did not all join within %g s (train.tf_join_timeout_s): %s; check that every node "
-    "started its task (the job log), or raise train.tf_join_timeout_s" % (timeout, who))
+if silent:
+    who = "no answer from " + ", ".join(silent)
+else:
+    who = "all of %s answer but did not join" % ", ".join(peers)
+end("the tf engine's workers did not all join within %g s (train.tf_join_timeout_s): %s; check that "
+    "every node started its task (the job log), or raise train.tf_join_timeout_s" % (timeout, who))
 """
 
 STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
 
 
 def join(tf, gpus: bool, workers: list[str], rank: int, timeout_s: float):
-    """The MultiWorkerMirroredStrategy of ``workers`` (this process is ``rank``; its server listens on its port on
-    every interface): NCCL between GPUs (TensorFlow-ROCm's NCCL path is RCCL on AMD GPUs), TensorFlow's ring over
-    gRPC on CPUs. At most ``timeout_s`` to join; a stop signal to the step, or SIGINT or SIGUSR1 to this process
-    alone, ends the wait with status 3 (SIGTERM to this process alone is TensorFlow's: its handler takes it)."""
+    """The MultiWorkerMirroredStrategy of ``workers`` (this process is ``rank``; its server listens on its
+    port on every interface): NCCL between GPUs (TensorFlow-ROCm's NCCL path is RCCL on AMD GPUs),
+    TensorFlow's ring over gRPC on CPUs. At most ``timeout_s`` to join; a stop signal to the step, or SIGINT
+    or SIGUSR1 to this process alone, ends the wait with status 3 (SIGTERM to this process alone is
+    TensorFlow's: its handler takes it)."""
     comm = tf.distribute.experimental.CommunicationImplementation
     options = tf.distribute.experimental.CommunicationOptions(implementation=comm.NCCL if gpus else comm.RING)
     handlers = {s: signal.getsignal(s) for s in (*STOPS, signal.SIGQUIT)}
@@ -127,7 +135,8 @@ def join(tf, gpus: bool, workers: list[str], rank: int, timeout_s: float):
             signal.signal(number, signal.SIG_DFL if handler is None else handler)
     if reported:
         # A stop the watcher saw as the join ended, handed to the stop handler now in place: as SIGTERM, which
-        # it records, whatever it was (SIGHUP's default would end the process, SIGINT raise KeyboardInterrupt).
+        # it records, whatever it was (SIGHUP's default would end the process, SIGINT raise
+        # KeyboardInterrupt).
         os.kill(os.getpid(), signal.SIGTERM)
     return strategy
 
@@ -154,8 +163,9 @@ def _watch(workers: list[str], rank: int, timeout_s: float, wakeup: int) -> subp
 
 
 def _exit_on_sigquit() -> None:
-    """SIGQUIT (signal 3) ends this process at once with status 3, the stopped status (REQUEUE_EXIT_CODE): libc's
-    ``_exit``, async-signal-safe, is the handler, so no Python code (which the GIL would hold back) runs."""
+    """SIGQUIT (signal 3) ends this process at once with status 3, the stopped status (REQUEUE_EXIT_CODE):
+    libc's ``_exit``, async-signal-safe, is the handler, so no Python code (which the GIL would hold back)
+    runs."""
     import ctypes
 
     # The status is the signal's number (3 on Linux); elsewhere the watcher's SIGKILL ends it.
@@ -167,8 +177,9 @@ def _exit_on_sigquit() -> None:
     libc.signal(signal.SIGQUIT, ctypes.cast(libc._exit, ctypes.c_void_p))
 
 
-# MultiWorkerMirroredStrategy's start-up lines from C++ (absl logging, which TF_CPP_MIN_LOG_LEVEL does not reach):
-# absl's notice, the worker's gRPC server and its connection to the coordination service (three lines a worker).
+# MultiWorkerMirroredStrategy's start-up lines from C++ (absl logging, which TF_CPP_MIN_LOG_LEVEL does not
+# reach): absl's notice, the worker's gRPC server and its connection to the coordination service (three lines
+# a worker).
 _START_NOISE = re.compile(
     r"^I[0-9]{4} .*(grpc_server_lib|coordination_service)|All log messages before absl::InitializeLog"
 )
@@ -178,7 +189,8 @@ _START_NOISE = re.compile(
 def _start_up_lines_dropped():
     """Standard error into a file while the strategy starts, then every line but its start-up notices written
     out. A file, not a pipe: TensorFlow writes while it holds the GIL, and nothing may block it. A worker
-    ended by its watcher inside loses these lines, never the watcher's own (its standard error is the job's)."""
+    ended by its watcher inside loses these lines, never the watcher's own (its standard error is the
+    job's)."""
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as capture:

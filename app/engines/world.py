@@ -1,7 +1,7 @@
-"""Who this process is among the workers, and the guards that no silent fallback passes: which launcher started
-it (horovodrun, mpirun, srun, PMIx), how many processes the launcher started against how many joined, GPUs
-allocated against GPUs seen, how many CPU threads a rank takes (--threads, SLURM_CPUS_PER_TASK or its share of
-the node), and the errors workers leave for `app --np`.
+"""Who this process is among the workers, and the guards that no silent fallback passes: which launcher
+started it (horovodrun, mpirun, srun, PMIx), how many processes the launcher started against how many joined,
+GPUs allocated against GPUs seen, how many CPU threads a rank takes (--threads, SLURM_CPUS_PER_TASK or its
+share of the node), and the errors workers leave for `app --np`.
 
 Reads only the environment and the device files: no Horovod or TensorFlow here, so the CLI and the login-node
 commands may use it.
@@ -20,8 +20,8 @@ from app.core.slurm import SlurmEnv, whole
 
 # What `app --np N --engine tf` (app.engines.local) tells the one process it starts.
 LOCAL_RANK_VARS = {"rank": "SCALEOUT_RANK", "size": "SCALEOUT_SIZE"}
-# The tf engine's replicas in this process (one per local GPU, or logical CPU devices): `app --np N` and the job
-# scripts of tf-engine profiles set it; unset, one.
+# The tf engine's replicas in this process (one per local GPU, or logical CPU devices): `app --np N` and the
+# job scripts of tf-engine profiles set it; unset, one.
 REPLICAS_VAR = "SCALEOUT_REPLICAS"
 
 # Environment variables by which each launcher tells a process its rank.
@@ -105,7 +105,8 @@ def check_world_size(size: int, env, engine: str = "horovod") -> None:
     var, n = launched
     if var == slurm.NTASKS:  # the batch script itself, not an srun step
         raise AppError(
-            f"this Slurm job has {n} tasks ({slurm.NTASKS}={n}) but `app` runs alone in its batch script: start "
+            f"this Slurm job has {n} tasks ({slurm.NTASKS}={n}) but `app` runs alone in its batch script: "
+            "start "
             f"it with `srun app ...` (app submit's job script does), or with --np {n} on one node"
         )
     if engine == "tf":
@@ -154,8 +155,8 @@ def check_gpus_seen(gpus_seen: int, env, device_nodes, build: dict) -> None:
         where = (
             "PyPI's aarch64 TensorFlow is CPU-only: use the ngc image, see docs/clusters/roihu.md"
             if platform.machine() == "aarch64"
-            else "on a cluster use its image, see docs/clusters/other-slurm.md; on an NVIDIA workstation `make "
-            "install TF=gpu`, see docs/workstation.md"
+            else "on a cluster use its image, see docs/clusters/other-slurm.md; on an NVIDIA workstation "
+            "`make install TF=gpu`, see docs/workstation.md"
         )
         why = f"this TensorFlow is a CPU-only build ({where})"
     else:
@@ -164,7 +165,8 @@ def check_gpus_seen(gpus_seen: int, env, device_nodes, build: dict) -> None:
             "--nv, or --rocm on AMD; Docker --gpus all)"
         )
     raise AppError(
-        f"GPUs are there for this process ({allocated}, {device_nodes[0]}) but TensorFlow sees none: {why}; `app "
+        f"GPUs are there for this process ({allocated}, {device_nodes[0]}) but TensorFlow sees none: {why}; "
+        "`app "
         f"info` shows the build and devices. To train on the CPU on purpose, set {ALLOW_CPU_VAR}=1 (or "
         "CUDA_VISIBLE_DEVICES=-1)"
     )
@@ -228,8 +230,8 @@ def detected_launcher() -> str | None:
 
 def joined_launcher() -> str | None:
     """The launcher whose other processes this one joins: one was detected and it started more than this
-    process. Inside an interactive `srun --pty bash` (a one-task step: PMIX_RANK is set, the step has one task)
-    there is none, so `--np N` starts N local workers there, as on a workstation."""
+    process. Inside an interactive `srun --pty bash` (a one-task step: PMIX_RANK is set, the step has one
+    task) there is none, so `--np N` starts N local workers there, as on a workstation."""
     launcher = detected_launcher()
     launched = launched_size(os.environ)
     return launcher if launcher and (launched is None or launched[1] > 1) else None
@@ -255,7 +257,8 @@ CPUS_PER_TASK_VAR = slurm.CPUS_PER_TASK
 
 @dataclass(frozen=True)
 class RankThreads:
-    """How many CPU threads one rank takes, where that number came from, and a note when a value was ignored."""
+    """How many CPU threads one rank takes, where that number came from, and a note when a value was
+    ignored."""
 
     count: int
     source: str

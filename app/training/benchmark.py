@@ -6,10 +6,10 @@ and the time of the step itself. The first steps, until step times settle (at le
 excluded; the rest is cut into measurement windows whose throughputs give a mean and a 95% confidence
 interval. One JSON line per (batch size) is appended to the results file, by rank 0.
 
-With ``timeline_steps`` and several workers, that many further steps (after the measured ones, so they do not count) run under
-Horovod's timeline; the trace goes next to the results file (<results>.timeline/w<workers>-b<batch>-<time>.json,
-it opens in Perfetto) and the result line gets the shares of those steps' time spent in collectives and
-negotiation (app.engines.timeline).
+With ``timeline_steps`` and several workers, that many further steps (after the measured ones, so they do not
+count) run under Horovod's timeline; the trace goes next to the results file
+(<results>.timeline/w<workers>-b<batch>-<time>.json, it opens in Perfetto) and the result line gets the shares
+of those steps' time spent in collectives and negotiation (app.engines.timeline).
 """
 
 from __future__ import annotations
@@ -28,8 +28,38 @@ from app.engines.gpusample import GpuSampler
 from app.engines.info import environment
 
 # Student's t, two-sided 95%, for 1..30 degrees of freedom; written out to avoid a SciPy dependency.
-T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-       2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]  # fmt: skip
+T95 = [
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+]
 
 
 def warmup_steps(
@@ -105,7 +135,6 @@ def run(
     """Benchmark ``cfg`` at each per-worker batch size and each count of ``threads`` per worker (0: automatic;
     several only with ``pipeline_only``); rank 0 appends one JSON line per (threads, batch size)."""
 
-    from app.data.pipeline import train_dataset
     from app.data.sources import open_source
     from app.engines import engine as distributed
     from app.training.prepare import build_model, input_threads, setup
@@ -123,23 +152,7 @@ def run(
     for count, batch in [(count, batch) for count in threads for batch in batch_sizes]:
         inputs = input_threads(count, world, reporter)
         steps = planned[batch]
-        # As many epochs of the real data as the steps need (a small dataset is simply cycled through).
-        # [dist] a process holding several replicas reads one batch for all of them (split by the engine)
-        batch_here = batch * world.replicas
-        per_epoch = (
-            steps
-            if synthetic
-            else int(distributed.current().all_reduce([source.spec.train_examples // batch_here], "min")[0])
-        )
-        if per_epoch < 1:
-            raise UsageError(
-                f"--batch-sizes {batch}: more than this worker's {source.spec.train_examples} examples"
-            )
-        ds = train_dataset(
-            source, batch_here, per_epoch, math.ceil((steps + timeline_steps) / per_epoch), 0, cfg.run.seed, world.rank,
-            cfg.data.shuffle_buffer, synthetic=synthetic, deterministic=cfg.data.deterministic,
-            threads=inputs.pool,
-        )  # fmt: skip
+        ds = _dataset(cfg, source, world, batch, (steps, timeline_steps), inputs.pool)
         step_fn = (
             None if model is None else distributed.current().train_step_function(model, cfg.model.jit_compile)
         )
@@ -162,8 +175,9 @@ def run(
         # of the process): CSC's scalability test compares these.
         result |= {"steps": steps, "images_target": images or None, "wall_s": sum(times)}
         result["images_per_s"]["per_worker"] = result["images_per_s"]["mean"] / world.workers
-        # What one CPU thread of the input pipeline delivers: --pipeline-only's per-core figure (docs/training.md);
-        # a thread pool is a process's, which under the tf engine reads for all its replicas
+        # What one CPU thread of the input pipeline delivers: --pipeline-only's per-core figure
+        # (docs/training.md); a thread pool is a process's, which under the tf engine reads for all its
+        # replicas
         result["images_per_s"]["per_thread"] = result["images_per_s"]["mean"] / (world.size * inputs.count)
         # [dist] the slowest rank sets the pace: report the largest step time any rank saw.
         result["step_time_s"] = max(distributed.current().all_gather(result["step_time_s"]))
@@ -171,6 +185,41 @@ def run(
             report(result, results, reporter, timeline_steps)
         out.append(result)
     return out
+
+
+def _dataset(cfg, source, world, batch: int, counts: tuple[int, int], threads: int):
+    """This rank's training batches at ``batch`` per worker for ``counts`` (the measured steps, then the
+    timeline's), on ``threads`` threads."""
+    from app.data.pipeline import train_dataset
+    from app.engines import engine as distributed
+
+    synthetic = cfg.data.source == "synthetic"
+    steps, timeline_steps = counts
+    # As many epochs of the real data as the steps need (a small dataset is simply cycled through).
+    # [dist] a process holding several replicas reads one batch for all of them (split by the engine)
+    batch_here = batch * world.replicas
+    per_epoch = (
+        steps
+        if synthetic
+        else int(distributed.current().all_reduce([source.spec.train_examples // batch_here], "min")[0])
+    )
+    if per_epoch < 1:
+        raise UsageError(
+            f"--batch-sizes {batch}: more than this worker's {source.spec.train_examples} examples"
+        )
+    return train_dataset(
+        source,
+        batch_here,
+        per_epoch,
+        math.ceil((steps + timeline_steps) / per_epoch),
+        0,
+        cfg.run.seed,
+        world.rank,
+        cfg.data.shuffle_buffer,
+        synthetic=synthetic,
+        deterministic=cfg.data.deterministic,
+        threads=threads,
+    )
 
 
 def steps_for(images: int, batch: int, workers: int, n_windows: int) -> int:
@@ -203,8 +252,18 @@ def pipeline_rate(cfg, source, batch: int, world, pool: int, steps: int = 12) ->
     if steps < 6:
         return None
     try:
-        ds = train_dataset(source, batch, steps, 1, 0, cfg.run.seed, world.rank, batch,
-                           deterministic=cfg.data.deterministic, threads=pool)  # fmt: skip
+        ds = train_dataset(
+            source,
+            batch,
+            steps,
+            1,
+            0,
+            cfg.run.seed,
+            world.rank,
+            batch,
+            deterministic=cfg.data.deterministic,
+            threads=pool,
+        )
         times, waits = time_steps(iter(ds), None, steps)
     except tf.errors.OpError:
         return None
@@ -247,8 +306,9 @@ def per_core_rate(size: int = 224, batch: int = 32, steps: int = 12) -> float:
 
 
 def input_check(threads: int, env, local_size: int, launcher: str = "") -> dict:
-    """`app doctor`'s input row: what one core of this node turns into ImageNet training crops, times the cores
-    each task gets, against what the profile says a GPU consumes; a warning (never a failure) when short."""
+    """`app doctor`'s input row: what one core of this node turns into ImageNet training crops, times the
+    cores each task gets, against what the profile says a GPU consumes; a warning (never a failure) when
+    short."""
     import os
 
     from app.engines.world import threads_per_rank
@@ -257,7 +317,8 @@ def input_check(threads: int, env, local_size: int, launcher: str = "") -> dict:
     cores = threads_per_rank(threads, env, os.cpu_count(), local_size, launcher).count
     expected, problem = expected_gpu_rate(env)
     detail = (
-        f"1 core makes {per_core:,.0f} ImageNet training crops/s (a 400x400 JPEG photo); x {cores} core(s) per "
+        f"1 core makes {per_core:,.0f} ImageNet training crops/s (a 400x400 JPEG photo); x {cores} core(s) "
+        "per "
         f"task = {per_core * cores:,.0f} images/s"
     )
     if problem:
@@ -275,7 +336,8 @@ def input_check(threads: int, env, local_size: int, launcher: str = "") -> dict:
 
 
 def describe(cfg, source, policy: str, batch: int, world, count: int, inputs, pipeline_only: bool) -> dict:
-    """What a result line measured: the engine, the model and data, the batch, the workers and the input threads."""
+    """What a result line measured: the engine, the model and data, the batch, the workers and the input
+    threads."""
     from app.engines import engine as distributed
 
     return {
@@ -367,13 +429,16 @@ def report(result: dict, results: Path, reporter, timeline_steps: int) -> None:
         else f"step {result['step_time_s'] * 1000:.0f} ms, input wait {result['input_wait_fraction']:.0%}"
     )
     reporter.note(
-        f"{result['kind']} batch {result['batch_size']}/worker x {result['workers']}: {ips['mean']:,.1f}{ci} images/s "
-        f"({ips['per_worker']:,.1f} per worker{per_thread}), {step}, warmup {result['warmup_steps']} steps excluded"
+        f"{result['kind']} batch {result['batch_size']}/worker x {result['workers']}: {ips['mean']:,.1f}{ci} "
+        "images/s "
+        f"({ips['per_worker']:,.1f} per worker{per_thread}), {step}, warmup {result['warmup_steps']} steps "
+        "excluded"
     )
     timeline = result["timeline"]
     if timeline:
         reporter.note(
             f"timeline of {timeline_steps} more steps: collectives {timeline['collective_fraction']:.0%}, "
-            f"negotiation open {timeline['negotiation_fraction']:.0%}, compute only {timeline['compute_fraction']:.0%} "
+            f"negotiation open {timeline['negotiation_fraction']:.0%}, compute only "
+            f"{timeline['compute_fraction']:.0%} "
             f"of step time; open {timeline['file']} in ui.perfetto.dev"
         )

@@ -1,5 +1,5 @@
-"""The callbacks of a training run besides Horovod's: evaluation at each epoch end, rank 0's checkpoints, clean
-stops and checkpoints inside epochs, and the learning rate of every step."""
+"""The callbacks of a training run besides Horovod's: evaluation at each epoch end, rank 0's checkpoints,
+clean stops and checkpoints inside epochs, and the learning rate of every step."""
 
 from __future__ import annotations
 
@@ -36,11 +36,11 @@ class EvaluateEachEpoch(tf.keras.callbacks.Callback):
 
 
 class CheckpointWriter:
-    """The run's checkpoints: at each epoch end as :class:`~app.training.output.MetricsWriter`'s ``before_write``
-    (written before the epoch's metrics row, and holding that row, so a resume restores exactly what was
-    recorded), and inside epochs for :class:`Interruptions`. Every rank calls it at the same points; the engine
-    decides who writes (:meth:`~app.engines.engine.Engine.save_checkpoint`): rank 0 gets the path written, the
-    others None."""
+    """The run's checkpoints: at each epoch end as :class:`~app.training.output.MetricsWriter`'s
+    ``before_write`` (written before the epoch's metrics row, and holding that row, so a resume restores
+    exactly what was recorded), and inside epochs for :class:`Interruptions`. Every rank calls it at the same
+    points; the engine decides who writes (:meth:`~app.engines.engine.Engine.save_checkpoint`): rank 0 gets
+    the path written, the others None."""
 
     STOPPED = ".stopped"  # rank 0 leaves the stop message here for the job script (see jobs/train.sbatch)
 
@@ -91,18 +91,25 @@ class Interruptions(tf.keras.callbacks.Callback):
     """A clean stop on SIGUSR1/SIGTERM, and ``run.checkpoint_every``'s checkpoints inside an epoch.
 
     Every ``check_every`` optimizer updates the ranks agree (one tiny allreduce) on whether any of them got a
-    stop signal and, for time-based checkpoints, whether rank 0's clock says one is due; step-based ones
-    need no agreement. A checkpoint is always taken on an update boundary, so accumulation stays exact: the
+    stop signal and, for time-based checkpoints, whether rank 0's clock says one is due; step-based ones need
+    no agreement. A checkpoint is always taken on an update boundary, so accumulation stays exact: the
     batch-norm statistics are averaged, rank 0 writes it, and a barrier lets no rank leave before it is
     complete. On a stop every rank then raises :class:`~app.core.errors.Preempted` (exit status 3). At an
-    epoch end the epoch's own checkpoint (written just before, by :class:`~app.training.output.MetricsWriter`) serves. Must be
-    the last callback.
+    epoch end the epoch's own checkpoint (written just before, by :class:`~app.training.output.MetricsWriter`)
+    serves. Must be the last callback.
     """
 
     def __init__(
-        self, request, write, p: Plan, every_updates: int, interval, first_epoch: int, first_step: int,
+        self,
+        request,
+        write,
+        p: Plan,
+        every_updates: int,
+        interval,
+        first_epoch: int,
+        first_step: int,
         epochs: int,
-    ):  # fmt: skip
+    ):
         super().__init__()
         self.epochs = epochs
         self.request, self.write, self.p, self.every = request, write, p, every_updates

@@ -55,12 +55,18 @@ def _digest(path: Path) -> str:
     return sha.hexdigest()
 
 
-# What resuming reads from state.json, with the range each value must lie in: a valid-looking file with a wrong
-# value (a string for a number, 1e999, a negative step) is as damaged as an unreadable one, and is skipped.
+# What resuming reads from state.json, with the range each value must lie in: a valid-looking file with a
+# wrong value (a string for a number, 1e999, a negative step) is as damaged as an unreadable one, and is
+# skipped.
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")  # what a run trains in (auto resolves to one)
 COUNT_LIMIT = 10**12  # epochs, steps and workers beyond this are no training anyone ran
-STATE_COUNTS = {"epoch": (0, True), "step": (0, False), "workers": (1, False), "global_batch": (1, False),
-                "steps_per_epoch": (1, False)}  # key: (smallest value, required)  # fmt: skip
+STATE_COUNTS = {
+    "epoch": (0, True),
+    "step": (0, False),
+    "workers": (1, False),
+    "global_batch": (1, False),
+    "steps_per_epoch": (1, False),
+}  # key: (smallest value, required)
 
 
 def _whole(value) -> bool:
@@ -68,8 +74,8 @@ def _whole(value) -> bool:
 
 
 def state_problem(state) -> str | None:
-    """What is wrong with the contents of a parsed state.json, or None when every field resuming reads is there
-    with a value in its range."""
+    """What is wrong with the contents of a parsed state.json, or None when every field resuming reads is
+    there with a value in its range."""
     if not isinstance(state, dict):
         return "not a JSON object"
     for key, (low, required) in STATE_COUNTS.items():
@@ -289,16 +295,27 @@ def _set_aside(root: Path, path: Path) -> None:
 def _write_error(root: Path, exc: Exception) -> AppError:
     code = getattr(exc, "errno", None)
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    reason = {errno.ENOSPC: "the disk is full", errno.EROFS: "the file system is read-only",
-              errno.EACCES: "permission denied", errno.EDQUOT: "the disk quota is exceeded"}.get(code)  # fmt: skip
+    reason = {
+        errno.ENOSPC: "the disk is full",
+        errno.EROFS: "the file system is read-only",
+        errno.EACCES: "permission denied",
+        errno.EDQUOT: "the disk quota is exceeded",
+    }.get(code)
     if reason is None:  # TensorFlow reports OS failures as its own errors, with the reason in the text
         low = text.lower()
         reason = next(
-            (r for key, r in (("no space", "the disk is full"), ("read-only", "the file system is read-only"),
-                              ("permission denied", "permission denied"), ("quota", "the disk quota is exceeded"))
-             if key in low),
+            (
+                r
+                for key, r in (
+                    ("no space", "the disk is full"),
+                    ("read-only", "the file system is read-only"),
+                    ("permission denied", "permission denied"),
+                    ("quota", "the disk quota is exceeded"),
+                )
+                if key in low
+            ),
             text,
-        )  # fmt: skip
+        )
     return AppError(f"{root}: cannot write a checkpoint ({reason}); the earlier checkpoints there are intact")
 
 

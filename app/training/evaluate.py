@@ -56,7 +56,8 @@ def evaluate(model, dataset, num_classes: int, tick=None, step=None) -> dict:
 
 
 def evaluate_run(cfg: Config, run_dir: Path, epoch: int | None = None, threads: int = 0) -> dict:
-    """Evaluate a run's checkpoint (the latest valid one, or ``epoch``) on the evaluation split, distributed."""
+    """Evaluate a run's checkpoint (the latest valid one, or ``epoch``) on the evaluation split,
+    distributed."""
     world, reporter, policy = setup(cfg, threads)
     inputs = input_threads(threads, world, reporter)
     skipped: list[str] = []
@@ -83,7 +84,8 @@ def evaluate_run(cfg: Config, run_dir: Path, epoch: int | None = None, threads: 
         "checkpoint": str(found[1]),
         "workers": world.workers,
         "engine": distributed.current_name(),
-        "eval_steps": cfg.train.eval_steps,  # 0: the whole split; else per process, its replicas' batches each
+        # 0: the whole split; else per process, its replicas' batches each
+        "eval_steps": cfg.train.eval_steps,
         **scores,
     }
     if world.is_chief:  # named as the checkpoint: a mid-epoch one's results never replace the epoch's own

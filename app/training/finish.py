@@ -23,12 +23,12 @@ from app.training.schedule import make_schedule
 def finished_run(
     cfg: Config, run_dir: Path, world: World, state: dict, epoch: int, reporter: Reporter
 ) -> dict:
-    """A run that already trained ``cfg.train.epochs`` (its checkpoint says so): nothing to train. It stays as it
-    finished: its config.yaml is never rewritten, nor its summary for this start's workers (a start without
+    """A run that already trained ``cfg.train.epochs`` (its checkpoint says so): nothing to train. It stays as
+    it finished: its config.yaml is never rewritten, nor its summary for this start's workers (a start without
     --np would record 1 worker and the accumulation it implies). Rank 0 repairs what a crash or a disk left:
     damaged or missing metrics rows come back from the checkpoints' copies, and a damaged or missing
-    summary.json is written again from the metrics and the checkpoint's state.json (the damaged one set aside).
-    Returns the summary when it wrote one, else {}."""
+    summary.json is written again from the metrics and the checkpoint's state.json (the damaged one set
+    aside). Returns the summary when it wrote one, else {}."""
     summary: dict = {}
     if world.is_chief:
         repair_metrics(run_dir, state, epoch, reporter)
@@ -57,8 +57,9 @@ def _metrics_readable(run_dir: Path, reporter: Reporter) -> bool:
 
 def repair_metrics(run_dir: Path, state: dict, epoch: int, reporter: Reporter) -> None:
     """A finished run's metrics.jsonl with damaged, torn or missing rows: the damaged ones set aside, the
-    missing ones restored from the checkpoints' copies, as a resume does (app.training.output.reconcile_metrics);
-    untouched when whole. A file that cannot be read at all is said in a note and left as it is."""
+    missing ones restored from the checkpoints' copies, as a resume does
+    (app.training.output.reconcile_metrics); untouched when whole. A file that cannot be read at all is said
+    in a note and left as it is."""
     path = run_dir / "metrics.jsonl"
     damaged: list = []
     try:
@@ -82,14 +83,16 @@ def repair_metrics(run_dir: Path, state: dict, epoch: int, reporter: Reporter) -
 def summarize(
     cfg: Config, run_dir: Path, world: World, p: Plan, policy: str, spread: float | None = None
 ) -> dict:
-    """summary.json at the end of training: the run's shape (this start's workers and where it ran) and outcome."""
+    """summary.json at the end of training: the run's shape (this start's workers and where it ran) and
+    outcome."""
     name = distributed.current_name()
     shape = {
         "workers": world.workers,
         "nodes": world.nodes,
         "launcher": world.launcher,
         "engine": name,
-        # The engine's controller or all-reduce; horovod_controller (Horovod's mpi or gloo) as before 2026-12-06
+        # The engine's controller or all-reduce; horovod_controller (Horovod's mpi or gloo) as before
+        # 2026-12-06
         "controller": world.controller,
         "horovod_controller": world.controller if name == "horovod" else None,
         "replicas_per_process": world.replicas,
@@ -139,7 +142,9 @@ def rebuilt_summary(cfg: Config, run_dir: Path, state: dict) -> dict:
         "replica_weight_spread": None,
         "finished_at": None,
         "env": None,
-        "rebuilt": f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')}: from metrics.jsonl and the checkpoint's state.json",
+        "rebuilt": (
+            f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')}: from metrics.jsonl and the checkpoint's state.json"
+        ),
     }
     return write_summary(cfg, run_dir, 0, shape, extra)
 
@@ -149,7 +154,8 @@ def _count(value) -> int | None:
 
 
 def write_summary(cfg: Config, run_dir: Path, rank: int, shape: dict, extra: dict) -> dict:
-    """Write summary.json: ``shape`` (who trained), the outcome from metrics.jsonl (so it spans resumes), ``extra``."""
+    """Write summary.json: ``shape`` (who trained), the outcome from metrics.jsonl (so it spans resumes),
+    ``extra``."""
     rows = read_metrics(run_dir)
     best = max(rows, key=lambda r: r.get("val_accuracy", -1.0), default={})
     last = rows[-1] if rows else {}
@@ -182,6 +188,7 @@ def write_summary(cfg: Config, run_dir: Path, rank: int, shape: dict, extra: dic
         Reporter(rank).note(
             f"done: {summary['epochs']} epochs, best val_accuracy "
             f"{float('nan') if summary['best_val_accuracy'] is None else summary['best_val_accuracy']:.4f} "
-            f"(epoch {summary['best_epoch']}), {summary['train_time_s']:.0f}s training; {run_dir}/summary.json"
+            f"(epoch {summary['best_epoch']}), {summary['train_time_s']:.0f}s training; "
+            f"{run_dir}/summary.json"
         )
     return summary

@@ -31,7 +31,8 @@ class _DropOneOffWarnings(logging.Filter):
 
 
 class Reporter:
-    """Prints on rank 0 only; on other ranks TensorFlow's Python warnings are silenced too (errors still show)."""
+    """Prints on rank 0 only; on other ranks TensorFlow's Python warnings are silenced too (errors still
+    show)."""
 
     def __init__(self, rank: int, console: Console | None = None):
         from app.engines.world import detected_launcher
@@ -79,10 +80,14 @@ class Progress(tf.keras.callbacks.Callback):
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
             self._bar = Progress(
-                TextColumn(f"epoch {epoch + 1}/{self.epochs}"), BarColumn(), MofNCompleteColumn(),
-                TimeRemainingColumn(), TextColumn("{task.fields[status]}"),
-                console=self.reporter.console, transient=True,
-            )  # fmt: skip
+                TextColumn(f"epoch {epoch + 1}/{self.epochs}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[status]}"),
+                console=self.reporter.console,
+                transient=True,
+            )
             self._bar.start()
             self._task = self._bar.add_task("train", total=self.steps, status="")
 
@@ -98,7 +103,8 @@ class Progress(tf.keras.callbacks.Callback):
             self._bar.update(self._task, completed=step, status=self._status(step, logs or {}))
         elif self.reporter.enabled and (step % self.log_every == 0 or step == self.steps):
             self.reporter.note(
-                f"epoch {self.epoch + 1}/{self.epochs} step {step}/{self.steps} {self._status(step, logs or {})}"
+                f"epoch {self.epoch + 1}/{self.epochs} step {step}/{self.steps} "
+                f"{self._status(step, logs or {})}"
             )
 
     def on_epoch_end(self, epoch, logs=None):
@@ -117,21 +123,30 @@ class MetricsWriter(tf.keras.callbacks.Callback):
     """
 
     def __init__(
-        self, reporter: Reporter, run_dir: Path, tensorboard: bool, images_per_step: int, steps: int,
-        before_write=None, resumed_at: int = 0,
-    ):  # fmt: skip
+        self,
+        reporter: Reporter,
+        run_dir: Path,
+        tensorboard: bool,
+        images_per_step: int,
+        steps: int,
+        before_write=None,
+        resumed_at: int = 0,
+    ):
         super().__init__()
         self.reporter, self.run_dir = reporter, Path(run_dir)
-        # A mid-epoch resume: that epoch's loss and accuracy are its remaining steps' (Keras starts them anew),
-        # so its row says from which step (``resumed_at_step``), rather than pass for the whole epoch's.
+        # A mid-epoch resume: that epoch's loss and accuracy are its remaining steps' (Keras starts them
+        # anew), so its row says from which step (``resumed_at_step``), rather than pass for the whole
+        # epoch's.
         self.resumed_at = resumed_at
         self.images_per_step, self.steps = images_per_step, steps
         self.before_write = before_write  # called with (epoch, row) first: the checkpoint, then the metrics
         tensorboard = tensorboard and reporter.enabled
         if tensorboard and importlib.util.find_spec("tensorboard") is None:
-            # TensorFlow 2.20 and newer no longer bring TensorBoard (a site module may lack it): said, not fatal.
+            # TensorFlow 2.20 and newer no longer bring TensorBoard (a site module may lack it): said, not
+            # fatal.
             reporter.note(
-                "run.tensorboard: TensorBoard is not installed here, so no TensorBoard logs (metrics.jsonl and "
+                "run.tensorboard: TensorBoard is not installed here, so no TensorBoard logs (metrics.jsonl "
+                "and "
                 "metrics.csv have every value); pip install tensorboard, or set run.tensorboard=false"
             )
             tensorboard = False
@@ -173,7 +188,8 @@ class MetricsWriter(tf.keras.callbacks.Callback):
         )
         top5 = f" val_top5 {row['val_top5']:.4f}" if "val_top5" in row else ""
         self.reporter.note(
-            f"epoch {epoch + 1}: loss {row.get('loss', float('nan')):.4f} acc {row.get('accuracy', float('nan')):.4f}"
+            f"epoch {epoch + 1}: loss {row.get('loss', float('nan')):.4f} acc "
+            f"{row.get('accuracy', float('nan')):.4f}"
             f"{val}{top5} lr {row['lr']:.5g} {row['images_per_s']:,.0f} img/s {elapsed:.1f}s"
             + (f" (loss and acc of steps {self.resumed_at + 1}-: resumed there)" if self.resumed_at else "")
         )
@@ -183,8 +199,8 @@ DAMAGED_METRICS = "metrics.damaged.jsonl"  # lines of metrics.jsonl a resume cou
 
 
 def set_aside(path: Path, name: str) -> Path:
-    """Rename the damaged file ``path`` to ``name`` beside it (``name`` with -2, -3, ... when taken: an earlier
-    copy set aside is never overwritten) and return the new path."""
+    """Rename the damaged file ``path`` to ``name`` beside it (``name`` with -2, -3, ... when taken: an
+    earlier copy set aside is never overwritten) and return the new path."""
     stem, dot, ext = name.partition(".")
     for n in range(1, 1000):
         aside = path.with_name(name if n == 1 else f"{stem}-{n}{dot}{ext}")
@@ -243,7 +259,8 @@ def reconcile_metrics(
 
 
 def append_metrics(run_dir: Path, row: dict) -> None:
-    """One epoch's metrics appended to metrics.jsonl and metrics.csv (the CSV header is the first row's keys)."""
+    """One epoch's metrics appended to metrics.jsonl and metrics.csv (the CSV header is the first row's
+    keys)."""
     run_dir = Path(run_dir)
     row = finite(row)  # a diverged loss is NaN: null keeps every line valid JSON
     with open(run_dir / "metrics.jsonl", "a") as f:

@@ -36,7 +36,8 @@ def plan(cfg: Config, spec: Spec, world: World) -> Plan:
     if steps <= 0:
         raise UsageError(
             f"train.batch_size {t.batch_size} x accumulation {t.accumulation_steps} is more than this rank's "
-            f"{spec.train_examples // world.replicas} training examples; lower the batch size or use fewer workers"
+            f"{spec.train_examples // world.replicas} training examples; lower the batch size or use fewer "
+            "workers"
         )
     return Plan(steps, t.batch_size * world.workers, cfg.global_batch(world.workers), t.accumulation_steps)
 
@@ -55,12 +56,14 @@ def keep_global_batch(cfg: Config, state: dict, world: World, reporter: Reporter
     why = (
         f"resuming on {workers} workers instead of {saved_workers}"
         if saved_workers != workers
-        else f"the checkpoint trained at global batch {saved_global}, the run's config gives {cfg.global_batch(workers)}"
+        else f"the checkpoint trained at global batch {saved_global}, the run's config gives "
+        f"{cfg.global_batch(workers)}"
     )
     if saved_global % per_update == 0:
         accumulation = saved_global // per_update
         reporter.note(
-            f"{why}: train.accumulation_steps {t.accumulation_steps} -> {accumulation} keeps the global batch at "
+            f"{why}: train.accumulation_steps {t.accumulation_steps} -> {accumulation} keeps the global "
+            "batch at "
             f"{saved_global}"
         )
         return dataclasses.replace(cfg, train=dataclasses.replace(t, accumulation_steps=accumulation))
@@ -74,7 +77,8 @@ def keep_global_batch(cfg: Config, state: dict, world: World, reporter: Reporter
     raise UsageError(
         f"{head} the global batch from "
         f"{saved_global} to {cfg.global_batch(workers)} (train.batch_size {t.batch_size} x {workers} "
-        f"workers x accumulation {t.accumulation_steps}), and no whole number of accumulation steps keeps it; "
+        f"workers x accumulation {t.accumulation_steps}), and no whole number of accumulation steps keeps "
+        "it; "
         f"resume on {saved_workers} workers, or accept the change with --set run.allow_new_global_batch=true"
     )
 
@@ -91,7 +95,8 @@ def resume_step(state: dict, p: Plan, reporter: Reporter) -> int:
         back = step - step % p.accumulation_steps
         if back != step:
             reporter.note(
-                f"continuing at step {back}, not {step}: the first update boundary of accumulation {p.accumulation_steps}"
+                f"continuing at step {back}, not {step}: the first update boundary of accumulation "
+                f"{p.accumulation_steps}"
             )
         return back
     converted = round(step / saved_steps * p.steps_per_epoch)

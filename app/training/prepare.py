@@ -20,18 +20,19 @@ from app.training import checkpoint, models
 from app.training.output import Reporter
 from app.training.schedule import make_schedule
 
-# What tf.config.experimental.get_device_details(gpu) holds, read in TensorFlow's sources on 2026-12-04 (no GPU
-# here to ask; function names, as line numbers move between releases): BaseGPUDeviceFactory::GetDeviceDetails
-# in tensorflow/core/common_runtime/gpu/gpu_device.cc (tensorflow/tensorflow 637eae5b) sets "device_name" always
-# and "compute_capability" ("8.0") only under `#if GOOGLE_CUDA`; Context.get_device_details in
-# tensorflow/python/eager/context.py turns it into (8, 0). A ROCm build gives the name alone: hipDeviceGetName's
-# marketing name, set by GpuExecutor::CreateDeviceDescription in
-# third_party/xla/xla/stream_executor/rocm/rocm_gpu_executor.cc (053a4435; rocminfo names LUMI-G's GCDs "AMD
-# Instinct MI250X"). Newer XLA (rocm/rocm_executor.cc, RocmExecutor::CreateDeviceDescription, 00a9aeae) puts the
-# GCN arch name ("gfx90a:sramecc+:xnack-") there when that name is empty, as ROCm 4.5-5.x left it for MI50 to
-# MI210 (ROCm/legacy-rocm-build#1625); older TensorFlow then gives "".
-# bf16 at fp16's rate: MI210, MI250(X), MI300A/X, MI325X, MI355X by name; gfx90a (MI200), gfx94x (MI300), gfx95x
-# (MI350) by arch. MI100 (gfx908) is left out: its bf16 runs at half its fp16 rate.
+# What tf.config.experimental.get_device_details(gpu) holds, read in TensorFlow's sources on 2026-12-04 (no
+# GPU here to ask; function names, as line numbers move between releases):
+# BaseGPUDeviceFactory::GetDeviceDetails in tensorflow/core/common_runtime/gpu/gpu_device.cc
+# (tensorflow/tensorflow 637eae5b) sets "device_name" always and "compute_capability" ("8.0") only under
+# `#if GOOGLE_CUDA`; Context.get_device_details in tensorflow/python/eager/context.py turns it into (8, 0).
+# A ROCm build gives the name alone: hipDeviceGetName's marketing name, set by
+# GpuExecutor::CreateDeviceDescription in third_party/xla/xla/stream_executor/rocm/rocm_gpu_executor.cc
+# (053a4435; rocminfo names LUMI-G's GCDs "AMD Instinct MI250X"). Newer XLA (rocm/rocm_executor.cc,
+# RocmExecutor::CreateDeviceDescription, 00a9aeae) puts the GCN arch name ("gfx90a:sramecc+:xnack-") there
+# when that name is empty, as ROCm 4.5-5.x left it for MI50 to MI210 (ROCm/legacy-rocm-build#1625); older
+# TensorFlow then gives "".
+# bf16 at fp16's rate: MI210, MI250(X), MI300A/X, MI325X, MI355X by name; gfx90a (MI200), gfx94x (MI300),
+# gfx95x (MI350) by arch. MI100 (gfx908) is left out: its bf16 runs at half its fp16 rate.
 BF16_AMD_NAME = re.compile(r"\bMI[23][0-9]{2}[A-Z]?\b", re.IGNORECASE)
 BF16_AMD_ARCH = re.compile(r"\bgfx(90a|94[0-9]|95[0-9])\b", re.IGNORECASE)
 UNKNOWN_GPU = "not known to have fast bf16"
@@ -39,8 +40,8 @@ UNKNOWN_GPU = "not known to have fast bf16"
 
 def gpu_auto_precision(details: dict) -> tuple[str, str]:
     """``auto``'s policy on a GPU, from what ``tf.config.experimental.get_device_details`` says of it, and the
-    reason: bf16 (which needs no loss scaling) on CUDA compute capability 8.0 and newer (A100, H100, GH200) and
-    on AMD's MI200 and MI300 classes (gfx90a, gfx94x, gfx95x); fp16 on older or unrecognised GPUs."""
+    reason: bf16 (which needs no loss scaling) on CUDA compute capability 8.0 and newer (A100, H100, GH200)
+    and on AMD's MI200 and MI300 classes (gfx90a, gfx94x, gfx95x); fp16 on older or unrecognised GPUs."""
     name = str(details.get("device_name") or "").strip()
     capability = details.get("compute_capability")
     if isinstance(capability, tuple) and len(capability) == 2:
@@ -52,7 +53,8 @@ def gpu_auto_precision(details: dict) -> tuple[str, str]:
 
 
 def resolve_precision(precision: str) -> tuple[str, str]:
-    """The Keras mixed-precision policy for ``precision`` on this machine (``auto`` picks the fastest), and why."""
+    """The Keras mixed-precision policy for ``precision`` on this machine (``auto`` picks the fastest), and
+    why."""
     if precision != "auto":
         return precision, "set in the config"
     gpus = tf.config.list_physical_devices("GPU")
@@ -68,7 +70,8 @@ def resolve_precision(precision: str) -> tuple[str, str]:
 def precision_problem(
     requested: str, policy: str, why: str, accumulation_steps: int, workers: int
 ) -> str | None:
-    """Why ``policy`` cannot train with ``accumulation_steps`` on ``workers`` workers, in one line; None if it can.
+    """Why ``policy`` cannot train with ``accumulation_steps`` on ``workers`` workers, in one line; None if it
+    can.
 
     fp16's loss-scale optimizer would update its scale at every micro-batch from each rank's own gradients:
     ranks could hold different scales when the accumulated gradients are allreduced, and the replicas would
@@ -86,7 +89,8 @@ def precision_problem(
     return (
         f"model.precision auto is mixed_float16 on this GPU ({why}), and with train.accumulation_steps "
         f"{accumulation_steps} on {workers} workers the workers' loss scales would diverge; set "
-        "model.precision=mixed_bfloat16 if the GPU supports it (Ampere or newer, MI200 or newer), or float32, "
+        "model.precision=mixed_bfloat16 if the GPU supports it (Ampere or newer, MI200 or newer), or "
+        "float32, "
         "or train.accumulation_steps=1"
     )
 
@@ -151,7 +155,8 @@ def tracked(model) -> tf.train.Checkpoint:
 
 
 def setup(cfg: Config, threads: int = 0) -> tuple[World, Reporter, str]:
-    """Join the workers through ``cfg``'s engine, seed, and set the precision policy (before any model is built)."""
+    """Join the workers through ``cfg``'s engine, seed, and set the precision policy (before any model is
+    built)."""
     if cfg.model.jit_compile:
         os.environ.setdefault("HOROVOD_ENABLE_XLA_OPS", "1")  # allreduce inside XLA-compiled steps
     engine = distributed.use(cfg.train.engine)  # [dist] the engine distributed.current() returns from here on
@@ -191,7 +196,8 @@ def set_precision(cfg: Config, world: World, reporter: Reporter) -> str:
     if cfg.model.precision == "auto" and why.endswith(UNKNOWN_GPU):  # fp16 on a guess: said, never silent
         reporter.note(
             escape(
-                f"precision auto: mixed_float16 on {why}; set model.precision=mixed_bfloat16 if it has (Ampere "
+                f"precision auto: mixed_float16 on {why}; set model.precision=mixed_bfloat16 if it has "
+                "(Ampere "
                 "or newer, MI200 or newer)"
             )
         )
@@ -206,8 +212,8 @@ def _unrestored_values_filter(record) -> bool:
 
 
 def restore(model, path: Path, run_dir: Path, label: str = "--run-dir") -> None:
-    """Restore the checkpoint at ``path`` into ``model`` (training's resume, `app evaluate`), or one line saying
-    that it does not fit the model the config builds."""
+    """Restore the checkpoint at ``path`` into ``model`` (training's resume, `app evaluate`), or one line
+    saying that it does not fit the model the config builds."""
     try:  # [dist] the engine says who reads
         distributed.current().restore_checkpoint(lambda: checkpoint.restore(tracked(model), path))
     except (AssertionError, ValueError, tf.errors.OpError) as exc:

@@ -1,6 +1,7 @@
 """One writer per run directory. Two trainings in one run directory (`app submit --resume` twice, a requeue
 racing a manual resume) would each prune and set aside the checkpoints the other writes, so the chief of a
-training holds an advisory lock on ``<run_dir>/.lock`` for as long as it lives, with who holds it written inside.
+training holds an advisory lock on ``<run_dir>/.lock`` for as long as it lives, with who holds it written
+inside.
 
 ``flock`` is released by the kernel when its holder dies, however it dies, so a lock left by a dead holder is
 simply taken over. On a local file system and on NFS (where Linux maps flock onto NFS's byte-range locks) it
@@ -80,7 +81,8 @@ def acquire(run_dir: Path, note=None) -> None:
             return
         if exc.errno in (errno.EAGAIN, errno.EACCES):  # someone holds it
             raise AppError(
-                f"--run-dir {run_dir}: another training writes there ({holder(path)}); two writers would delete "
+                f"--run-dir {run_dir}: another training writes there ({holder(path)}); two writers would "
+                "delete "
                 "each other's checkpoints: wait for it to end (or scancel its job), or pass another --run-dir"
             ) from None
         if note:  # ENOLCK, EOPNOTSUPP: a file system without locks (Lustre mounted noflock)
@@ -91,8 +93,12 @@ def acquire(run_dir: Path, note=None) -> None:
     with contextlib.suppress(OSError):  # who holds it, for the next one's message; the lock holds without it
         f.seek(0)
         f.truncate()
-        info = {"host": socket.gethostname(), "pid": os.getpid(), "job": SlurmEnv().job_id,
-                "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}  # fmt: skip
+        info = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "job": SlurmEnv().job_id,
+            "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
         f.write(json.dumps(info).encode())
         f.flush()
     _held.append(f)

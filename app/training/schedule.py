@@ -1,5 +1,6 @@
-"""The learning-rate schedule: linear scaling by the global batch, Goyal et al.'s warmup (gradual or constant),
-then step decay or cosine, as a function of the step alone (so a resumed run continues exactly where it stopped).
+"""The learning-rate schedule: linear scaling by the global batch, Goyal et al.'s warmup (gradual or
+constant), then step decay or cosine, as a function of the step alone (so a resumed run continues exactly
+where it stopped).
 
 Why it is defined this way (the global batch rather than the workers, integer step boundaries, a warmup that
 replaces the curve's first epochs and leaves the rest alone): docs/training.md, "The schedule in detail".

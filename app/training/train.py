@@ -1,15 +1,16 @@
 """Training and evaluation: the one place that ties data, model, optimizer, the engine and outputs together.
 
 The order follows Horovod's Keras example: init and pin the device, data sharded by rank, model, LR scaled by
-the global batch, the distributed optimizer, callbacks (the engine's first ones) -> LR schedule -> evaluation ->
-checkpoint/metrics (rank 0 only). Lines that exist only because of distribution are marked ``[dist]`` and call
-the engine in use (app.engines.engine.current()).
+the global batch, the distributed optimizer, callbacks (the engine's first ones) -> LR schedule -> evaluation
+-> checkpoint/metrics (rank 0 only). Lines that exist only because of distribution are marked ``[dist]`` and
+call the engine in use (app.engines.engine.current()).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import tensorflow as tf
@@ -19,7 +20,7 @@ from app.core.config import MIN_IMAGE_SIZE, Config, checkpoint_interval, dump
 from app.core.errors import AppError, Preempted, UsageError
 from app.core.results import read_metrics
 from app.data.pipeline import eval_dataset, input_error, train_dataset
-from app.data.sources import ImagenetSource, Source, Spec, open_source
+from app.data.sources import ImagenetSource, Source, open_source
 from app.engines import engine as distributed
 from app.engines import faults
 from app.engines.world import RankThreads, World
@@ -42,7 +43,7 @@ from app.training.output import (
 )
 from app.training.plan import Plan, keep_global_batch, plan, resume_step
 from app.training.prepare import build_model, input_threads, restore, set_precision, setup
-from app.training.schedule import make_schedule
+from app.training.schedule import Schedule, make_schedule
 
 
 def delivers(rate: float | None, inputs: RankThreads) -> str:
@@ -51,40 +52,100 @@ def delivers(rate: float | None, inputs: RankThreads) -> str:
     return f"; delivered {rate:,.0f} images/s at start, {rate / inputs.count:,.0f} per thread"
 
 
-def header(reporter: Reporter, cfg: Config, spec: Spec, world: World, p: Plan, policy: str, inputs: RankThreads, run_dir, start_epoch: int, start_step: int = 0, rate: float | None = None) -> None:  # fmt: skip
-    s = make_schedule(cfg, world.workers)
+@dataclass(frozen=True)
+class RunContext:
+    """One training run as its stages see it: the config, the data, the workers, the plan, the precision,
+    where output goes and where training starts (epoch ``start_epoch``, ``start_step`` steps in)."""
+
+    cfg: Config
+    source: Source
+    world: World
+    p: Plan
+    policy: str
+    reporter: Reporter
+    run_dir: Path
+    inputs: RankThreads
+    start_epoch: int = 0
+    start_step: int = 0
+
+
+def warmup_words(cfg: Config, s: Schedule) -> str:
+    """The header's words for the warmup: constant or gradual, or none (configured or not needed)."""
     t = cfg.train
     if not t.warmup_epochs:
-        warmup = "none"
-    elif s.start_lr < s.target_lr and t.warmup == "constant":  # Goyal's constant warmup (app study)
-        warmup = f"{t.warmup_epochs:g} epochs constant at {s.start_lr:.5g}, then {s.target_lr:.5g}"
-    elif s.start_lr < s.target_lr:
-        warmup = f"{t.warmup_epochs:g} epochs from {s.start_lr:.5g} to {s.target_lr:.5g}"
-    else:  # the LR was not scaled up (global batch <= the reference batch, or scale_lr false)
-        warmup = f"none needed ({t.warmup_epochs:g} epoch{'' if t.warmup_epochs == 1 else 's'} configured, but the LR is not scaled up)"
+        return "none"
+    if s.start_lr < s.target_lr and t.warmup == "constant":  # Goyal's constant warmup (app study)
+        return f"{t.warmup_epochs:g} epochs constant at {s.start_lr:.5g}, then {s.target_lr:.5g}"
+    if s.start_lr < s.target_lr:
+        return f"{t.warmup_epochs:g} epochs from {s.start_lr:.5g} to {s.target_lr:.5g}"
+    # The LR was not scaled up (global batch <= the reference batch, or scale_lr false).
+    epochs = f"{t.warmup_epochs:g} epoch{'' if t.warmup_epochs == 1 else 's'}"
+    return f"none needed ({epochs} configured, but the LR is not scaled up)"
+
+
+def header(run: RunContext, rate: float | None = None) -> None:
+    """The run's table at start-up (rank 0): workers, model, data, input, batch, LR, schedule, precision."""
+    cfg, spec, world, p, inputs = run.cfg, run.source.spec, run.world, run.p, run.inputs
+    start_epoch, start_step = run.start_epoch, run.start_step
+    s = make_schedule(cfg, world.workers)
+    t = cfg.train
     decay = {
         "step": f"step x{t.decay_factor:g} at epochs {t.decay_epochs}",
         "cosine": "cosine towards 0 (the last step still trains)",
         "constant": "constant",
     }
-    reporter.table(
+    run.reporter.table(
         f"scaleout: {cfg.name}",
         [
-            ("workers", f"{world.workers} ({world.nodes} node{'s' if world.nodes > 1 else ''}, {world.local_size * world.replicas} per node), launcher {world.launcher}, {engine_words(world)}"),
-            ("model", f"{cfg.model.name}, {spec.image_shape[0]}x{spec.image_shape[1]}x{spec.image_shape[2]}, {spec.num_classes} classes"),
-            ("data", f"{spec.name}: {spec.train_examples:,} train / {spec.eval_examples:,} eval examples per {'process' if world.replicas > 1 else 'worker'} ({spec.sharding}-level shards)"),
-            ("input", f"{inputs.count} thread{'s' if inputs.count > 1 else ''} per rank ({inputs.source}"
-                      + ("" if inputs.private else "; TensorFlow's shared pool") + ")" + delivers(rate, inputs)),
-            ("batch", f"{t.batch_size} per worker x {world.workers} workers x {t.accumulation_steps} accumulation = {p.global_batch} global"),
-            ("learning rate", f"base {t.base_lr:g} per {t.reference_batch}" + (f" -> scaled {s.target_lr:.5g}" if t.scale_lr else " (not scaled)")),
-            ("warmup", warmup),
+            (
+                "workers",
+                f"{world.workers} ({world.nodes} node{'s' if world.nodes > 1 else ''}, "
+                f"{world.local_size * world.replicas} per node), launcher {world.launcher}, "
+                f"{engine_words(world)}",
+            ),
+            (
+                "model",
+                f"{cfg.model.name}, {spec.image_shape[0]}x{spec.image_shape[1]}x{spec.image_shape[2]}, "
+                f"{spec.num_classes} classes",
+            ),
+            (
+                "data",
+                f"{spec.name}: {spec.train_examples:,} train / {spec.eval_examples:,} eval examples per "
+                f"{'process' if world.replicas > 1 else 'worker'} ({spec.sharding}-level shards)",
+            ),
+            (
+                "input",
+                f"{inputs.count} thread{'s' if inputs.count > 1 else ''} per rank ({inputs.source}"
+                + ("" if inputs.private else "; TensorFlow's shared pool")
+                + ")"
+                + delivers(rate, inputs),
+            ),
+            (
+                "batch",
+                f"{t.batch_size} per worker x {world.workers} workers x {t.accumulation_steps} accumulation "
+                f"= {p.global_batch} global",
+            ),
+            (
+                "learning rate",
+                f"base {t.base_lr:g} per {t.reference_batch}"
+                + (f" -> scaled {s.target_lr:.5g}" if t.scale_lr else " (not scaled)"),
+            ),
+            ("warmup", warmup_words(cfg, s)),
             ("schedule", decay[t.schedule]),
             ("steps per epoch", f"{p.steps_per_epoch} ({p.steps_per_epoch // t.accumulation_steps} updates)"),
-            ("epochs", f"{t.epochs}" + (f" (resuming after epoch {start_epoch}" + (f", step {start_step})" if start_step else ")") if start_epoch or start_step else "")),
-            ("precision", policy + (", XLA" if cfg.model.jit_compile else "")),
-            ("run dir", str(run_dir)),
+            (
+                "epochs",
+                f"{t.epochs}"
+                + (
+                    f" (resuming after epoch {start_epoch}" + (f", step {start_step})" if start_step else ")")
+                    if start_epoch or start_step
+                    else ""
+                ),
+            ),
+            ("precision", run.policy + (", XLA" if cfg.model.jit_compile else "")),
+            ("run dir", str(run.run_dir)),
         ],
-    )  # fmt: skip
+    )
 
 
 # ------------------------------------------------------------------------------------------ stages
@@ -112,7 +173,8 @@ def train_and_evaluate(
     start_epoch = found[0] if found else 0
     start_step = resume_step(state, p, reporter) if found else 0
     rate = input_rate(cfg, source, world, inputs, reporter) if start_epoch < cfg.train.epochs else None
-    header(reporter, cfg, spec, world, p, policy, inputs, run_dir, start_epoch, start_step, rate)
+    run = RunContext(cfg, source, world, p, policy, reporter, run_dir, inputs, start_epoch, start_step)
+    header(run, rate)
     for why in skipped:
         reporter.note(f"skipping checkpoint {why}")
     if skipped:  # app.training.checkpoint: moved aside by the next save, where only the newest copy stays
@@ -130,14 +192,22 @@ def train_and_evaluate(
     pending = save_config(cfg, run_dir, bool(found), state, start_epoch, reporter) if world.is_chief else None
 
     write = CheckpointWriter(
-        run_dir, model, cfg.run.keep_checkpoints,
-        {"workers": world.workers, "global_batch": p.global_batch, "steps_per_epoch": p.steps_per_epoch,
-         "precision": policy, "engine": distributed.current_name()},
-        world.is_chief, pending_config=pending,
-    )  # fmt: skip
+        run_dir,
+        model,
+        cfg.run.keep_checkpoints,
+        {
+            "workers": world.workers,
+            "global_batch": p.global_batch,
+            "steps_per_epoch": p.steps_per_epoch,
+            "precision": policy,
+            "engine": distributed.current_name(),
+        },
+        world.is_chief,
+        pending_config=pending,
+    )
     kept = f"checkpoint {found[1]} is intact" if found else "nothing was trained yet"
     stop_if_asked(request, write, kept, run_dir)
-    fit(cfg, model, source, p, world, reporter, write, request, start_epoch, start_step, inputs.pool)
+    fit(run, model, write, request)
     # [dist] Are all replicas still identical? Every variable: the batch-norm statistics were averaged at
     # the epoch end, so they must agree too.
     spread = distributed.current().replica_spread([v.numpy() for v in model.weights])
@@ -145,7 +215,8 @@ def train_and_evaluate(
 
 
 def engine_words(world: World) -> str:
-    """The header's words for who distributes: Horovod and its controller, or the tf engine and its all-reduce."""
+    """The header's words for who distributes: Horovod and its controller, or the tf engine and its
+    all-reduce."""
     if distributed.current_name() == "tf":
         return f"engine tf, {world.controller.removeprefix('tf-')} all-reduce"
     return f"engine horovod, {world.controller} controller"
@@ -154,10 +225,10 @@ def engine_words(world: World) -> str:
 def input_rate(
     cfg: Config, source: Source, world: World, inputs: RankThreads, reporter: Reporter
 ) -> float | None:
-    """What this rank's JPEG pipeline delivers on its threads, measured for a few seconds before training (every
-    rank at once, as in training; rank 0's figure is shown), with a warning when a GPU would consume more
-    than that (the profile's figure, app.training.benchmark.expected_gpu_rate). None for in-memory data (small
-    images, synthetic batches: nothing to decode)."""
+    """What this rank's JPEG pipeline delivers on its threads, measured for a few seconds before training
+    (every rank at once, as in training; rank 0's figure is shown), with a warning when a GPU would consume
+    more than that (the profile's figure, app.training.benchmark.expected_gpu_rate). None for in-memory data
+    (small images, synthetic batches: nothing to decode)."""
     if not isinstance(source, ImagenetSource):
         return None
     # [dist] a process feeds all its replicas: its batch is theirs, and each GPU gets its share of the rate
@@ -175,14 +246,16 @@ def starved(
     rate: float | None, expected: float | None, threads: int, on_gpu: bool, replicas: int = 1
 ) -> str | None:
     """The warning when a GPU would consume more images/s than its share of its process's pipeline delivers
-    (``rate`` on ``threads`` threads feeds ``replicas`` GPUs: one under Horovod, all of the host's under the tf
-    engine)."""
+    (``rate`` on ``threads`` threads feeds ``replicas`` GPUs: one under Horovod, all of the host's under the
+    tf engine)."""
     if rate is None or expected is None or not on_gpu or rate / replicas >= expected:
         return None
     rate, per_gpu = rate / replicas, threads / replicas  # a process's threads feed all of its GPUs
     return (
-        f"Warning: the input pipeline delivered {rate:,.0f} images/s on {per_gpu:g} thread(s) per GPU, below the "
-        f"{expected:,.0f} images/s a GPU here is expected to consume ({GPU_RATE_VARIABLE}): the GPU will wait "
+        f"Warning: the input pipeline delivered {rate:,.0f} images/s on {per_gpu:g} thread(s) per GPU, below "
+        "the "
+        f"{expected:,.0f} images/s a GPU here is expected to consume ({GPU_RATE_VARIABLE}): the GPU will "
+        "wait "
         "for data; give each task more CPUs (--cpus-per-task) where the node has them"
     )
 
@@ -194,7 +267,8 @@ def open_data(cfg: Config, world: World) -> Source:
     smallest = MIN_IMAGE_SIZE[cfg.model.name]
     if spec.image_shape[0] < smallest:  # data.image_size 0: the dataset's own size, known only now
         raise UsageError(
-            f"data.image_size: {spec.name}'s {spec.image_shape[0]} px images are smaller than {cfg.model.name} "
+            f"data.image_size: {spec.name}'s {spec.image_shape[0]} px images are smaller than "
+            f"{cfg.model.name} "
             f"accepts ({smallest} px); set data.image_size={max(smallest, 32)} or pick a smaller model"
         )
     return source
@@ -222,8 +296,8 @@ def latest_checkpoint(run_dir: Path, world: World, note) -> tuple[tuple | None, 
 
 def nothing_to_resume(run_dir: Path, skipped: list[str]) -> str | None:
     """Why ``run_dir`` must not start over although no checkpoint in it can be loaded: it holds checkpoints
-    (all damaged) or the metrics of trained epochs. Starting from zero there would rewrite its metrics and later
-    prune or set aside its checkpoints: the one line says so and what to do, and nothing is touched."""
+    (all damaged) or the metrics of trained epochs. Starting from zero there would rewrite its metrics and
+    later prune or set aside its checkpoints: the one line says so and what to do, and nothing is touched."""
     trained = (
         read_metrics(run_dir, lambda message: None, damaged=[])
         if (run_dir / "metrics.jsonl").is_file()
@@ -250,7 +324,8 @@ def resume_config(
     engine = state.get("engine")  # checkpoints from before 2026-12-05 were all Horovod's
     if engine is not None and engine != distributed.current_name():  # said: auto may pick another here
         reporter.note(
-            f"resuming under the {distributed.current_name()} engine; the checkpoint was written under {engine} "
+            f"resuming under the {distributed.current_name()} engine; the checkpoint was written under "
+            f"{engine} "
             "(the same variables: docs/engines.md)"
         )
     saved = state.get("precision")  # checkpoints from before 2026-12-04 have none: nothing to compare
@@ -318,66 +393,89 @@ def stop_if_asked(request: faults.StopRequest, write: CheckpointWriter, kept: st
         raise Preempted(message)
 
 
-def fit(
-    cfg: Config, model, source: Source, p: Plan, world: World, reporter: Reporter, write: CheckpointWriter,
-    request: faults.StopRequest, start_epoch: int, start_step: int, threads: int = 0,
-) -> None:  # fmt: skip
-    """Train from ``start_epoch`` (``start_step`` steps in) to train.epochs, evaluating at each epoch end; the
-    input pipelines on ``threads`` threads."""
-    run_dir = write.run_dir
+def segments(start_epoch: int, start_step: int, epochs: int) -> list[tuple[int, int]]:
+    """The model.fit calls of a run as (first epoch, steps already done in it). A mid-epoch resume first
+    finishes the interrupted epoch (its remaining steps, the same batches an uninterrupted run would have
+    seen), then trains whole epochs."""
+    out = [(start_epoch, start_step)] if start_step else []
+    first_whole = start_epoch + 1 if start_step else start_epoch
+    if first_whole < epochs:
+        out.append((first_whole, 0))
+    return out
+
+
+def callbacks(
+    run: RunContext,
+    write: CheckpointWriter,
+    request: faults.StopRequest,
+    eval_ds,
+    watchdog,
+    first: tuple[int, int],
+) -> list:
+    """The callbacks of one model.fit call whose first epoch, ``first[0]``, starts ``first[1]`` steps in."""
+    cfg, p, world, (first_epoch, first_step) = run.cfg, run.p, run.world, first
+    out = [
+        *distributed.current().first_callbacks(),  # [dist] broadcast initial state, then average metrics
+        lr_callback(make_schedule(cfg, world.workers), p.steps_per_epoch, first_step),
+        # [dist] one set of batch-norm statistics, then evaluate
+        distributed.current().average_state_callback(),
+    ]
+    if eval_ds is not None:
+        out.append(EvaluateEachEpoch(eval_ds, run.source.spec.num_classes, watchdog.progress))
+    out.append(faults.watchdog_callback(watchdog))
+    steps = p.steps_per_epoch - first_step
+    every = checkpoint_interval(cfg.run.checkpoint_every)
+    return [
+        *out,
+        # On every rank: the epoch's checkpoint (the engine decides who writes), then rank 0's output.
+        MetricsWriter(
+            run.reporter, run.run_dir, cfg.run.tensorboard, p.images_per_step, steps, write, first_step
+        ),
+        Progress(run.reporter, cfg.train.epochs, steps, p.images_per_step, cfg.run.log_every),
+        Interruptions(
+            request, write, p, cfg.run.stop_check_every, every, first_epoch, first_step, cfg.train.epochs
+        ),
+    ]
+
+
+def fit(run: RunContext, model, write: CheckpointWriter, request: faults.StopRequest) -> None:
+    """Train from the run's start to train.epochs, evaluating at each epoch end; the input pipelines on the
+    run's input threads."""
+    cfg, source, p, world, threads = run.cfg, run.source, run.p, run.world, run.inputs.pool
     eval_ds = (
         # [dist] a process reads one batch for all of its replicas, which local_function splits between them
         eval_dataset(source, cfg.train.batch_size * world.replicas, cfg.train.eval_steps, threads)
         if cfg.run.evaluate
         else None
     )
-
-    def callbacks(first_epoch: int, first_step: int) -> list:
-        """The callbacks of one model.fit call whose first epoch starts ``first_step`` steps in."""
-        out = [
-            *distributed.current().first_callbacks(),  # [dist] broadcast initial state, then average metrics
-            lr_callback(make_schedule(cfg, world.workers), p.steps_per_epoch, first_step),
-            distributed.current().average_state_callback(),  # [dist] one set of batch-norm statistics, then evaluate
-        ]
-        if eval_ds is not None:
-            out.append(EvaluateEachEpoch(eval_ds, source.spec.num_classes, watchdog.progress))
-        out.append(faults.watchdog_callback(watchdog))
-        steps = p.steps_per_epoch - first_step
-        out += [
-            # On every rank: the epoch's checkpoint (the engine decides who writes), then rank 0's output.
-            MetricsWriter(
-                reporter, run_dir, cfg.run.tensorboard, p.images_per_step, steps, write, first_step
-            ),
-            Progress(reporter, cfg.train.epochs, steps, p.images_per_step, cfg.run.log_every),
-        ]
-        every = checkpoint_interval(cfg.run.checkpoint_every)
-        return [
-            *out,
-            Interruptions(
-                request, write, p, cfg.run.stop_check_every, every, first_epoch, first_step, cfg.train.epochs
-            ),
-        ]
-
-    # A mid-epoch resume first finishes the interrupted epoch (its remaining steps, the same batches an
-    # uninterrupted run would have seen), then trains whole epochs.
-    segments = [(start_epoch, start_step)] if start_step else []
-    first_whole = start_epoch + 1 if start_step else start_epoch
-    if first_whole < cfg.train.epochs:
-        segments.append((first_whole, 0))
-    watchdog = faults.Watchdog(run_dir, world.rank, world.size, local_rank=world.local_rank).start()  # [dist]
+    # [dist]
+    watchdog = faults.Watchdog(run.run_dir, world.rank, world.size, local_rank=world.local_rank).start()
     try:
-        for first_epoch, first_step in segments:
+        for first_epoch, first_step in segments(run.start_epoch, run.start_step, cfg.train.epochs):
             last = first_epoch + 1 if first_step else cfg.train.epochs
             # [dist] a process holding several replicas reads one batch for all of them (split by the engine)
             train_ds = train_dataset(
-                source, cfg.train.batch_size * world.replicas, p.steps_per_epoch, last, first_epoch, cfg.run.seed, world.rank,
-                cfg.data.shuffle_buffer, synthetic=cfg.data.source == "synthetic",
-                deterministic=cfg.data.deterministic, skip_steps=first_step, threads=threads,
-            )  # fmt: skip
+                source,
+                cfg.train.batch_size * world.replicas,
+                p.steps_per_epoch,
+                last,
+                first_epoch,
+                cfg.run.seed,
+                world.rank,
+                cfg.data.shuffle_buffer,
+                synthetic=cfg.data.source == "synthetic",
+                deterministic=cfg.data.deterministic,
+                skip_steps=first_step,
+                threads=threads,
+            )
             model.fit(
-                distributed.current().distribute_dataset(train_ds), epochs=last, initial_epoch=first_epoch, steps_per_epoch=p.steps_per_epoch - first_step,
-                callbacks=callbacks(first_epoch, first_step), verbose=0,
-            )  # fmt: skip
+                distributed.current().distribute_dataset(train_ds),
+                epochs=last,
+                initial_epoch=first_epoch,
+                steps_per_epoch=p.steps_per_epoch - first_step,
+                callbacks=callbacks(run, write, request, eval_ds, watchdog, (first_epoch, first_step)),
+                verbose=0,
+            )
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as exc:
         raise input_error(source, exc) from None
     except tf.errors.OpError as exc:
