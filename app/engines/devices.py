@@ -33,8 +33,7 @@ def place_replicas(gpus: list, replicas: int, threads: int = 0) -> None:
         if len(gpus) < replicas:
             raise UsageError(
                 f"{replicas} replicas asked for, but this process sees {len(gpus)} GPU(s): use --np "
-                f"{len(gpus)} "
-                "or fewer, or give the task the node's GPUs"
+                f"{len(gpus)} or fewer, or give the task the node's GPUs"
             )
         for gpu in gpus:
             tf.config.experimental.set_memory_growth(gpu, True)

@@ -103,8 +103,7 @@ def token(env) -> str:
     if not _TOKEN.fullmatch(value):
         raise UsageError(
             f"{TOKEN_VAR} is {'not 32-128 lowercase hex digits' if value else 'unset'}: the job script of "
-            "app "
-            f"submit sets a fresh one; by hand, export {TOKEN_VAR}=$(python3 -c 'import secrets; "
+            f"app submit sets a fresh one; by hand, export {TOKEN_VAR}=$(python3 -c 'import secrets; "
             "print(secrets.token_hex(16))') for the server and every rank"
         )
     return value
@@ -376,9 +375,8 @@ def join(env=None) -> bool:
     except OSError as exc:
         raise AppError(
             f"no Horovod rendezvous server at {show(where)} ({exc.strerror or exc}): the job script starts "
-            "it on "
-            "the first node for mpi: none and stops it when it exits; check that this node reaches that host "
-            "name, and the job log for the server's own error"
+            "it on the first node for mpi: none and stops it when it exits; check that this node reaches "
+            "that host name, and the job log for the server's own error"
         ) from None
     # Every rank announces itself in a scope of this step; rank 0 waits for them all, then says so once, and
     # the others wait for that word: O(ranks) requests a round, not O(ranks^2). Gloo would wait too, but gives
@@ -408,14 +406,13 @@ def join(env=None) -> bool:
             ) from None
         raise AppError(
             f"Horovod's rendezvous server at {show(where)} refused this rank's {TOKEN_VAR}: every rank needs "
-            "the "
-            "one the job script gave the server (srun passes the job's environment on; do not change it)"
+            "the one the job script gave the server (srun passes the job's environment on; do not change it)"
         ) from None
     except OSError as exc:
         raise AppError(
             f"Horovod's rendezvous server at {show(where)} stopped answering ({brief(str(exc))}): it closes "
-            "once "
-            "every rank is through and turns away other nodes' connections; see its lines in the job log"
+            "once every rank is through and turns away other nodes' connections; see its lines in the job "
+            "log"
         ) from None
     if missing and rank == 0:
         shown = ", ".join(map(str, sorted(missing)[:8])) + (", ..." if len(missing) > 8 else "")

@@ -56,8 +56,8 @@ def read_config(env) -> tuple[list[str], int] | None:
         raise UsageError(
             f"{TF_CONFIG} is not a cluster of workers with this task's index in it (such as "
             '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": 0}}, each '
-            "address "
-            "once, ports 1-65535); unset it: the tf engine's jobs build their own from Slurm's variables"
+            "address once, ports 1-65535); unset it: the tf engine's jobs build their own from Slurm's "
+            "variables"
         )
     return workers, index
 
@@ -81,35 +81,30 @@ def slurm_config(env, hosts: list[str]) -> str:
     if len(counts) != len(hosts):
         raise AppError(
             f"{step}={spec or None} counts {len(counts)} node(s) but the step has {len(hosts)} "
-            f"({', '.join(hosts)}); "
-            "start the ranks with one srun over the whole job"
+            f"({', '.join(hosts)}); start the ranks with one srun over the whole job"
         )
     if any(n != 1 for n in counts):
         raise AppError(
             f"{step}={spec or None}: the tf engine runs one task per node, holding all of its GPUs; start "
-            "srun "
-            "with --ntasks-per-node=1 (app submit's job scripts do)"
+            "srun with --ntasks-per-node=1 (app submit's job scripts do)"
         )
     if None in (rank, node) or node >= len(counts) or rank != node:
         raise AppError(
             "SLURM_PROCID and SLURM_NODEID do not place this task in the step: start the ranks with srun "
-            "inside "
-            "the job, one task per node"
+            "inside the job, one task per node"
         )
     node_name = slurm.node_name
     if node_name and node_name != hosts[node]:
         raise AppError(
             f"this task runs on {node_name}, but the step's node list puts node {node} at {hosts[node]}: "
-            "start the "
-            "ranks with one srun over the whole job (the job script's SCALEOUT_TF_HOSTS must list its nodes "
-            "in order)"
+            "start the ranks with one srun over the whole job (the job script's SCALEOUT_TF_HOSTS must list "
+            "its nodes in order)"
         )
     port = whole(env.get(PORT_VAR, ""))
     if port is None or not PORT_BASE <= port < PORT_BASE + PORT_SPAN:
         raise AppError(
             f"{PORT_VAR}={env.get(PORT_VAR, '')!r}: the tf engine across nodes needs the port its job script "
-            "draws "
-            f"({PORT_BASE}-{PORT_BASE + PORT_SPAN - 1}); submit with app submit, or export one"
+            f"draws ({PORT_BASE}-{PORT_BASE + PORT_SPAN - 1}); submit with app submit, or export one"
         )
     return _config([f"{h}:{port}" for h in hosts], rank)
 
@@ -121,8 +116,7 @@ def check_one_per_host(workers: list[str]) -> None:
     if twice is not None:
         raise UsageError(
             f"{TF_CONFIG} puts {hosts.count(twice)} workers on {twice}: the tf engine runs one process per "
-            "host, "
-            "holding all its replicas; use `app train --np N` on one host, or one worker per host"
+            "host, holding all its replicas; use `app train --np N` on one host, or one worker per host"
         )
 
 
@@ -189,17 +183,14 @@ def cluster(env) -> tuple[list[str], int] | None:
             # peers would never come (MWMS would wait for them for ever).
             raise UsageError(
                 f"{TF_CONFIG} is set (a cluster of {len(found[0])} workers) but no srun step started this "
-                "process "
-                f"with others: a leftover from another run? unset {TF_CONFIG}; `app train --np N` and app "
-                "submit's "
-                "jobs set up the tf engine themselves"
+                f"process with others: a leftover from another run? unset {TF_CONFIG}; `app train --np N` "
+                "and app submit's jobs set up the tf engine themselves"
             )
         if len(found[0]) != tasks or found[1] != rank:
             raise UsageError(
                 f"{TF_CONFIG} names {len(found[0])} workers with this one at index {found[1]}, but srun "
-                "started "
-                f"{tasks} tasks and this is task {rank}: unset {TF_CONFIG} (the tf engine builds one from "
-                "Slurm's variables)"
+                f"started {tasks} tasks and this is task {rank}: unset {TF_CONFIG} (the tf engine builds one "
+                "from Slurm's variables)"
             )
         return found
     if slurm.is_task and tasks > 1:

@@ -54,10 +54,8 @@ from app.engines.world import (
 # [tf] What a run across hosts opens, said in the refusal without consent and in the job log with it.
 GRPC_EXPOSURE = (
     "TensorFlow's MultiWorkerMirroredStrategy across hosts runs a gRPC server on every interface of each "
-    "node "
-    "for the whole run, with no authentication: anyone who can reach a node can run code as you "
-    "(TensorFlow's "
-    "SECURITY.md)"
+    "node for the whole run, with no authentication: anyone who can reach a node can run code as you "
+    "(TensorFlow's SECURITY.md)"
 )
 GRPC_CONSENT_KEY = "train.tf_accept_unauthenticated_grpc"
 
@@ -81,8 +79,7 @@ def replicas_from_env(env, gpus: int) -> int:
     if not count or count > MAX_REPLICAS:
         raise UsageError(
             f"{REPLICAS_VAR}={brief(value)}: a whole number of replicas from 1 to {MAX_REPLICAS} (unset it "
-            "for one "
-            "per GPU)"
+            "for one per GPU)"
         )
     return count
 
@@ -122,8 +119,7 @@ class TfEngine(Engine):
         if launcher not in ("none", "local", "srun"):
             raise UsageError(
                 f"the tf engine's workers start with `app train --np N` or srun, not {launcher}: use one of "
-                "those, or "
-                "--engine horovod"
+                "those, or --engine horovod"
             )
         found = tfconfig.cluster(os.environ)
         workers, self._rank = found if found else ([], 0)
@@ -169,14 +165,13 @@ class TfEngine(Engine):
         if not accept_grpc:
             raise UsageError(
                 f"{self._size} hosts with the tf engine: {GRPC_EXPOSURE}. Use --engine horovod (or a profile "
-                "with an "
-                f"image that has Horovod), or accept it with --set {GRPC_CONSENT_KEY}=true (docs/engines.md)"
+                f"with an image that has Horovod), or accept it with --set {GRPC_CONSENT_KEY}=true "
+                "(docs/engines.md)"
             )
         if not gpus and self._replicas > 1:
             raise UsageError(
                 f"{REPLICAS_VAR}={self._replicas} on CPU-only hosts: across hosts the tf engine has one CPU "
-                "replica per "
-                "host; use one GPU-less replica per host, or GPUs"
+                "replica per host; use one GPU-less replica per host, or GPUs"
             )
 
     def _join(self, tf, gpus: bool, workers: list[str], join_timeout_s: float) -> None:
@@ -186,17 +181,14 @@ class TfEngine(Engine):
         if self._strategy.num_replicas_in_sync != self._size * self._replicas:  # every host holds as many
             raise AppError(
                 f"the tf engine's hosts hold {self._strategy.num_replicas_in_sync} replicas in all, not "
-                f"{self._size} x "
-                f"{self._replicas}: give every node the same GPUs ({REPLICAS_VAR})"
+                f"{self._size} x {self._replicas}: give every node the same GPUs ({REPLICAS_VAR})"
             )
         if self._rank == 0:
             hosts, port = [w.rsplit(":", 1)[0] for w in workers], workers[0].rsplit(":", 1)[1]
             print(
                 f"scaleout: warning: {GRPC_CONSENT_KEY}: TensorFlow's gRPC server listens on every interface "
-                "of "
-                f"{', '.join(hosts)} at port {port} until this run ends, with no authentication: anyone who "
-                "can "
-                "reach these nodes can run code as you (TensorFlow's SECURITY.md)",
+                f"of {', '.join(hosts)} at port {port} until this run ends, with no authentication: anyone "
+                "who can reach these nodes can run code as you (TensorFlow's SECURITY.md)",
                 file=sys.stderr,
                 flush=True,
             )

@@ -106,8 +106,7 @@ def check_world_size(size: int, env, engine: str = "horovod") -> None:
     if var == slurm.NTASKS:  # the batch script itself, not an srun step
         raise AppError(
             f"this Slurm job has {n} tasks ({slurm.NTASKS}={n}) but `app` runs alone in its batch script: "
-            "start "
-            f"it with `srun app ...` (app submit's job script does), or with --np {n} on one node"
+            f"start it with `srun app ...` (app submit's job script does), or with --np {n} on one node"
         )
     if engine == "tf":
         raise AppError(
@@ -166,8 +165,7 @@ def check_gpus_seen(gpus_seen: int, env, device_nodes, build: dict) -> None:
         )
     raise AppError(
         f"GPUs are there for this process ({allocated}, {device_nodes[0]}) but TensorFlow sees none: {why}; "
-        "`app "
-        f"info` shows the build and devices. To train on the CPU on purpose, set {ALLOW_CPU_VAR}=1 (or "
+        f"`app info` shows the build and devices. To train on the CPU on purpose, set {ALLOW_CPU_VAR}=1 (or "
         "CUDA_VISIBLE_DEVICES=-1)"
     )
 

@@ -318,8 +318,7 @@ def input_check(threads: int, env, local_size: int, launcher: str = "") -> dict:
     expected, problem = expected_gpu_rate(env)
     detail = (
         f"1 core makes {per_core:,.0f} ImageNet training crops/s (a 400x400 JPEG photo); x {cores} core(s) "
-        "per "
-        f"task = {per_core * cores:,.0f} images/s"
+        f"per task = {per_core * cores:,.0f} images/s"
     )
     if problem:
         detail += f"; {problem}"
@@ -430,15 +429,13 @@ def report(result: dict, results: Path, reporter, timeline_steps: int) -> None:
     )
     reporter.note(
         f"{result['kind']} batch {result['batch_size']}/worker x {result['workers']}: {ips['mean']:,.1f}{ci} "
-        "images/s "
-        f"({ips['per_worker']:,.1f} per worker{per_thread}), {step}, warmup {result['warmup_steps']} steps "
-        "excluded"
+        f"images/s ({ips['per_worker']:,.1f} per worker{per_thread}), {step}, warmup "
+        f"{result['warmup_steps']} steps excluded"
     )
     timeline = result["timeline"]
     if timeline:
         reporter.note(
             f"timeline of {timeline_steps} more steps: collectives {timeline['collective_fraction']:.0%}, "
             f"negotiation open {timeline['negotiation_fraction']:.0%}, compute only "
-            f"{timeline['compute_fraction']:.0%} "
-            f"of step time; open {timeline['file']} in ui.perfetto.dev"
+            f"{timeline['compute_fraction']:.0%} of step time; open {timeline['file']} in ui.perfetto.dev"
         )

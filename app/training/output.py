@@ -146,8 +146,7 @@ class MetricsWriter(tf.keras.callbacks.Callback):
             # fatal.
             reporter.note(
                 "run.tensorboard: TensorBoard is not installed here, so no TensorBoard logs (metrics.jsonl "
-                "and "
-                "metrics.csv have every value); pip install tensorboard, or set run.tensorboard=false"
+                "and metrics.csv have every value); pip install tensorboard, or set run.tensorboard=false"
             )
             tensorboard = False
         self.writer = (
@@ -189,8 +188,8 @@ class MetricsWriter(tf.keras.callbacks.Callback):
         top5 = f" val_top5 {row['val_top5']:.4f}" if "val_top5" in row else ""
         self.reporter.note(
             f"epoch {epoch + 1}: loss {row.get('loss', float('nan')):.4f} acc "
-            f"{row.get('accuracy', float('nan')):.4f}"
-            f"{val}{top5} lr {row['lr']:.5g} {row['images_per_s']:,.0f} img/s {elapsed:.1f}s"
+            f"{row.get('accuracy', float('nan')):.4f}{val}{top5} lr {row['lr']:.5g} "
+            f"{row['images_per_s']:,.0f} img/s {elapsed:.1f}s"
             + (f" (loss and acc of steps {self.resumed_at + 1}-: resumed there)" if self.resumed_at else "")
         )
 

@@ -63,23 +63,21 @@ def keep_global_batch(cfg: Config, state: dict, world: World, reporter: Reporter
         accumulation = saved_global // per_update
         reporter.note(
             f"{why}: train.accumulation_steps {t.accumulation_steps} -> {accumulation} keeps the global "
-            "batch at "
-            f"{saved_global}"
+            f"batch at {saved_global}"
         )
         return dataclasses.replace(cfg, train=dataclasses.replace(t, accumulation_steps=accumulation))
     if cfg.run.allow_new_global_batch:
         reporter.note(
-            f"{why}: the global batch changes from "
-            f"{saved_global} to {cfg.global_batch(workers)} (run.allow_new_global_batch), the LR with it"
+            f"{why}: the global batch changes from {saved_global} to {cfg.global_batch(workers)} "
+            "(run.allow_new_global_batch), the LR with it"
         )
         return cfg
     head = f"{why} would change" if saved_workers != workers else f"{why}; resuming would change"
     raise UsageError(
-        f"{head} the global batch from "
-        f"{saved_global} to {cfg.global_batch(workers)} (train.batch_size {t.batch_size} x {workers} "
-        f"workers x accumulation {t.accumulation_steps}), and no whole number of accumulation steps keeps "
-        "it; "
-        f"resume on {saved_workers} workers, or accept the change with --set run.allow_new_global_batch=true"
+        f"{head} the global batch from {saved_global} to {cfg.global_batch(workers)} (train.batch_size "
+        f"{t.batch_size} x {workers} workers x accumulation {t.accumulation_steps}), and no whole number of "
+        f"accumulation steps keeps it; resume on {saved_workers} workers, or accept the change with --set "
+        "run.allow_new_global_batch=true"
     )
 
 

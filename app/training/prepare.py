@@ -90,8 +90,7 @@ def precision_problem(
         f"model.precision auto is mixed_float16 on this GPU ({why}), and with train.accumulation_steps "
         f"{accumulation_steps} on {workers} workers the workers' loss scales would diverge; set "
         "model.precision=mixed_bfloat16 if the GPU supports it (Ampere or newer, MI200 or newer), or "
-        "float32, "
-        "or train.accumulation_steps=1"
+        "float32, or train.accumulation_steps=1"
     )
 
 
@@ -197,8 +196,7 @@ def set_precision(cfg: Config, world: World, reporter: Reporter) -> str:
         reporter.note(
             escape(
                 f"precision auto: mixed_float16 on {why}; set model.precision=mixed_bfloat16 if it has "
-                "(Ampere "
-                "or newer, MI200 or newer)"
+                "(Ampere or newer, MI200 or newer)"
             )
         )
     tf.keras.mixed_precision.set_global_policy(policy)

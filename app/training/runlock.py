@@ -82,8 +82,8 @@ def acquire(run_dir: Path, note=None) -> None:
         if exc.errno in (errno.EAGAIN, errno.EACCES):  # someone holds it
             raise AppError(
                 f"--run-dir {run_dir}: another training writes there ({holder(path)}); two writers would "
-                "delete "
-                "each other's checkpoints: wait for it to end (or scancel its job), or pass another --run-dir"
+                "delete each other's checkpoints: wait for it to end (or scancel its job), or pass another "
+                "--run-dir"
             ) from None
         if note:  # ENOLCK, EOPNOTSUPP: a file system without locks (Lustre mounted noflock)
             note(

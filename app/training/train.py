@@ -253,10 +253,8 @@ def starved(
     rate, per_gpu = rate / replicas, threads / replicas  # a process's threads feed all of its GPUs
     return (
         f"Warning: the input pipeline delivered {rate:,.0f} images/s on {per_gpu:g} thread(s) per GPU, below "
-        "the "
-        f"{expected:,.0f} images/s a GPU here is expected to consume ({GPU_RATE_VARIABLE}): the GPU will "
-        "wait "
-        "for data; give each task more CPUs (--cpus-per-task) where the node has them"
+        f"the {expected:,.0f} images/s a GPU here is expected to consume ({GPU_RATE_VARIABLE}): the GPU will "
+        "wait for data; give each task more CPUs (--cpus-per-task) where the node has them"
     )
 
 
@@ -268,8 +266,8 @@ def open_data(cfg: Config, world: World) -> Source:
     if spec.image_shape[0] < smallest:  # data.image_size 0: the dataset's own size, known only now
         raise UsageError(
             f"data.image_size: {spec.name}'s {spec.image_shape[0]} px images are smaller than "
-            f"{cfg.model.name} "
-            f"accepts ({smallest} px); set data.image_size={max(smallest, 32)} or pick a smaller model"
+            f"{cfg.model.name} accepts ({smallest} px); set data.image_size={max(smallest, 32)} or pick a "
+            "smaller model"
         )
     return source
 
@@ -325,8 +323,7 @@ def resume_config(
     if engine is not None and engine != distributed.current_name():  # said: auto may pick another here
         reporter.note(
             f"resuming under the {distributed.current_name()} engine; the checkpoint was written under "
-            f"{engine} "
-            "(the same variables: docs/engines.md)"
+            f"{engine} (the same variables: docs/engines.md)"
         )
     saved = state.get("precision")  # checkpoints from before 2026-12-04 have none: nothing to compare
     if saved is not None and saved != policy:  # a known policy: checkpoint.state_problem checked it
