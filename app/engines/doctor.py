@@ -228,9 +228,8 @@ def _run(
 
     tf = import_tensorflow()
     hvd_build, tf_build = horovod_build(), tensorflow_build(tf)
-    world = dist.current().init(
-        threads, checks=False, accept_grpc=accept_grpc
-    )  # the checks become rows below instead of ending the command
+    # the checks become rows below instead of ending the command
+    world = dist.current().init(threads, checks=False, accept_grpc=accept_grpc)
     if world.rank == 0 and (differs := version.mismatch(os.environ.get(version.RENDERED_BY))):
         print(f"scaleout doctor: warning: {differs}", file=sys.stderr)
     checks.append(check_build(tf, hvd_build, tf_build, world))

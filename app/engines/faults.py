@@ -254,9 +254,8 @@ class Watchdog:
                 if not report_to_launcher(self.rank, STALLED_EXIT_CODE, message):  # `app --np` prints it once
                     print(f"Error: {message}", file=sys.stderr, flush=True)
             self.stop()  # this rank's heartbeat files go first: os._exit runs no cleanup
-            os._exit(
-                STALLED_EXIT_CODE
-            )  # the main thread is blocked inside a collective: nothing else can end it
+            # the main thread is blocked inside a collective: nothing else can end it
+            os._exit(STALLED_EXIT_CODE)
 
     def stalled(self, exc: BaseException) -> Stalled | None:
         """After a collective failed on this rank (Horovod shut down, as Gloo does when a peer stops answering

@@ -54,9 +54,8 @@ def _with_errors(np: int, run) -> int:
         reported = collected_errors(errors)
     for error in reported:
         prefix = f"[rank {error['rank']}] " if error.get("rank") else ""
-        kind = (
-            "scaleout: " if error.get("code") == REQUEUE_EXIT_CODE else "Error: "
-        )  # a clean stop is no error
+        # a clean stop is no error
+        kind = "scaleout: " if error.get("code") == REQUEUE_EXIT_CODE else "Error: "
         print(f"{kind}{prefix}{error['message']}", file=sys.stderr)
     if code != 0 and reported:
         return int(reported[0]["code"])  # a launcher says 1 for any failure; the workers know better

@@ -125,9 +125,8 @@ class Server:
             sizes[f"cross_{slot.local_rank}"] = slot.cross_size
         finished: dict[str, set[str]] = {scope: set() for scope in sizes}
         refused: set[tuple[str, str]] = set()
-        loopback = (
-            bool(host) and ipaddress.ip_address(host).is_loopback
-        )  # 127.0.1.1: clients come from 127.0.0.1
+        # 127.0.1.1: clients come from 127.0.0.1
+        loopback = bool(host) and ipaddress.ip_address(host).is_loopback
         local = local_addresses() | {host}
         lock, self.done = threading.Lock(), threading.Event()
         self.last = time.monotonic()  # the last request's time: the server closes only after a quiet spell

@@ -47,9 +47,8 @@ def accumulating_class():
             k = float(self.accumulation_steps)
             for total, grad in zip(self._sums.sums, grads, strict=True):
                 total.assign_add(tf.cast(grad, total.dtype) / k)
-            if (
-                self._apply_now
-            ):  # a Python flag: each value is its own compiled step (see make_train_function)
+            # a Python flag: each value is its own compiled step (see make_train_function)
+            if self._apply_now:
                 optimizer.apply_gradients(
                     zip([t.read_value() for t in self._sums.sums], self.trainable_variables, strict=True)
                 )
@@ -69,9 +68,8 @@ def accumulating_class():
             for apply_now in (False, True):
                 self.train_function, self._apply_now = None, apply_now
                 steps[apply_now] = super().make_train_function(force=True)
-            count = [
-                0
-            ]  # backward passes since this function was made: each model.fit starts on an update boundary
+            # backward passes since this function was made: each model.fit starts on an update boundary
+            count = [0]
 
             def train_function(iterator):
                 count[0] += 1

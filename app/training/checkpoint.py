@@ -60,13 +60,14 @@ def _digest(path: Path) -> str:
 # skipped.
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")  # what a run trains in (auto resolves to one)
 COUNT_LIMIT = 10**12  # epochs, steps and workers beyond this are no training anyone ran
+# key: (smallest value, required)
 STATE_COUNTS = {
     "epoch": (0, True),
     "step": (0, False),
     "workers": (1, False),
     "global_batch": (1, False),
     "steps_per_epoch": (1, False),
-}  # key: (smallest value, required)
+}
 
 
 def _whole(value) -> bool:
@@ -93,16 +94,14 @@ def state_problem(state) -> str | None:
         isinstance(v, int | float | None) and not isinstance(v, bool) for v in metrics.values()
     ):
         return "its metrics are not a mapping of numbers"
-    if (
-        "epoch" in metrics and metrics["epoch"] != state["epoch"]
-    ):  # the row a resume puts back into metrics.jsonl
+    # the row a resume puts back into metrics.jsonl
+    if "epoch" in metrics and metrics["epoch"] != state["epoch"]:
         return f"its metrics are of epoch {str(metrics['epoch'])[:40]}, not {state['epoch']}"
     precision = state.get("precision")  # the policy it trained in (since 2026-12-04): a resume keeps it
     if precision is not None and precision not in POLICIES:
         return f"precision is {str(precision)[:40]!r}, not one of {', '.join(POLICIES)}"
-    engine = state.get(
-        "engine"
-    )  # the engine that wrote it (since 2026-12-05): a resume under another says so
+    # the engine that wrote it (since 2026-12-05): a resume under another says so
+    engine = state.get("engine")
     if engine is not None and engine not in ("horovod", "tf"):
         return f"engine is {str(engine)[:40]!r}, not horovod or tf"
     return None

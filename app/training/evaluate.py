@@ -34,9 +34,8 @@ def eval_step(model, num_classes: int):
             [tf.reduce_sum(tf.cast(loss, tf.float64)), tf.reduce_sum(top1), tf.reduce_sum(topk), n]
         )
 
-    return distributed.current().local_function(
-        step
-    )  # [dist] in this rank's replica: its own batch-norm statistics
+    # [dist] in this rank's replica: its own batch-norm statistics
+    return distributed.current().local_function(step)
 
 
 def evaluate(model, dataset, num_classes: int, tick=None, step=None) -> dict:

@@ -33,9 +33,8 @@ def finished_run(
     if world.is_chief:
         repair_metrics(run_dir, state, epoch, reporter)
         problem = summary_problem(run_dir)
-        readable = _metrics_readable(
-            run_dir, reporter
-        )  # else the summary stays as it is: nothing to build from
+        # else the summary stays as it is: nothing to build from
+        readable = _metrics_readable(run_dir, reporter)
         if problem is not None and readable:
             if problem != "missing":
                 aside = set_aside(run_dir / "summary.json", "summary.damaged.json")

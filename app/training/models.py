@@ -64,9 +64,8 @@ class _Builder:
     def bottleneck(self, x, filters: int, stride: int, name: str):
         shortcut = self.shortcut(x, filters * 4, stride, name)
         y = self.bn(self.conv(x, filters, 1, name=name + "_conv1"), name + "_bn1")
-        y = self.bn(
-            self.conv(y, filters, 3, stride, name=name + "_conv2"), name + "_bn2"
-        )  # v1.5: stride here
+        # v1.5: stride here
+        y = self.bn(self.conv(y, filters, 3, stride, name=name + "_conv2"), name + "_bn2")
         y = self.bn(
             self.conv(y, filters * 4, 1, name=name + "_conv3"), name + "_bn3", last_in_block=True, relu=False
         )

@@ -29,9 +29,8 @@ def plan(cfg: Config, spec: Spec, world: World) -> Plan:
     local = spec.train_examples // (t.batch_size * world.replicas)  # a process reads for all its replicas
     if t.steps_per_epoch:
         local = min(local, t.steps_per_epoch) if cfg.data.source != "synthetic" else t.steps_per_epoch
-    steps = int(
-        distributed.current().all_reduce([local], "min")[0]
-    )  # [dist] unequal step counts would deadlock the allreduce
+    # [dist] unequal step counts would deadlock the allreduce
+    steps = int(distributed.current().all_reduce([local], "min")[0])
     steps -= steps % t.accumulation_steps  # an epoch ends on an optimizer update (checkpoints stay exact)
     if steps <= 0:
         raise UsageError(

@@ -125,9 +125,8 @@ def build_model(cfg: Config, spec: Spec, world: World):
             cfg.model.zero_init_residual,
             spec.pixels,
         )
-        model = distributed.current().prepare_model(
-            model, cfg.train.accumulation_steps
-        )  # [dist] accumulation in the step
+        # [dist] accumulation in the step
+        model = distributed.current().prepare_model(model, cfg.train.accumulation_steps)
         sgd = tf.keras.optimizers.SGD(
             learning_rate=make_schedule(cfg, world.workers).lr(0.0),
             momentum=cfg.train.momentum,
@@ -142,9 +141,8 @@ def build_model(cfg: Config, spec: Spec, world: World):
             metrics=metrics(spec.num_classes),
             jit_compile=cfg.model.jit_compile,
         )
-        model.optimizer.build(
-            model.trainable_variables
-        )  # slots exist now, so a checkpoint restores into them
+        # slots exist now, so a checkpoint restores into them
+        model.optimizer.build(model.trainable_variables)
     return model
 
 
