@@ -33,34 +33,15 @@ help: ## list the targets
 ifneq ($(filter-out cpu gpu,$(TF)),)
 $(error TF=$(TF) is not a TensorFlow flavour; use TF=cpu or TF=gpu)
 endif
-# The marker names the flavour the venv holds: another TF= makes `install` switch it (the other TensorFlow
-# package out first: two would overwrite each other's files) and rebuild Horovod against it.
-OTHER_TF_cpu := tensorflow
-OTHER_TF_gpu := tensorflow-cpu
-# TF=gpu: Horovod's NCCL operations when a CUDA toolkit with NCCL is here (nvcc, nccl.h), unless
-# HOROVOD_GPU_OPERATIONS says otherwise; without one, Horovod's allreduce goes through host memory.
-# The same places scripts/install-stack.sh (and Horovod's CMake) look for nccl.h.
-NCCL_HERE = command -v nvcc >/dev/null && for d in "$${HOROVOD_NCCL_HOME:-/nonexistent}/include" "$${HOROVOD_CUDA_HOME:-/nonexistent}/include" "$$(dirname "$$(dirname "$$(readlink -f "$$(command -v nvcc)")")")/include" /usr/include /usr/include/*-linux-gnu /usr/local/include; do [ -f "$$d/nccl.h" ] && exit 0; done; exit 1
+# The marker names the flavour the venv holds: another TF= makes scripts/venv.sh switch it.
 $(VENV)/.installed-$(TF): pyproject.toml scripts/install-stack.sh
-	@command -v mpicxx >/dev/null || $(MAKE) --no-print-directory system-deps
-	test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	rm -f $(VENV)/.installed $(VENV)/.installed-*  # a switch that fails half-way leaves no marker saying otherwise
-	@if $(PY) -m pip show -q $(OTHER_TF_$(TF)) 2>/dev/null; then echo "install: switching .venv to TF=$(TF): removing $(OTHER_TF_$(TF))"; $(PY) -m pip uninstall -q -y $(OTHER_TF_$(TF)) horovod; fi
-	$(PY) -m pip install -q -e ".[$(TF),dev]"
-	@if [ "$(TF)" = gpu ] && [ -z "$${HOROVOD_GPU_OPERATIONS:-}" ]; then \
-	    if ( $(NCCL_HERE) ); then echo "install: CUDA toolkit with NCCL found: Horovod gets NCCL operations"; export HOROVOD_GPU_OPERATIONS=NCCL; \
-	    else echo "install: no CUDA toolkit with NCCL here (nvcc, nccl.h): Horovod's allreduce will go through host memory with Gloo (each step copies the gradients to the CPU and back; fine for one GPU, slower on several; see docs/workstation.md)"; fi; \
-	fi; set -x; scripts/install-stack.sh $(PY)
+	scripts/venv.sh $(TF) $(VENV) $(PYTHON_SYS)
 	touch $@
 
 install: $(VENV)/.installed-$(TF) ## create .venv with pinned TensorFlow/tf_keras and Horovod (TF=cpu|gpu; built once, cached)
 
 system-deps: ## apt packages: OpenMPI (Horovod's MPI controller), MPICH (the LUMI stand-in) and the build tools (needs root)
-	@if [ "$$(id -u)" != 0 ]; then echo "system-deps: run as root or install openmpi-bin libopenmpi-dev mpich libmpich-dev g++ by hand" >&2; exit 1; fi
-	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	    openmpi-bin libopenmpi-dev mpich libmpich-dev g++ make python3-venv >/dev/null
+	scripts/system-deps.sh
 
 data: ## make sure the quickstart's Fashion-MNIST is here (apt-get install dataset-fashion-mnist as root)
 	@if [ -n "$(DATA_DIR)" ] && [ -d "$(DATA_DIR)/fashion_mnist" ]; then echo "data: TFDS folder $(DATA_DIR)"; \
@@ -80,15 +61,9 @@ study: install data ## the reference study's questions here: RQ3 (Goyal's Table 
 test: install test-data $(MPICH_VENV)/.installed ## run the test suite (includes 2-process Horovod runs under horovodrun and mpirun)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
-# The stand-in for LUMI's TensorFlow container, whose Horovod is built on Cray MPICH without Gloo: a venv with
-# the same TensorFlow as .venv and a Horovod built against Debian's MPICH with HOROVOD_WITHOUT_GLOO=1 (cached
-# like the others). tests/test_lumi_standin.py trains in it under the real Slurm with srun --mpi=pmi2.
+# The stand-in for LUMI's TensorFlow container (scripts/venv.sh mpich), for tests/test_lumi_standin.py.
 $(MPICH_VENV)/.installed: pyproject.toml scripts/install-stack.sh
-	@command -v mpicxx.mpich >/dev/null || $(MAKE) --no-print-directory system-deps
-	test -x $(MPICH_VENV)/bin/python || $(PYTHON_SYS) -m venv $(MPICH_VENV)
-	$(MPICH_VENV)/bin/python -m pip install -q --upgrade pip
-	$(MPICH_VENV)/bin/python -m pip install -q -e ".[cpu]"
-	HOROVOD_CONTROLLER=mpi HOROVOD_WITHOUT_GLOO=1 SCALEOUT_MPICXX=mpicxx.mpich scripts/install-stack.sh $(MPICH_VENV)/bin/python
+	scripts/venv.sh mpich $(MPICH_VENV) $(PYTHON_SYS)
 	touch $@
 
 # The oldest supported TensorFlow in a venv of its own, with its tf_keras and a Horovod built for it (cached in
@@ -108,16 +83,9 @@ COMPAT_TESTS      ?= -m compat tests/test_compat.py tests/test_models.py tests/t
 
 digits_stripped = $(subst .,,$(subst 0,,$(subst 1,,$(subst 2,,$(subst 3,,$(subst 4,,$(subst 5,,$(subst 6,,$(subst \
     7,,$(subst 8,,$(subst 9,,$(1))))))))))))
-ifneq ($(filter test-compat,$(MAKECMDGOALS)),)
-$(if $(call digits_stripped,$(COMPAT_TF_VERSION)),$(error COMPAT_TF_VERSION=$(COMPAT_TF_VERSION) is not a version such as 2.17.1))
-endif
 
 $(COMPAT_VENV)/.installed: pyproject.toml scripts/install-stack.sh
-	@command -v mpicxx >/dev/null || $(MAKE) --no-print-directory system-deps
-	test -x $(COMPAT_VENV)/bin/python || $(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
-	$(COMPAT_VENV)/bin/python -m pip install -q --upgrade pip
-	$(COMPAT_VENV)/bin/python -m pip install -q "tensorflow-cpu==$(COMPAT_TF_VERSION)" -e ".[train,dev]"
-	scripts/install-stack.sh $(COMPAT_VENV)/bin/python
+	scripts/venv.sh compat $(COMPAT_VENV) $(COMPAT_PYTHON) $(COMPAT_TF_VERSION)
 	touch $@
 
 test-compat: $(COMPAT_VENV)/.installed test-data ## the core tests on TensorFlow 2.16.1 in .venv-tf2.16.1 (first time ~10 min)
@@ -134,16 +102,9 @@ TF221_VERSION ?= 2.21.0
 TF221_VENV    ?= .venv-tf221
 TF221_TESTS   ?= -m "tf221 and not horovod" tests/test_tf_engine.py tests/test_schedule.py tests/test_models.py \
     tests/test_faults.py
-ifneq ($(filter test-tf221,$(MAKECMDGOALS)),)
-$(if $(call digits_stripped,$(TF221_VERSION)),$(error TF221_VERSION=$(TF221_VERSION) is not a version such as 2.21.0))
-endif
 
 $(TF221_VENV)/.installed-$(TF221_VERSION): pyproject.toml
-	test -x $(TF221_VENV)/bin/python || $(PYTHON_SYS) -m venv $(TF221_VENV)
-	$(TF221_VENV)/bin/python -m pip install -q --upgrade pip
-	rm -f $(TF221_VENV)/.installed-*  # another version asked for: this one is installed over it
-	$(TF221_VENV)/bin/python -m pip install -q "tensorflow-cpu==$(TF221_VERSION)" -e ".[train,dev]"
-	$(TF221_VENV)/bin/python -m pip install -q --no-deps "tf_keras~=$(basename $(TF221_VERSION)).0"
+	scripts/venv.sh tf221 $(TF221_VENV) $(PYTHON_SYS) $(TF221_VERSION)
 	touch $@
 
 test-tf221: $(TF221_VENV)/.installed-$(TF221_VERSION) test-data ## the tf engine's tests on TensorFlow 2.21 without Horovod (.venv-tf221)
@@ -302,16 +263,10 @@ CLUSTER    ?= roihu
 CONFIG     ?= configs/resnet50_imagenet.yaml
 ACCOUNT    ?=
 SUBMIT_ARGS ?=
-# The login-node CLI alone, in a venv of its own: no TensorFlow, no Horovod, any Python from 3.9 (a login
-# node's system Python). pip is upgraded first: Python 3.9's own pip cannot install a pyproject.toml project
-# in editable mode.
+# The login-node CLI alone (scripts/venv.sh login): no TensorFlow, no Horovod, any Python from 3.9.
 LOGIN_VENV ?= .venv-login
 $(LOGIN_VENV)/.installed: pyproject.toml
-	@v=$$($(PYTHON_SYS) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || { echo "login: $(PYTHON_SYS) does not run: give a Python 3.9 to 3.12 as PYTHON_SYS=..." >&2; exit 2; }; \
-	case "$$v" in 3.9|3.1[0-2]) ;; *) echo "login: $(PYTHON_SYS) is Python $$v; the login-node CLI needs 3.9 to 3.12 (on LUMI: module load cray-python; or PYTHON_SYS=python3.11)" >&2; exit 2 ;; esac
-	test -x $(LOGIN_VENV)/bin/python || $(PYTHON_SYS) -m venv $(LOGIN_VENV)
-	$(LOGIN_VENV)/bin/python -m pip install -q --upgrade pip
-	$(LOGIN_VENV)/bin/python -m pip install -q -e .
+	scripts/venv.sh login $(LOGIN_VENV) $(PYTHON_SYS)
 	touch $@
 
 login: $(LOGIN_VENV)/.installed ## the login-node CLI (submit, studies on Slurm, reports) in .venv-login: seconds, no TensorFlow

@@ -1,6 +1,7 @@
-"""The Makefile's own logic, run for real with make in a copy of the repository's top level: the venv's
+"""The Makefile's own logic and the scripts it runs, with real make in a copy of the repository's top level:
+the venvs scripts/venv.sh makes (with stand-ins for python, its pip and scripts/install-stack.sh), the venv's
 TensorFlow flavour and switching it (issue 23, item 1), and what `make clean` and `make clean-runs` delete
-(item 4). `make -n` shows what install would run without installing anything."""
+(item 4). `make -n` shows what make would run without running anything."""
 
 from __future__ import annotations
 
@@ -16,12 +17,15 @@ from conftest import ROOT
 
 @pytest.fixture
 def repo(tmp_path) -> Path:
-    shutil.copy(ROOT / "Makefile", tmp_path)
-    shutil.copy(ROOT / "pyproject.toml", tmp_path)
-    (tmp_path / "scripts").mkdir()
-    shutil.copy(ROOT / "scripts" / "install-stack.sh", tmp_path / "scripts")
-    (tmp_path / ".venv" / "bin").mkdir(parents=True)
-    return tmp_path
+    top = tmp_path / "repo"
+    top.mkdir()
+    shutil.copy(ROOT / "Makefile", top)
+    shutil.copy(ROOT / "pyproject.toml", top)
+    (top / "scripts").mkdir()
+    for script in (ROOT / "scripts").glob("*.sh"):
+        shutil.copy(script, top / "scripts")
+    (top / ".venv" / "bin").mkdir(parents=True)
+    return top
 
 
 # Under `make test` the suite runs inside make, whose variables would make these a sub-make ("make[1]: ...").
@@ -30,25 +34,157 @@ CLEAN_ENV = {
 }
 
 
-def make(repo: Path, *args: str) -> subprocess.CompletedProcess:
+def make(repo: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(["make", "--no-print-directory", *args], cwd=repo, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=60, env=CLEAN_ENV)  # fmt: skip
+                          stdin=subprocess.DEVNULL, timeout=60, env=env or CLEAN_ENV)  # fmt: skip
 
 
-def test_the_venv_marker_names_its_flavour_and_another_flavour_switches_it(repo):
+# python and its pip: `-m venv DIR` copies this script to DIR/bin/python; `-m pip` is logged to $FAKE_LOG with
+# the venv's markers at that moment, and keeps the venv's TensorFlow packages in $FAKE_STATE; `-c` (the login
+# venv's version probe) answers $FAKE_VERSION.
+FAKE_PYTHON = r"""#!/bin/bash
+if [ "$1 $2" = "-m venv" ]; then
+    mkdir -p "$3/bin" && cp "$0" "$3/bin/python" && echo "venv $3" >> "$FAKE_LOG"
+elif [ "$1" = -c ]; then
+    echo "${FAKE_VERSION:-3.11}"
+elif [ "$1 $2" = "-m pip" ]; then
+    shift 2
+    echo "pip $* | markers:$(cd "$(dirname "$0")/.." && compgen -G '.installed*' | sed 's/^/ /' | tr -d '\n')" >> "$FAKE_LOG"
+    case "$1" in
+    show) grep -qx "$3" "$FAKE_STATE" ;;
+    uninstall) for p in "${@:4}"; do sed -i "/^$p\$/d" "$FAKE_STATE"; done ;;
+    install) case " $* " in
+             *"[cpu,dev]"*) echo tensorflow-cpu >> "$FAKE_STATE" ;;
+             *"[gpu,dev]"*) echo tensorflow >> "$FAKE_STATE" ;;
+             esac ;;
+    esac
+else
+    echo "fake python: unexpected arguments $*" >&2; exit 99
+fi
+"""
+FAKE_INSTALL_STACK = r"""#!/bin/bash
+echo "install-stack.sh $* |$(for v in HOROVOD_GPU_OPERATIONS HOROVOD_CONTROLLER HOROVOD_WITHOUT_GLOO SCALEOUT_MPICXX; do
+    echo -n " $v=${!v-unset}"; done)" >> "$FAKE_LOG"
+"""
+# What make and the scripts may run: nothing else is on PATH (no nvcc, no apt-get), beside the stand-ins.
+TOOLS = [
+    "make",
+    "bash",
+    "env",
+    "cat",
+    "cp",
+    "dirname",
+    "grep",
+    "mkdir",
+    "readlink",
+    "rm",
+    "sed",
+    "touch",
+    "tr",
+]
+
+
+class Fake:
+    """Stand-ins for python (PYTHON_SYS, and so every venv's python), install-stack.sh and the MPI compiler
+    wrappers (so that system-deps never runs), on a PATH of real tools."""
+
+    def __init__(self, repo: Path, root: Path):
+        self.root = root
+        self.bin = root / "bin"
+        self.bin.mkdir(parents=True)
+        for tool in TOOLS:
+            (self.bin / tool).symlink_to(shutil.which(tool))
+        for name, text in [("python", FAKE_PYTHON), ("mpicxx", ""), ("mpicxx.mpich", "")]:
+            write_exe(self.bin / name, text or "#!/bin/bash\n")
+        write_exe(repo / "scripts" / "install-stack.sh", FAKE_INSTALL_STACK)
+        self.log = root / "log"
+        self.state = root / "installed"
+        self.state.touch()
+        self.path = [self.bin]
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"PATH": os.pathsep.join(map(str, self.path)), "HOME": str(self.root), "FAKE_LOG": str(self.log),
+                "FAKE_STATE": str(self.state)}  # fmt: skip
+
+    def python_sys(self) -> str:
+        return f"PYTHON_SYS={self.bin / 'python'}"
+
+    def calls(self) -> list[str]:
+        calls = self.log.read_text().splitlines() if self.log.exists() else []
+        self.log.unlink(missing_ok=True)
+        return calls
+
+
+def write_exe(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+@pytest.fixture
+def fake(repo, tmp_path) -> Fake:
+    return Fake(repo, tmp_path / "fake")
+
+
+def markers(venv: Path) -> list[str]:
+    return sorted(p.name for p in venv.glob(".installed*"))
+
+
+def test_the_venv_marker_names_its_flavour_and_another_flavour_switches_it(repo, fake):
     marker = repo / ".venv" / ".installed-cpu"
     marker.touch()
     later = os.stat(repo / "Makefile").st_mtime + 10
-    os.utime(marker, (later, later))  # installed after the Makefile and pyproject.toml were written
+    os.utime(
+        marker, (later, later)
+    )  # installed after the Makefile, pyproject.toml and the scripts were written
     assert make(repo, "-n", "install").stdout.strip() == "make: Nothing to be done for 'install'."
-    gpu = make(repo, "-n", "install", "TF=gpu").stdout
-    assert "pip uninstall -q -y tensorflow-cpu horovod" in gpu  # the CPU TensorFlow goes first
-    assert '.venv/bin/python -m pip install -q -e ".[gpu,dev]"' in gpu
-    assert "no CUDA toolkit with NCCL here" in gpu and "touch .venv/.installed-gpu" in gpu
-    back = make(repo, "-n", "install", "TF=cpu", "-W", "pyproject.toml").stdout  # as if pyproject changed
-    assert "pip uninstall -q -y tensorflow horovod" in back and '-e ".[cpu,dev]"' in back
-    # The markers go before anything is uninstalled: a switch that fails half-way leaves none.
-    assert back.index("rm -f .venv/.installed .venv/.installed-*") < back.index("pip uninstall")
+    (fake.state).write_text("tensorflow-cpu\n")
+    gpu = make(repo, "install", "TF=gpu", fake.python_sys(), env=fake.env)  # for real, with the stand-ins
+    assert gpu.returncode == 0, gpu.stderr
+    calls = fake.calls()
+    assert calls[0] == "venv .venv"  # .venv/bin/python was not there
+    # The CPU TensorFlow goes first, and the markers before it: a switch that fails half-way leaves none.
+    assert "pip uninstall -q -y tensorflow-cpu horovod | markers:" in calls
+    assert calls.index("pip uninstall -q -y tensorflow-cpu horovod | markers:") < calls.index(
+        "pip install -q -e .[gpu,dev] | markers:"
+    )
+    assert "install: switching .venv to TF=gpu: removing tensorflow-cpu" in gpu.stdout
+    assert "no CUDA toolkit with NCCL here" in gpu.stdout
+    assert calls[-1] == (
+        "install-stack.sh .venv/bin/python | HOROVOD_GPU_OPERATIONS=unset HOROVOD_CONTROLLER=unset "
+        "HOROVOD_WITHOUT_GLOO=unset SCALEOUT_MPICXX=unset"
+    )
+    assert markers(repo / ".venv") == [".installed-gpu"]
+    assert make(repo, "-n", "install", fake.python_sys(), env=fake.env).stdout.strip() == (
+        "make: Nothing to be done for 'install'."  # without TF=, the flavour it has
+    )
+    back = make(repo, "install", "TF=cpu", "-W", "pyproject.toml", fake.python_sys(), env=fake.env)
+    assert back.returncode == 0, back.stderr
+    calls = fake.calls()
+    assert "venv .venv" not in calls
+    assert "pip uninstall -q -y tensorflow horovod | markers:" in calls
+    assert "pip install -q -e .[cpu,dev] | markers:" in calls
+    assert markers(repo / ".venv") == [".installed-cpu"]
+    assert fake.state.read_text() == "tensorflow-cpu\n"
+
+
+def test_a_gpu_install_gives_horovod_nccl_operations_when_a_cuda_toolkit_with_nccl_is_here(repo, fake):
+    cuda = fake.root / "cuda"
+    for folder in ("bin", "include"):
+        (cuda / folder).mkdir(parents=True)
+    write_exe(cuda / "bin" / "nvcc", "#!/bin/bash\n")
+    (cuda / "include" / "nccl.h").write_text("#define NCCL_MAJOR 2\n")
+    fake.path.append(cuda / "bin")
+    proc = make(repo, "install", "TF=gpu", fake.python_sys(), env=fake.env)
+    assert proc.returncode == 0, proc.stderr
+    assert "install: CUDA toolkit with NCCL found: Horovod gets NCCL operations" in proc.stdout
+    assert fake.calls()[-1].startswith("install-stack.sh .venv/bin/python | HOROVOD_GPU_OPERATIONS=NCCL ")
+    (repo / ".venv" / ".installed-gpu").unlink()
+    told = make(
+        repo, "install", "TF=gpu", fake.python_sys(), env={**fake.env, "HOROVOD_GPU_OPERATIONS": "MPI"}
+    )
+    assert told.returncode == 0 and "CUDA toolkit" not in told.stdout, told.stderr  # as told, no look
+    assert fake.calls()[-1].startswith("install-stack.sh .venv/bin/python | HOROVOD_GPU_OPERATIONS=MPI ")
 
 
 def test_without_tf_the_venv_keeps_the_flavour_it_has(repo):
@@ -90,22 +226,64 @@ def test_clean_keeps_the_runs_and_clean_runs_asks_first(repo):
     assert not (repo / "runs").exists()
 
 
-def test_make_test_builds_the_lumi_stand_in_first(repo):
+def test_make_test_builds_the_lumi_stand_in_first(repo, fake):
     """`make test` needs .venv-mpich (tests/test_lumi_standin.py): its rule is a prerequisite by its real path
     (a variable set after the rule that names it would expand to /.installed, and make test would stop)."""
     (repo / ".venv" / ".installed-cpu").touch()
     proc = make(repo, "-n", "test")
     assert proc.returncode == 0, proc.stderr
+    lines = [line.rstrip() for line in proc.stdout.splitlines()]
+    assert lines.index("scripts/venv.sh mpich .venv-mpich python3") < lines.index(".venv/bin/pytest")
+    # What that rule builds: the CPU TensorFlow, and a Horovod on MPICH without Gloo.
+    built = make(repo, ".venv-mpich/.installed", fake.python_sys(), env=fake.env)
+    assert built.returncode == 0, built.stderr
     assert (
         "HOROVOD_CONTROLLER=mpi HOROVOD_WITHOUT_GLOO=1 SCALEOUT_MPICXX=mpicxx.mpich scripts/install-stack.sh .venv-mpich/bin/python"
-        in proc.stdout
+        in built.stderr  # shown as it runs
     )
-    (repo / ".venv-mpich").mkdir()
-    (repo / ".venv-mpich" / ".installed").touch()
+    assert fake.calls()[-2:] == [
+        "pip install -q -e .[cpu] | markers:",
+        "install-stack.sh .venv-mpich/bin/python | HOROVOD_GPU_OPERATIONS=unset HOROVOD_CONTROLLER=mpi "
+        "HOROVOD_WITHOUT_GLOO=1 SCALEOUT_MPICXX=mpicxx.mpich",
+    ]
     proc = make(repo, "-n", "test")
-    assert proc.returncode == 0 and "install-stack.sh .venv-mpich" not in proc.stdout, (
-        proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "venv.sh mpich" not in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("target", "calls"),
+    [
+        (".venv-tf2.17.1/.installed", ["pip install -q tensorflow-cpu==2.17.1 -e .[train,dev] | markers:",
+                                       "install-stack.sh .venv-tf2.17.1/bin/python | HOROVOD_GPU_OPERATIONS=unset "
+                                       "HOROVOD_CONTROLLER=unset HOROVOD_WITHOUT_GLOO=unset SCALEOUT_MPICXX=unset"]),
+        (".venv-tf221/.installed-2.20.0", ["pip install -q tensorflow-cpu==2.20.0 -e .[train,dev] | markers:",
+                                           "pip install -q --no-deps tf_keras~=2.20.0 | markers:"]),
+    ],
+)  # fmt: skip
+def test_the_compat_and_tf221_venvs(repo, fake, target, calls):
+    (repo / ".venv-tf221").mkdir()
+    (repo / ".venv-tf221" / ".installed-2.21.0").touch()  # another version: installed over it, marker and all
+    versions = ["COMPAT_TF_VERSION=2.17.1", "TF221_VERSION=2.20.0"]
+    proc = make(repo, target, fake.python_sys(), *versions, env=fake.env)
+    assert proc.returncode == 0, proc.stderr
+    assert fake.calls()[-2:] == calls  # the tf221 venv gets no Horovod
+    assert markers(repo / ".venv-tf221") == (
+        [".installed-2.20.0"] if "tf221" in target else [".installed-2.21.0"]
     )
+
+
+@pytest.mark.parametrize(
+    ("goal", "says"),
+    [
+        ("test-compat COMPAT_TF_VERSION=2.17", "test-compat: TensorFlow 2.17 is not a version such as 2.17.1 (COMPAT_TF_VERSION=...)"),
+        ("test-tf221 TF221_VERSION=latest", "test-tf221: TensorFlow latest is not a version such as 2.20.0 (TF221_VERSION=...)"),
+    ],
+)  # fmt: skip
+def test_a_tensorflow_version_that_is_not_one_is_one_line(repo, fake, goal, says):
+    proc = make(repo, *goal.split(), fake.python_sys(), env=fake.env)
+    assert proc.returncode == 2
+    assert [line for line in proc.stderr.splitlines() if not line.startswith("make: ***")] == [says]
+    assert fake.calls() == []  # before any venv
 
 
 @pytest.mark.parametrize("version", ["3.6", "3.13", "2.7"])
@@ -120,3 +298,17 @@ def test_make_login_names_a_python_it_cannot_use_and_the_fix(repo, version):
     assert said == [f"login: {fake} is Python {version}; the login-node CLI needs 3.9 to 3.12 (on LUMI: module load "
                     "cray-python; or PYTHON_SYS=python3.11)"]  # fmt: skip
     assert not (repo / ".venv-login").exists()
+
+
+def test_make_login_installs_the_cli_alone_on_python_3_9(repo, fake):
+    proc = make(repo, "login", fake.python_sys(), env={**fake.env, "FAKE_VERSION": "3.9"})
+    assert proc.returncode == 0, proc.stderr
+    assert fake.calls() == [
+        "venv .venv-login",
+        "pip install -q --upgrade pip | markers:",
+        "pip install -q -e . | markers:",  # no extra: no TensorFlow, no Horovod
+    ]
+    assert markers(repo / ".venv-login") == [".installed"]
+    assert proc.stdout.endswith(
+        "login: .venv-login/bin/app is ready (source .venv-login/bin/activate to call it app)\n"
+    )
