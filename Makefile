@@ -44,11 +44,7 @@ system-deps: ## apt packages: OpenMPI (Horovod's MPI controller), MPICH (the LUM
 	scripts/system-deps.sh
 
 data: ## make sure the quickstart's Fashion-MNIST is here (apt-get install dataset-fashion-mnist as root)
-	@if [ -n "$(DATA_DIR)" ] && [ -d "$(DATA_DIR)/fashion_mnist" ]; then echo "data: TFDS folder $(DATA_DIR)"; \
-	elif [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then echo "data: Debian's dataset-fashion-mnist"; \
-	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null; \
-	else echo "data: no local Fashion-MNIST; app train will try a TFDS download"; fi
+	@scripts/data.sh $(DATA_DIR)
 
 train: install data ## quickstart: Fashion-MNIST, ResNet-20, 2 local CPU workers (NP=2), a few minutes
 	$(APP) train -c configs/fashion_mnist.yaml --np $(NP) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) $(TRAIN_ARGS)
@@ -113,10 +109,7 @@ test-tf221: $(TF221_VENV)/.installed-$(TF221_VERSION) test-data ## the tf engine
 
 # The tests prepare their own TFDS folder from Debian's Fashion-MNIST files: nothing beside the clone needed.
 test-data:
-	@if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then :; \
-	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null; \
-	else echo "test-data: tests that need Fashion-MNIST will skip (apt-get install dataset-fashion-mnist as root)"; fi
+	@scripts/data.sh --tests
 
 lint: install ## ruff check + ruff format --check + mypy on the engine contract + hadolint on the Dockerfile
 	$(VENV)/bin/ruff check app tests $(wildcard bench)
@@ -280,12 +273,4 @@ clean: ## remove the venvs, caches and build outputs (bench/out too); keeps runs
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 clean-runs: ## delete runs/, studies/ and logs/ (trained models, metrics): lists them and asks, or FORCE=1
-	@set -- $$(for d in runs studies logs; do [ -d "$$d" ] && echo "$$d"; done); \
-	if [ $$# -eq 0 ]; then echo "clean-runs: no runs/, studies/ or logs/ here"; exit 0; fi; \
-	du -shL -- "$$@"; \
-	if [ "$(FORCE)" != 1 ]; then \
-	    if [ ! -t 0 ]; then echo "clean-runs: not deleting without a terminal to ask on: run make clean-runs FORCE=1" >&2; exit 1; fi; \
-	    read -r -p "delete these (the trained models and metrics in them)? [y/N] " answer; \
-	    case "$$answer" in y|Y|yes) ;; *) echo "clean-runs: nothing deleted"; exit 0 ;; esac; \
-	fi; \
-	rm -rf -- "$$@" && echo "clean-runs: deleted $$*"
+	@FORCE='$(FORCE)' scripts/clean-runs.sh
