@@ -77,9 +77,6 @@ COMPAT_VENV       ?= .venv-tf$(COMPAT_TF_VERSION)
 COMPAT_TESTS      ?= -m compat tests/test_compat.py tests/test_models.py tests/test_gpu_build.py \
     tests/test_distributed.py tests/test_faults.py tests/test_benchmark.py tests/test_tf_engine.py
 
-digits_stripped = $(subst .,,$(subst 0,,$(subst 1,,$(subst 2,,$(subst 3,,$(subst 4,,$(subst 5,,$(subst 6,,$(subst \
-    7,,$(subst 8,,$(subst 9,,$(1))))))))))))
-
 $(COMPAT_VENV)/.installed: pyproject.toml scripts/install-stack.sh
 	scripts/venv.sh compat $(COMPAT_VENV) $(COMPAT_PYTHON) $(COMPAT_TF_VERSION)
 	touch $@
@@ -149,16 +146,6 @@ DOCKERFILE_ngc  := containers/ngc.Dockerfile
 PLATFORM_ngc    := linux/arm64
 BUILD_ARGS_ngc  := BASE_IMAGE=nvcr.io/nvidia/tensorflow:25.02-tf2-py3 TF_VERSION=2.17 TF_KERAS_VERSION=2.17.0 \
                    HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_BUILD_CUDA_CC_LIST=90 HOROVOD_CONTROLLER=gloo
-# ngc on Roihu's GPU login node, which has Apptainer but neither docker nor podman: `make sif FLAVOR=ngc DEF=1`
-# builds the same image from containers/roihu.def (both run containers/install-scaleout.sh) with `apptainer
-# build --fakeroot`, as CSC advises: the build's /tmp on $TMPDIR (the node's local disk) and, unless set, the
-# layer cache APPTAINER_CACHEDIR in $TMPDIR/apptainer-cache rather than in home (15 GiB quota).
-DEF_ngc         := containers/roihu.def
-DEF             ?=
-# lumi: the base .sif defaults to the one containers/lumi.def names (LUMI's EasyBuild copy of the container).
-DEF_lumi        := containers/lumi.def
-LUMI_BASE_SIF   ?=
-BUILD_ARGS_lumi := $(if $(LUMI_BASE_SIF),BASE_SIF=$(LUMI_BASE_SIF))
 # docker when its daemon answers, else podman (a docker CLI without a daemon cannot build or run anything).
 # Looked up once, when first used.
 ENGINE     ?= $(eval ENGINE := $(or $(shell timeout 10 docker info >/dev/null 2>&1 && command -v docker),$(shell \
@@ -166,89 +153,38 @@ ENGINE     ?= $(eval ENGINE := $(or $(shell timeout 10 docker info >/dev/null 2>
 IMAGE      ?= scaleout:$(FLAVOR)
 SIF        ?= scaleout-$(FLAVOR).sif
 IMAGE_ARGS ?=
+# make sif: DEF=1 builds ngc from containers/roihu.def (on Roihu); lumi's base .sif is LUMI_BASE_SIF, if given;
+# a warning above SIF_QUOTA_GIB (scripts/sif.sh).
+DEF           ?=
+LUMI_BASE_SIF ?=
+SIF_QUOTA_GIB ?= 15
 # One line naming the bad input and the fix; make stops with status 2.
 check_flavor = $(if $(filter $(FLAVORS),$(FLAVOR)),,$(error FLAVOR=$(FLAVOR) is not a flavour; use one of: $(FLAVORS)))$(if \
-    $(findstring ',$(IMAGE)$(SIF)$(LUMI_BASE_SIF)),$(error IMAGE, SIF and LUMI_BASE_SIF cannot contain a single quote))
-build_args = $(foreach a,$(BUILD_ARGS_$(FLAVOR)),--build-arg '$(a)')
-check_def = $(if $(filter-out 0 1,$(DEF)),$(error DEF=$(DEF) is not 1 (build from the flavour's Apptainer definition) or 0))$(if \
-    $(and $(filter 1,$(DEF)),$(if $(DEF_$(FLAVOR)),,no)),$(error DEF=1: FLAVOR=$(FLAVOR) has no Apptainer definition; FLAVOR=ngc has $(DEF_ngc)))$(if \
-    $(SIF_QUOTA_GIB),,$(error SIF_QUOTA_GIB is empty; give the quota in GiB, e.g. 15))$(if \
-    $(call digits_stripped,$(SIF_QUOTA_GIB)),$(error SIF_QUOTA_GIB=$(SIF_QUOTA_GIB) is not a number of GiB such as 15))
-# After every build: the .sif's size (du -h), with a warning above SIF_QUOTA_GIB (/projappl on Roihu holds 15 GiB).
-SIF_QUOTA_GIB ?= 15
-sif_size = size=$$(stat -c %s '$(SIF)'); echo "sif: $(SIF) is $$(du -h '$(SIF)' | cut -f 1) (du -h)"; \
-    if awk -v b="$$size" -v q=$(SIF_QUOTA_GIB) 'BEGIN { exit !(b > q * 1073741824) }'; then \
-        echo "sif: warning: $(SIF) is more than SIF_QUOTA_GIB=$(SIF_QUOTA_GIB) GiB, the quota of /projappl on Roihu: keep it on /scratch/<project>/ (250 GiB) or ask CSC for more quota" >&2; fi
+    $(findstring ',$(IMAGE)),$(error IMAGE cannot contain a single quote))
+# NAME='value' for each NAME given, quoted for the shell: how the scripts get make's variables.
+assign = $(foreach v,$(1),$(v)='$(subst ','\'',$($(v)))')
 
 image: ## build the container image FLAVOR=gpu|cpu|ngc with docker or podman (lumi: see `make sif`)
 	$(check_flavor)$(if $(filter lumi,$(FLAVOR)),$(error FLAVOR=lumi extends LUMI's own container on LUMI: run `make sif FLAVOR=lumi` there))
 	@test -n "$(ENGINE)" || { echo "image: neither a docker daemon nor podman is here (ENGINE=podman or docker to choose)" >&2; exit 1; }
 	$(ENGINE) build -t '$(IMAGE)' -f $(DOCKERFILE_$(FLAVOR)) $(if $(PLATFORM_$(FLAVOR)),--platform $(PLATFORM_$(FLAVOR))) \
-	    $(if $(findstring podman,$(ENGINE)),--format docker) $(build_args) \
+	    $(if $(findstring podman,$(ENGINE)),--format docker) $(foreach a,$(BUILD_ARGS_$(FLAVOR)),--build-arg '$(a)') \
 	    --build-arg GIT_REVISION=$$(git rev-parse --short HEAD 2>/dev/null || echo unknown) $(IMAGE_ARGS) .
 
 sif: ## build scaleout-FLAVOR.sif for Apptainer: from `make image`; on Roihu DEF=1 (containers/roihu.def); lumi on LUMI
-	$(check_flavor)$(check_def)
-	@APPT=$$(command -v apptainer || command -v singularity) || { echo "sif: install Apptainer or Singularity (on LUMI: singularity is there)" >&2; exit 1; }; \
-	if [ "$(FLAVOR)" = lumi ]; then \
-	    if [ "$$(id -u)" != 0 ] && ! command -v proot >/dev/null; then \
-	        echo "sif: an unprivileged build needs proot: on LUMI run 'module load LUMI systools' (or PRoot) first" >&2; exit 1; fi; \
-	    set -x; $$APPT build $(build_args) '$(SIF)' $(DEF_lumi); \
-	elif [ "$(DEF)" = 1 ]; then \
-	    test -f $(DEF_$(FLAVOR)) || { echo "sif: $(DEF_$(FLAVOR)) is not here: run make in the repository's top folder" >&2; exit 1; }; \
-	    fakeroot=--fakeroot; [ "$$(id -u)" != 0 ] || fakeroot=; bind=; \
-	    if [ -n "$${TMPDIR:-}" ] && [ -d "$$TMPDIR" ]; then \
-	        bind="--bind=$$TMPDIR:/tmp"; export APPTAINER_CACHEDIR="$${APPTAINER_CACHEDIR:-$$TMPDIR/apptainer-cache}"; fi; \
-	    echo "sif: building from $(DEF_$(FLAVOR)); layer cache in $${APPTAINER_CACHEDIR:-~/.apptainer/cache}$${bind:+, /tmp in the build bound to $$TMPDIR}"; \
-	    set -x; $$APPT build $$fakeroot $$bind '$(SIF)' $(DEF_$(FLAVOR)); \
-	else \
-	    test -n "$(ENGINE)" || { echo "sif: neither a docker daemon nor podman is here to hold $(IMAGE): make image FLAVOR=$(FLAVOR) on a machine with one$(if $(DEF_$(FLAVOR)),$(comma) or build from $(DEF_$(FLAVOR)) here: make sif FLAVOR=$(FLAVOR) DEF=1)" >&2; exit 1; }; \
-	    $(ENGINE) image inspect '$(IMAGE)' >/dev/null 2>&1 || { echo "sif: $(ENGINE) holds no image $(IMAGE): run make image FLAVOR=$(FLAVOR) first$(if $(DEF_$(FLAVOR)),$(comma) or build from $(DEF_$(FLAVOR)): make sif FLAVOR=$(FLAVOR) DEF=1)" >&2; exit 1; }; \
-	    if [ "$(notdir $(firstword $(ENGINE)))" = docker ]; then \
-	        sed -e 's|^From: .*|From: $(IMAGE)|' singularity.def > .sif.def && $$APPT build '$(SIF)' .sif.def && rm -f .sif.def; \
-	    else podman save '$(IMAGE)' -o .sif.tar && \
-	        sed -e 's/^Bootstrap: docker-daemon/Bootstrap: docker-archive/' -e 's|^From: .*|From: .sif.tar|' singularity.def > .sif.def && \
-	        $$APPT build '$(SIF)' .sif.def && rm -f .sif.def .sif.tar; fi; \
-	fi; \
-	{ set +x; } 2>/dev/null; $(sif_size)
+	$(check_flavor)
+	$(call assign,FLAVOR SIF IMAGE ENGINE DEF SIF_QUOTA_GIB LUMI_BASE_SIF) scripts/sif.sh
 
-# make docker-train: training in the image on this machine, as you (files in RUNS come out yours), with the
-# image read-only. FLAVOR=gpu|ngc: every GPU (docker --gpus all; podman through CDI, nvidia.com/gpu=all) and
-# --ipc=host for NCCL's shared memory between the workers. CONFIG must lie in configs/ (mounted read-only
-# at /configs); DATA (a TFDS folder or converted ImageNet) is mounted read-only at /data; RUNS at /runs.
+# make docker-train: training in the image on this machine, as you, with the image read-only
+# (scripts/docker-train.sh; docs/workstation.md).
 RUNS      ?= runs
 DATA      ?= $(DATA_DIR)
 DOCKER_NP ?=
-RUN_AS    ?= $$(id -u):$$(id -g)
+RUN_AS    ?=
 RUN_ARGS  ?=
-# RUNS, DATA and the repository's path go into -v SRC:DST and shell quotes: no ', : or , in them.
-check_docker_train = $(if $(filter configs/%,$(CONFIG)),,$(error CONFIG=$(CONFIG) is not in configs/: docker-train mounts that folder; copy your config there))$(if \
-    $(filter lumi,$(FLAVOR)),$(error FLAVOR=lumi runs on LUMI with Singularity (docs/clusters/lumi.md), not with docker-train))$(if \
-    $(findstring ',$(RUNS)$(DATA)$(CONFIG)$(CURDIR))$(findstring :,$(RUNS)$(DATA)$(CURDIR))$(findstring $(comma),$(RUNS)$(DATA)$(CURDIR)),$(error \
-    RUNS, DATA and this folder's path cannot contain ' : or , (they go into the engine's -v SRC:DST)))
-comma := ,
 docker-train: ## train in the container image on all GPUs (FLAVOR=gpu) as you; runs in RUNS=runs (docs/workstation.md)
-	$(check_flavor)$(check_docker_train)
-	@test -n "$(ENGINE)" || { echo "docker-train: neither a docker daemon nor podman is here (ENGINE=podman or docker to choose)" >&2; exit 1; }
-	@test -z '$(DATA)' || test -d '$(DATA)' || { echo "docker-train: DATA='$(DATA)' is not a folder" >&2; exit 2; }
-	mkdir -p '$(RUNS)'
-	@np='$(DOCKER_NP)'; gpus=; user="$(RUN_AS)"; userns=; \
-	if [ "$(FLAVOR)" = gpu ] || [ "$(FLAVOR)" = ngc ]; then \
-	    case "$(ENGINE)" in *podman*) gpus="--device nvidia.com/gpu=all" ;; *) gpus="--gpus all" ;; esac; \
-	    if [ -n "$${CUDA_VISIBLE_DEVICES+set}" ]; then gpus="$$gpus -e CUDA_VISIBLE_DEVICES"; fi; \
-	    if [ -z "$$np" ] && [ -n "$${CUDA_VISIBLE_DEVICES:-}" ]; then np=$$(echo "$$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .); fi; \
-	    if [ -z "$$np" ]; then np=$$(timeout 20 nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); fi; \
-	fi; [ "$${np:-0}" -gt 0 ] 2>/dev/null || np=$(NP); \
-	case "$(ENGINE)" in \
-	    *podman*) [ "$$($(ENGINE) info --format '{{.Host.Security.Rootless}}' 2>/dev/null)" != true ] || userns=--userns=keep-id ;; \
-	    *) ! $(ENGINE) info --format '{{.SecurityOptions}}' 2>/dev/null | grep -q rootless || user=0:0 ;; \
-	esac; \
-	name=$$(basename '$(CONFIG)' .yaml)-$$(date +%Y%m%d-%H%M%S); set -x; \
-	$(ENGINE) run --rm --pull=never $$gpus --ipc=host $$userns --user "$$user" --read-only --tmpfs /tmp \
-	    -v "$$(realpath '$(RUNS)'):/runs" -v "$(CURDIR)/configs:/configs:ro" \
-	    $(if $(DATA),-v "$$(realpath '$(DATA)'):/data:ro" -e TFDS_DATA_DIR=/data) $(RUN_ARGS) '$(IMAGE)' \
-	    train -c '/configs/$(patsubst configs/%,%,$(CONFIG))' --run-dir "/runs/$$name" --np "$$np" \
-	    $(if $(DATA),--data-dir /data) $(TRAIN_ARGS)
+	$(check_flavor)
+	$(call assign,FLAVOR IMAGE ENGINE CONFIG RUNS DATA DOCKER_NP NP RUN_AS) scripts/docker-train.sh $(RUN_ARGS) -- $(TRAIN_ARGS)
 
 # make submit GPUS=32 CLUSTER=roihu CONFIG=configs/resnet50_imagenet.yaml ACCOUNT=project_2001234 [SUBMIT_ARGS=--dry-run]
 GPUS       ?= 4
@@ -273,4 +209,4 @@ clean: ## remove the venvs, caches and build outputs (bench/out too); keeps runs
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 clean-runs: ## delete runs/, studies/ and logs/ (trained models, metrics): lists them and asks, or FORCE=1
-	@FORCE='$(FORCE)' scripts/clean-runs.sh
+	@$(call assign,FORCE) scripts/clean-runs.sh

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -271,7 +272,7 @@ def lumi_def() -> tuple[str, dict[str, str]]:
     return text, arguments
 
 
-def test_lumi_extends_lumis_own_tensorflow_container():
+def test_lumi_extends_lumis_own_tensorflow_container(tmp_path):
     text, arguments = lumi_def()
     assert re.search(r"^Bootstrap: localimage\nFrom: \{\{ BASE_SIF \}\}$", text, re.M)
     base = Path(arguments["BASE_SIF"]).name
@@ -284,13 +285,14 @@ def test_lumi_extends_lumis_own_tensorflow_container():
     assert re.search(r'pip install --no-deps "tf_keras==\{\{ TF_KERAS_VERSION \}\}"', post)
     assert re.search(r"^\s+export PATH=/opt/scaleout/bin:\$PATH$", text, re.M)  # `app` for `singularity exec`
     # `make sif FLAVOR=lumi` builds it with singularity, passing a base only when asked to.
-    proc = make_dry_run("sif", "FLAVOR=lumi", "LUMI_BASE_SIF=/appl/x.sif", "SIF=/project/p/scaleout-lumi.sif")
+    sif = tmp_path / "scaleout-lumi.sif"
+    proc = run_make_sif(tmp_path, "FLAVOR=lumi", "LUMI_BASE_SIF=/appl/x.sif", f"SIF={sif}")
     assert proc.returncode == 0, proc.stderr
     assert (
-        "build --build-arg 'BASE_SIF=/appl/x.sif' '/project/p/scaleout-lumi.sif' containers/lumi.def"
-        in proc.stdout
+        f"apptainer build --build-arg BASE_SIF=/appl/x.sif {sif} containers/lumi.def (cache:" in proc.stderr
     )
-    assert "--build-arg" not in make_dry_run("sif", "FLAVOR=lumi").stdout
+    proc = run_make_sif(tmp_path, "FLAVOR=lumi", f"SIF={sif}")
+    assert proc.returncode == 0 and f"apptainer build {sif} containers/lumi.def (cache:" in proc.stderr
 
 
 # The sections an Apptainer/Singularity definition of ours may hold (lumi.def, roihu.def), each at most once.
@@ -467,17 +469,26 @@ def test_shellcheck_finds_nothing_in_the_install_scripts(script):
     assert proc.returncode == 0, proc.stdout
 
 
-def test_make_sif_def_builds_roihu_def_with_fakeroot():
-    proc = make_dry_run(
-        "sif", "FLAVOR=ngc", "DEF=1", "ENGINE=podman", "SIF=/projappl/project_2001234/scaleout-ngc.sif"
-    )
+def test_make_sif_def_builds_roihu_def_with_fakeroot(tmp_path):
+    sif = tmp_path / "projappl" / "scaleout-ngc.sif"
+    sif.parent.mkdir()
+    proc = run_make_sif(tmp_path, "FLAVOR=ngc", "DEF=1", "ENGINE=podman", f"SIF={sif}", uid=1000)
     assert proc.returncode == 0, proc.stderr
     assert (
-        "$APPT build $fakeroot $bind '/projappl/project_2001234/scaleout-ngc.sif' containers/roihu.def"
-        in proc.stdout
+        f"apptainer build --fakeroot --bind={tmp_path}:/tmp {sif} containers/roihu.def (cache:" in proc.stderr
     )
-    assert "fakeroot=--fakeroot" in proc.stdout and 'bind="--bind=$TMPDIR:/tmp"' in proc.stdout
-    assert "test -f containers/roihu.def" in proc.stdout
+    root = run_make_sif(tmp_path, "FLAVOR=ngc", "DEF=1", "ENGINE=podman", f"SIF={sif}", uid=0)
+    assert (
+        root.returncode == 0
+        and f"apptainer build --bind={tmp_path}:/tmp {sif} containers/roihu.def" in root.stderr
+    )
+    # Run elsewhere than the repository's top folder, it says so before building anything.
+    env = {**MAKE_ENV, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}", "FLAVOR": "ngc", "DEF": "1",
+           "SIF": str(sif), "SIF_QUOTA_GIB": "15"}  # fmt: skip
+    away = subprocess.run(["bash", str(ROOT / "scripts" / "sif.sh")], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert away.returncode == 1
+    assert away.stderr == "sif: containers/roihu.def is not here: run make in the repository's top folder\n"
 
 
 @pytest.mark.parametrize(
@@ -491,14 +502,16 @@ def test_make_sif_def_builds_roihu_def_with_fakeroot():
         (["FLAVOR=ngc", "SIF_QUOTA_GIB=lots"], "SIF_QUOTA_GIB=lots is not a number of GiB"),
     ],
 )
-def test_bad_sif_inputs_stop_make_with_one_line(args, says):
-    proc = make_dry_run("sif", *args, "ENGINE=podman")
-    assert proc.returncode == 2 and says in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr
-    assert "build" not in proc.stdout
+def test_bad_sif_inputs_stop_make_with_one_line(tmp_path, args, says):
+    proc = run_make_sif(tmp_path, *args, "ENGINE=podman", f"SIF={tmp_path / 'x.sif'}")
+    said = [line for line in proc.stderr.splitlines() if not line.startswith("make: ***")]  # make's own line
+    assert proc.returncode == 2 and len(said) == 1 and says in said[0], proc.stderr
+    assert "build" not in proc.stdout and "apptainer" not in proc.stderr and not (tmp_path / "x.sif").exists()
 
 
-def run_make_sif(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    """`make sif` for real, with stand-ins for apptainer (writes a 4 KiB .sif) and podman (holds no image)."""
+def run_make_sif(tmp_path: Path, *args: str, uid: int | None = None) -> subprocess.CompletedProcess:
+    """`make sif` for real, with stand-ins for apptainer (writes a 4 KiB .sif), podman (holds no image), proot
+    and, given ``uid``, `id -u`."""
     require_tool("make")
     shims = tmp_path / "bin"
     shims.mkdir(exist_ok=True)
@@ -506,6 +519,12 @@ def run_make_sif(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
         '#!/bin/bash\necho "apptainer $* (cache: $APPTAINER_CACHEDIR)" >&2\nhead -c 4096 /dev/zero > "${@: -2:1}"\n'
     )
     (shims / "podman").write_text('#!/bin/bash\n[ "$1 $2" != "image inspect" ]\n')
+    (shims / "proot").write_text("#!/bin/bash\n")
+    (shims / "id").unlink(missing_ok=True)
+    if uid is not None:
+        (shims / "id").write_text(
+            f'#!/bin/bash\nif [ "$1" = -u ]; then echo {uid}; else exec {shutil.which("id")} "$@"; fi\n'
+        )
     for shim in shims.iterdir():
         shim.chmod(0o755)
     env = {**MAKE_ENV, "PATH": f"{shims}{os.pathsep}{os.environ['PATH']}", "TMPDIR": str(tmp_path)}

@@ -5,6 +5,7 @@ TensorFlow flavour and switching it (issue 23, item 1), and what `make clean` an
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import shutil
 import subprocess
@@ -312,3 +313,70 @@ def test_make_login_installs_the_cli_alone_on_python_3_9(repo, fake):
     assert proc.stdout.endswith(
         "login: .venv-login/bin/app is ready (source .venv-login/bin/activate to call it app)\n"
     )
+
+
+# docker or podman: `info` answers $FAKE_INFO, anything else prints its arguments one per line.
+FAKE_ENGINE = r"""#!/bin/bash
+while [ "${1#-}" != "$1" ]; do shift 2; done  # the engine's own options (--runtime runc)
+if [ "$1" = info ]; then echo "$FAKE_INFO"; else printf '%s\n' "$@"; fi
+"""
+
+
+@pytest.mark.parametrize(
+    ("engine", "env", "args", "expect"),
+    [
+        # rootless podman: the host user mapped in; DOCKER_NP workers; the data read-only, TRAIN_ARGS last
+        ("podman --runtime runc", {"FAKE_INFO": "true"}, ["FLAVOR=cpu", "DOCKER_NP=3", "DATA=data"],
+         "--ipc=host --userns=keep-id --user 1234:1234 --read-only --tmpfs /tmp -v RUNS:/runs "
+         "-v REPO/configs:/configs:ro -v REPO/data:/data:ro -e TFDS_DATA_DIR=/data --network host scaleout:cpu "
+         "train -c /configs/synthetic.yaml --run-dir /runs/synthetic-* --np 3 --data-dir /data --epochs 1"),
+        # rootless docker, the GPUs of CUDA_VISIBLE_DEVICES: the container's root is the host user
+        ("docker", {"FAKE_INFO": "[name=rootless name=seccomp]", "CUDA_VISIBLE_DEVICES": "0,2"}, ["FLAVOR=gpu"],
+         "--gpus all -e CUDA_VISIBLE_DEVICES --ipc=host --user 0:0 --read-only --tmpfs /tmp -v RUNS:/runs "
+         "-v REPO/configs:/configs:ro --network host scaleout:gpu train -c /configs/synthetic.yaml "
+         "--run-dir /runs/synthetic-* --np 2 --epochs 1"),
+    ],
+)  # fmt: skip
+def test_make_docker_train_runs_the_image_as_the_user_with_every_gpu(
+    repo, tmp_path, engine, env, args, expect
+):
+    """What `make docker-train` asks the engine for (a real run: tests/test_container.py)."""
+    write_exe(tmp_path / engine.split()[0], FAKE_ENGINE)
+    (repo / "data").mkdir()
+    runs = tmp_path / "runs"
+    proc = make(repo, "docker-train", f"ENGINE={tmp_path}/{engine}", "CONFIG=configs/synthetic.yaml", f"RUNS={runs}",
+                "DATA=", "RUN_AS=1234:1234", "RUN_ARGS=--network host", "TRAIN_ARGS=--epochs 1", *args,
+                env={**CLEAN_ENV, **env})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    said = " ".join(proc.stdout.splitlines()[1:])  # the engine's arguments, after make's own line
+    expect = expect.replace("RUNS", str(runs)).replace("REPO", str(repo))
+    assert fnmatch.fnmatchcase(said, f"run --rm --pull=never {expect}"), said
+    assert runs.is_dir()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["CONFIG=/etc/my.yaml"], "CONFIG=/etc/my.yaml is not in configs/: docker-train mounts that folder; copy your "
+                                  "config there"),
+        (["FLAVOR=lumi"], "FLAVOR=lumi runs on LUMI with Singularity (docs/clusters/lumi.md), not with docker-train"),
+        (["RUNS=a:b"], "RUNS, DATA and this folder's path cannot contain ' : or , (they go into the engine's -v "
+                       "SRC:DST)"),
+        (["DATA=nowhere"], "DATA='nowhere' is not a folder"),
+    ],
+)  # fmt: skip
+def test_make_docker_train_refuses_what_cannot_work_in_one_line(repo, tmp_path, args, says):
+    write_exe(tmp_path / "podman", FAKE_ENGINE)
+    proc = make(
+        repo,
+        "docker-train",
+        "FLAVOR=cpu",
+        f"ENGINE={tmp_path}/podman",
+        "CONFIG=configs/synthetic.yaml",
+        *args,
+    )
+    assert proc.returncode == 2
+    assert [line for line in proc.stderr.splitlines() if not line.startswith("make: ***")] == [
+        f"docker-train: {says}"
+    ]
+    assert not (repo / "runs").exists()
