@@ -72,17 +72,15 @@ $(MPICH_VENV)/.installed: pyproject.toml scripts/install-stack.sh
 COMPAT_TF_VERSION ?= 2.16.1
 COMPAT_PYTHON     ?= $(PYTHON_SYS)
 COMPAT_VENV       ?= .venv-tf$(COMPAT_TF_VERSION)
-# The tests marked `compat` (pytest markers, never a hand-kept list of test IDs), collected from these files only
-# (the others need what the compat venv may lack). A `-m` in PYTEST_ARGS would replace this one: use -k there.
-COMPAT_TESTS      ?= -m compat tests/test_compat.py tests/test_models.py tests/test_gpu_build.py \
-    tests/test_distributed.py tests/test_faults.py tests/test_benchmark.py tests/test_tf_engine.py
+# The tests marked `compat` (pytest markers, no list of files or test IDs), from all of tests/. A `-m` in
+# PYTEST_ARGS would replace this one: use -k there.
 
 $(COMPAT_VENV)/.installed: pyproject.toml scripts/install-stack.sh
 	scripts/venv.sh compat $(COMPAT_VENV) $(COMPAT_PYTHON) $(COMPAT_TF_VERSION)
 	touch $@
 
 test-compat: $(COMPAT_VENV)/.installed test-data ## the core tests on TensorFlow 2.16.1 in .venv-tf2.16.1 (first time ~10 min)
-	$(COMPAT_VENV)/bin/pytest $(COMPAT_TESTS) $(PYTEST_ARGS)
+	$(COMPAT_VENV)/bin/pytest -m compat $(PYTEST_ARGS)
 
 # The tf engine on the newest TensorFlow with no Horovod at all, as a site module gives it (CSC's
 # python-tensorflow/2.21 on Roihu): a venv with tensorflow-cpu 2.21 and its tf_keras (with --no-deps: its metadata
@@ -93,8 +91,6 @@ test-compat: $(COMPAT_VENV)/.installed test-data ## the core tests on TensorFlow
 # TF221_VERSION=2.20.0.
 TF221_VERSION ?= 2.21.0
 TF221_VENV    ?= .venv-tf221
-TF221_TESTS   ?= -m "tf221 and not horovod" tests/test_tf_engine.py tests/test_schedule.py tests/test_models.py \
-    tests/test_faults.py
 
 $(TF221_VENV)/.installed-$(TF221_VERSION): pyproject.toml
 	scripts/venv.sh tf221 $(TF221_VENV) $(PYTHON_SYS) $(TF221_VERSION)
@@ -102,7 +98,7 @@ $(TF221_VENV)/.installed-$(TF221_VERSION): pyproject.toml
 
 test-tf221: $(TF221_VENV)/.installed-$(TF221_VERSION) test-data ## the tf engine's tests on TensorFlow 2.21 without Horovod (.venv-tf221)
 	@! $(TF221_VENV)/bin/python -c "import horovod" 2>/dev/null || { echo "test-tf221: Horovod is in $(TF221_VENV), which must have none" >&2; exit 1; }
-	$(TF221_VENV)/bin/pytest $(TF221_TESTS) $(PYTEST_ARGS)
+	$(TF221_VENV)/bin/pytest -m "tf221 and not horovod" $(PYTEST_ARGS)
 
 # The tests prepare their own TFDS folder from Debian's Fashion-MNIST files: nothing beside the clone needed.
 test-data:

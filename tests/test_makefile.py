@@ -251,6 +251,17 @@ def test_make_test_builds_the_lumi_stand_in_first(repo, fake):
     assert proc.returncode == 0 and "venv.sh mpich" not in proc.stdout, proc.stdout + proc.stderr
 
 
+def test_the_other_suites_select_their_tests_by_marker_alone(repo):
+    """No list of files or test IDs to keep up: a test marked compat or tf221 anywhere in tests/ runs there."""
+    for marker in (".venv-tf2.16.1/.installed", ".venv-tf221/.installed-2.21.0"):
+        (repo / marker).parent.mkdir()
+        (repo / marker).touch()
+    compat = make(repo, "-n", "test-compat", "PYTEST_ARGS=-q").stdout.splitlines()
+    assert compat[-1] == ".venv-tf2.16.1/bin/pytest -m compat -q"
+    tf221 = make(repo, "-n", "test-tf221", "PYTEST_ARGS=-q").stdout.splitlines()
+    assert tf221[-1] == '.venv-tf221/bin/pytest -m "tf221 and not horovod" -q'
+
+
 @pytest.mark.parametrize(
     ("target", "calls"),
     [
