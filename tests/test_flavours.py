@@ -462,8 +462,14 @@ def test_the_shared_script_parses():
     assert os.access(INSTALL_SCRIPT, os.X_OK)  # the Dockerfile runs it directly
 
 
-@pytest.mark.parametrize("script", ["containers/install-scaleout.sh", "scripts/install-stack.sh"])
-def test_shellcheck_finds_nothing_in_the_install_scripts(script):
+SHELL_SCRIPTS = [
+    "containers/install-scaleout.sh",
+    *sorted(f"scripts/{p.name}" for p in (ROOT / "scripts").glob("*.sh")),
+]
+
+
+@pytest.mark.parametrize("script", SHELL_SCRIPTS)
+def test_shellcheck_finds_nothing_in_the_shell_scripts(script):
     shellcheck = require_tool("shellcheck")  # .ci/run installs it: CI never skips this
     proc = subprocess.run([shellcheck, str(ROOT / script)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout
