@@ -34,8 +34,8 @@ def check_local_workers(counts: list[int], flag: str) -> None:
     too_many = [n for n in counts if n > limit]
     if too_many:
         raise UsageError(
-            f"{flag} {too_many[0]}: more local workers than this machine holds ({slots} CPU cores or GPUs, at most "
-            f"{limit} workers); for more, run on a cluster (--cluster)"
+            f"{flag} {too_many[0]}: more local workers than this machine holds ({slots} CPU cores or GPUs, "
+            f"at most {limit} workers); for more, run on a cluster (--cluster)"
         )
 
 
@@ -50,14 +50,15 @@ def check_parallel(parallel: int, workers: int, cluster: bool) -> None:
         raise UsageError("--parallel is for runs on this machine; on Slurm every run is its own job: drop it")
     if gpu_device_nodes():
         raise UsageError(
-            f"--parallel {parallel}: this machine has GPUs, and every run would train on the first; drop --parallel "
-            "(one run at a time, or --np N for N GPUs per run)"
+            f"--parallel {parallel}: this machine has GPUs, and every run would train on the first; drop "
+            "--parallel (one run at a time, or --np N for N GPUs per run)"
         )
     cores = os.cpu_count() or 1
     if parallel * workers > cores:
         raise UsageError(
-            f"--parallel {parallel} x --np {workers} = {parallel * workers} processes on this machine's {cores} CPU "
-            f"cores: at most one per core (more only take turns); use --parallel {max(1, cores // workers)}"
+            f"--parallel {parallel} x --np {workers} = {parallel * workers} processes on this machine's "
+            f"{cores} CPU cores: at most one per core (more only take turns); use --parallel "
+            f"{max(1, cores // workers)}"
         )
 
 
@@ -124,8 +125,8 @@ def run_local(
     folder = Path(folder)
     if not (folder / "config.yaml").is_file():
         raise UsageError(
-            f"study folder {show(folder, limit=None)}: its config.yaml is missing (every run starts from it); "
-            "restore it, or start the study again under another --name"
+            f"study folder {show(folder, limit=None)}: its config.yaml is missing (every run starts from "
+            "it); restore it, or start the study again under another --name"
         )
     if any(r.workers > 1 for r, _ in todo(folder, plan)) and not shutil.which(
         "horovodrun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
@@ -154,7 +155,7 @@ def run_local(
                 head, run, log = active.pop(child)
                 if log is not None:
                     log.close()
-                # killed by the stop it was passed before its own handler was in place: interrupted, not failed
+                # killed by the stop passed on before its own handler was in place: interrupted, not failed
                 _record(folder, run.name, INTERRUPTED if forward.signum and code < 0 else code)
                 lock.current(",".join(r.name for _, r, _ in active.values()) or None)
                 stopped = _after_run(head, run, code, log, active, forward, stopped, failed, echo)
@@ -164,8 +165,8 @@ def run_local(
             if not isinstance(exc, KeyboardInterrupt):
                 raise
             raise Interrupted(
-                f"interrupted during run(s) {', '.join(names) or '-'}; `{again}` continues the study (finished runs "
-                "are kept, these from their last checkpoints, where they wrote one)"
+                f"interrupted during run(s) {', '.join(names) or '-'}; `{again}` continues the study "
+                "(finished runs are kept, these from their last checkpoints, where they wrote one)"
             ) from None
         lock.current(None)
     if stopped:
@@ -173,15 +174,16 @@ def run_local(
 
         why = f"by {signal.Signals(forward.signum).name}" if forward.signum else "as a run stopped"
         raise Preempted(
-            f"study stopped {why}: every run in progress checkpointed or finished, none started after; `{again}` "
-            "continues it"
+            f"study stopped {why}: every run in progress checkpointed or finished, none started after; "
+            f"`{again}` continues it"
         )
     return failed
 
 
 def _after_run(head, run, code, log, active, forward, stopped, failed, echo) -> bool:
     """Say how a run ended, count a failure, and pass a run's own stop (exit 3 without a signal to the study,
-    e.g. a SIGTERM to that process alone) on to the runs still in progress. Returns whether the study stops."""
+    e.g. a SIGTERM to that process alone) on to the runs still in progress. Returns whether the study
+    stops."""
     if code == 3 or (forward.signum and code < 0):
         if log is not None:
             echo(f"{head}: stopped (exit status {code}), after its checkpoint")
@@ -245,8 +247,13 @@ def _runs_to_train(folder: Path, plan: StudyPlan, echo, failed: list[str]) -> li
             echo(f"{head}: its Slurm job {job[0]} is {job[1].lower()}; skipped here")
             failed.append(run.name)
         else:
-            what = (f"resuming after epoch {state.epochs_done}/{run.epochs}" if state.epochs_done
-                    else "starting" if state.state == "pending" else "starting again")  # fmt: skip
+            what = (
+                f"resuming after epoch {state.epochs_done}/{run.epochs}"
+                if state.epochs_done
+                else "starting"
+                if state.state == "pending"
+                else "starting again"
+            )
             what += f" ({state.damage})" if state.damage else ""
             queue.append((head, run, what))
     return queue
@@ -255,8 +262,10 @@ def _runs_to_train(folder: Path, plan: StudyPlan, echo, failed: list[str]) -> li
 def _start_run(folder, run, head, what, data_dir, threads, parallel, env, forward, echo):
     """Start one run's `app train`: (the child, its open log file or None)."""
     args = train_args(folder, run, data_dir, run_threads(threads, parallel, run.workers))
-    echo(f"{head}: {what}: k={run.k}, {run.workers} worker(s) x {run.accumulation_steps} accumulation "
-         f"x {run.batch_size} = {run.global_batch}, LR {run.lr:g}, warmup {run.warmup}")  # fmt: skip
+    echo(
+        f"{head}: {what}: k={run.k}, {run.workers} worker(s) x {run.accumulation_steps} accumulation "
+        f"x {run.batch_size} = {run.global_batch}, LR {run.lr:g}, warmup {run.warmup}"
+    )
     log = None
     if parallel > 1:
         (folder / "logs").mkdir(exist_ok=True)
@@ -314,8 +323,8 @@ def run_scaling_local(
     folder = Path(folder)
     if not (folder / "config.yaml").is_file():
         raise UsageError(
-            f"study folder {show(folder, limit=None)}: its config.yaml is missing (every benchmark starts from "
-            "it); restore it, or start the study again under another --name"
+            f"study folder {show(folder, limit=None)}: its config.yaml is missing (every benchmark starts "
+            "from it); restore it, or start the study again under another --name"
         )
     env, dropped = child_env()
     env = {k: v for k, v in env.items() if not k.startswith("APP_BENCHMARK_")}
@@ -335,20 +344,30 @@ def run_scaling_local(
             try:
                 if part.independent:
                     each = threads or max(1, cores // part.workers)
-                    echo(f"{head}: {part.workers} one-worker processes at once, {each} thread(s) each, "
-                         f"batch sizes {','.join(map(str, left))}")  # fmt: skip
+                    echo(
+                        f"{head}: {part.workers} one-worker processes at once, {each} thread(s) each, "
+                        f"batch sizes {','.join(map(str, left))}"
+                    )
                     procs = []
                     for f in part.files():
                         (folder / f).parent.mkdir(parents=True, exist_ok=True)
-                        argv = [sys.executable, "-m", "app",
-                                *benchmark_args(folder, plan, part, left, f, data_dir, each)]  # fmt: skip
+                        argv = [
+                            sys.executable,
+                            "-m",
+                            "app",
+                            *benchmark_args(folder, plan, part, left, f, data_dir, each),
+                        ]
                         echo("+ " + shlex.join(["app", *argv[3:]]))
                         procs.append(forward.start(argv, env, together=True))
                     codes = [p.wait() for p in procs]
                     code = next((c for c in codes if c != 0), 0)
                 else:
-                    argv = [sys.executable, "-m", "app",
-                            *benchmark_args(folder, plan, part, left, part.files()[0], data_dir, threads)]  # fmt: skip
+                    argv = [
+                        sys.executable,
+                        "-m",
+                        "app",
+                        *benchmark_args(folder, plan, part, left, part.files()[0], data_dir, threads),
+                    ]
                     if part.workers > 1:
                         argv += ["--np", str(part.workers)]
                     echo(f"{head}: {part.workers} worker(s), batch sizes {','.join(map(str, left))}")
@@ -359,7 +378,8 @@ def run_scaling_local(
                     _end_after_ctrl_c(child)
                 _record(folder, part.name, INTERRUPTED)
                 raise Interrupted(
-                    f"interrupted during {part.name}; `{again}` continues the study (measured batch sizes are kept)"
+                    f"interrupted during {part.name}; `{again}` continues the study (measured batch sizes "
+                    "are kept)"
                 ) from None
             if forward.signum:  # ended by the stop it was passed (benchmarks have no clean stop): not failed
                 _record(folder, part.name, 3 if code else code)
@@ -368,7 +388,8 @@ def run_scaling_local(
             _record(folder, part.name, code)
             if code != 0:
                 echo(
-                    f"{head}: failed with exit status {code}; its output is above. Going on with the next part"
+                    f"{head}: failed with exit status {code}; its output is above. Going on with the next "
+                    "part"
                 )
                 failed.append(part.name)
         lock.current(None)
