@@ -48,13 +48,29 @@ def _again(
     configs, sets, ks, seeds, margin, name, np_, out, data_dir, threads, slurm, small=False, parallel=1
 ) -> list[str]:
     """The `app study large-batch` command that continues this study."""
-    return ["app", "study", "large-batch", *(a for c in configs for a in ("-c", c)),
-            *(a for s in sets for a in ("--set", s)), "--k", ",".join(map(str, ks)), "--seeds", str(seeds),
-            *(["--margin", f"{margin:g}"] if margin != MARGIN_PP else []),
-            "--name", name, "--np", str(np_), "--out", str(out),
-            *(["--data-dir", data_dir] if data_dir else []), *(["--threads", str(threads)] if threads else []),
-            *(["--parallel", str(parallel)] if parallel > 1 else []), *(["--allow-small-budget"] if small else []),
-            *slurm_words(slurm)]  # fmt: skip
+    return [
+        "app",
+        "study",
+        "large-batch",
+        *(a for c in configs for a in ("-c", c)),
+        *(a for s in sets for a in ("--set", s)),
+        "--k",
+        ",".join(map(str, ks)),
+        "--seeds",
+        str(seeds),
+        *(["--margin", f"{margin:g}"] if margin != MARGIN_PP else []),
+        "--name",
+        name,
+        "--np",
+        str(np_),
+        "--out",
+        str(out),
+        *(["--data-dir", data_dir] if data_dir else []),
+        *(["--threads", str(threads)] if threads else []),
+        *(["--parallel", str(parallel)] if parallel > 1 else []),
+        *(["--allow-small-budget"] if small else []),
+        *slurm_words(slurm),
+    ]
 
 
 def _margin(ctx, param, value: float) -> float:
@@ -96,39 +112,95 @@ def _print_runs(folder: Path, plan, data_dir, threads: int, parallel: int = 1) -
 
     for run in plan.runs:
         updates = "?" if run.updates is None else f"{run.updates:,}"
-        click.echo(f"{run.name}: {run.workers} worker(s) x {run.accumulation_steps} accumulation x "
-                   f"{run.batch_size} = {run.global_batch}, LR {run.lr:g}, warmup {run.warmup}, {run.epochs} "
-                   f"epochs, {updates} updates")  # fmt: skip
+        click.echo(
+            f"{run.name}: {run.workers} worker(s) x {run.accumulation_steps} accumulation x "
+            f"{run.batch_size} = {run.global_batch}, LR {run.lr:g}, warmup {run.warmup}, {run.epochs} "
+            f"epochs, {updates} updates"
+        )
         each = local.run_threads(threads, parallel, run.workers)
         click.echo("  " + shlex.join(["app", *large_batch.train_args(folder, run, data_dir, each)]))
 
 
 @study.command("large-batch")
-@click.option("-c", "--config", "configs", multiple=True, metavar="FILE",
-              help="The baseline's experiment YAML (repeatable): k = 1, on one worker.")  # fmt: skip
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help="Override one key of the baseline's config (repeatable).")  # fmt: skip
-@click.option("--k", "ks", required=True, callback=_ks, metavar="K,K,...",
-              help="Multiples of the baseline's global batch to compare with it, e.g. 1,8,32 (1 is the baseline).")  # fmt: skip
-@click.option("--seeds", type=Int(min=1), default=3, show_default=True,
-              help="Seeds per variant (run.seed 1..N): verdicts compare each seed with the baseline's, with a "
-                   "95% interval (one seed gives none).")  # fmt: skip
-@click.option("--margin", type=float, default=MARGIN_PP, show_default=True, callback=_margin, metavar="PP",
-              help="A variant 'holds' when it is not worse than the baseline by more than this many percentage "
-                   "points of top-1 error (the whole 95% interval below it).")  # fmt: skip
+@click.option(
+    "-c",
+    "--config",
+    "configs",
+    multiple=True,
+    metavar="FILE",
+    help="The baseline's experiment YAML (repeatable): k = 1, on one worker.",
+)
+@click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override one key of the baseline's config (repeatable).",
+)
+@click.option(
+    "--k",
+    "ks",
+    required=True,
+    callback=_ks,
+    metavar="K,K,...",
+    help="Multiples of the baseline's global batch to compare with it, e.g. 1,8,32 (1 is the baseline).",
+)
+@click.option(
+    "--seeds",
+    type=Int(min=1),
+    default=3,
+    show_default=True,
+    help="Seeds per variant (run.seed 1..N): verdicts compare each seed with the baseline's, with a "
+    "95% interval (one seed gives none).",
+)
+@click.option(
+    "--margin",
+    type=float,
+    default=MARGIN_PP,
+    show_default=True,
+    callback=_margin,
+    metavar="PP",
+    help="A variant 'holds' when it is not worse than the baseline by more than this many percentage "
+    "points of top-1 error (the whole 95% interval below it).",
+)
 @click.option("--name", help="The study's folder name under --out (default: the config's name).")
-@click.option("--np", "np_", type=Int(min=1), default=1, show_default=True, metavar="N",
-              help="At most N local workers per run (horovodrun --gloo); accumulation makes up the rest of k.")  # fmt: skip
-@click.option("--out", type=click.Path(path_type=Path), default=Path("studies"), show_default=True,
-              help="Folder that holds the study folders.")  # fmt: skip
+@click.option(
+    "--np",
+    "np_",
+    type=Int(min=1),
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="At most N local workers per run (horovodrun --gloo); accumulation makes up the rest of k.",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=Path("studies"),
+    show_default=True,
+    help="Folder that holds the study folders.",
+)
 @click.option("--data-dir", help="TFDS data dir or ImageNet TFRecord folder (data.data_dir) of every run.")
-@click.option("--threads", type=Int(min=0), default=0, show_default=True,
-              help="CPU threads per worker of each run (0: the node's cores shared among its workers).")  # fmt: skip
-@click.option("--parallel", type=Int(min=1), default=1, show_default=True, metavar="N",
-              help="Train up to N runs at once on this machine, each with its share of the cores and its output "
-                   "in logs/<run>.log (small models on a few cores: 1.7-2.2x on 2 cores, docs/study.md).")  # fmt: skip
-@slurm_options("Submit each run as a Slurm job on this profile (jobs/clusters/), --np GPUs at most.",
-               "Slurm time limit of each run's job; it requeues itself at the limit.")  # fmt: skip
+@click.option(
+    "--threads",
+    type=Int(min=0),
+    default=0,
+    show_default=True,
+    help="CPU threads per worker of each run (0: the node's cores shared among its workers).",
+)
+@click.option(
+    "--parallel",
+    type=Int(min=1),
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="Train up to N runs at once on this machine, each with its share of the cores and its output "
+    "in logs/<run>.log (small models on a few cores: 1.7-2.2x on 2 cores, docs/study.md).",
+)
+@slurm_options(
+    "Submit each run as a Slurm job on this profile (jobs/clusters/), --np GPUs at most.",
+    "Slurm time limit of each run's job; it requeues itself at the limit.",
+)
 @click.option(
     "--allow-small-budget",
     is_flag=True,
@@ -138,8 +210,22 @@ def _print_runs(folder: Path, plan, data_dir, threads: int, parallel: int = 1) -
 @click.option(
     "--dry-run", is_flag=True, help="Print the plan and each run's `app train` command (or job); run nothing."
 )
-def study_large_batch(configs, sets, ks, seeds, margin, name, np_, out, data_dir, threads, parallel,
-                      allow_small_budget, dry_run, **slurm):  # fmt: skip
+def study_large_batch(
+    configs,
+    sets,
+    ks,
+    seeds,
+    margin,
+    name,
+    np_,
+    out,
+    data_dir,
+    threads,
+    parallel,
+    allow_small_budget,
+    dry_run,
+    **slurm,
+):
     """RQ3: does accuracy hold at large batches? Goyal et al.'s Table 1 and Figure 2, locally or on Slurm.
 
     The config is the baseline (k = 1) on one worker. For each k > 1: k x its global batch at equal epochs,
@@ -178,15 +264,33 @@ def study_large_batch(configs, sets, ks, seeds, margin, name, np_, out, data_dir
     examples, where = dataset.train_examples(cfg)
     plan = large_batch.plan_large_batch(cfg, ks, seeds, np_, name, examples, where, allow_small_budget)
     folder = out / name
-    command = _again(configs, sets, plan.ks, seeds, margin, name, np_, out, data_dir, threads, slurm,
-                     allow_small_budget, parallel)  # fmt: skip
+    command = _again(
+        configs,
+        sets,
+        plan.ks,
+        seeds,
+        margin,
+        name,
+        np_,
+        out,
+        data_dir,
+        threads,
+        slurm,
+        allow_small_budget,
+        parallel,
+    )
     again = shlex.join(command)
-    slurm = ({**slurm, "data_dir": data_dir, "margin": margin if margin != MARGIN_PP else None}
-             if cluster else None)  # fmt: skip
+    slurm = (
+        {**slurm, "data_dir": data_dir, "margin": margin if margin != MARGIN_PP else None}
+        if cluster
+        else None
+    )
     new = prepare_study(folder, plan, cfg, command, slurm, dry_run)
     if plan.budget_limited:
-        click.echo(f"note: runs at k > 1 make fewer than {large_batch.MIN_BUDGET_UPDATES} updates "
-                   "(--allow-small-budget): the report calls its verdicts budget-limited")  # fmt: skip
+        click.echo(
+            f"note: runs at k > 1 make fewer than {large_batch.MIN_BUDGET_UPDATES} updates "
+            "(--allow-small-budget): the report calls its verdicts budget-limited"
+        )
     if examples is None:
         click.echo(
             f"note: the training examples could not be counted ({where}): k is not checked against them"
@@ -199,7 +303,8 @@ def study_large_batch(configs, sets, ks, seeds, margin, name, np_, out, data_dir
         if cluster:
             slurm_stage.submit_study(folder, plan, cfg, slurm, dry_run=True, echo=click.echo)
         click.echo(
-            f"{len(plan.runs)} runs; would {'create' if new else 'continue'} {quoted(folder)}: {left} to train"
+            f"{len(plan.runs)} runs; would {'create' if new else 'continue'} {quoted(folder)}: {left} to "
+            "train"
         )
         return
     click.echo(f"{'created' if new else 'continuing'} {quoted(folder)}: {len(plan.runs)} runs ({again})")
@@ -212,8 +317,8 @@ def study_large_batch(configs, sets, ks, seeds, margin, name, np_, out, data_dir
     study_report.write_report(folder, plan, Console(width=None if sys.stdout.isatty() else 120), margin)
     if failed:
         raise AppError(
-            f"{len(failed)} run(s) failed: {', '.join(failed)} (their output is above); fix the cause and run "
-            f"`{again}` again: finished runs are kept, failed ones resume"
+            f"{len(failed)} run(s) failed: {', '.join(failed)} (their output is above); fix the cause and "
+            f"run `{again}` again: finished runs are kept, failed ones resume"
         )
 
 
@@ -243,28 +348,44 @@ def study_status(study_dir):
     if plan.kind == "scaling":
         found = part_states(study_dir, plan)
         where = f"Slurm profile {plan.cluster}" if plan.cluster else "local processes"
-        table = Table(title=f"scaling study {plan.name}: workers {','.join(map(str, plan.workers))}, batch sizes "
-                            f"{','.join(map(str, plan.batch_sizes))} ({where})", title_justify="left")  # fmt: skip
+        table = Table(
+            title=f"scaling study {plan.name}: workers {','.join(map(str, plan.workers))}, batch sizes "
+            f"{','.join(map(str, plan.batch_sizes))} ({where})",
+            title_justify="left",
+        )
         for column in ("part", "workers", "state", "batch sizes measured", "detail"):
             table.add_column(column, justify="right" if column == "workers" else "left")
         for part, state in zip_equal(plan.parts, found):
             what = f"{part.workers} processes" if part.independent else str(part.workers)
-            table.add_row(part.name, what, state.state, f"{state.epochs_done}/{len(plan.batch_sizes)}",
-                          one_line(state.detail))  # fmt: skip
+            table.add_row(
+                part.name,
+                what,
+                state.state,
+                f"{state.epochs_done}/{len(plan.batch_sizes)}",
+                one_line(state.detail),
+            )
         console.print(table)
         counts = Counter(s.state for s in found)
         order = ("done", "running", "partial", "failed", "pending")
         console.print(", ".join(f"{counts[s]} {s}" for s in order if counts[s]) + f" of {len(found)} parts")
         return
     found = states(study_dir, plan)
-    table = Table(title=f"{plan.kind} study {plan.name}: k {','.join(map(str, plan.ks))}, {plan.seeds} seed(s)",
-                  title_justify="left")  # fmt: skip
+    table = Table(
+        title=f"{plan.kind} study {plan.name}: k {','.join(map(str, plan.ks))}, {plan.seeds} seed(s)",
+        title_justify="left",
+    )
     for column in ("run", "k", "workers x accumulation", "global batch", "state", "epochs", "detail"):
         table.add_column(column, justify="left" if column in ("run", "state", "detail") else "right")
     for run, state in zip_equal(plan.runs, found):
-        table.add_row(run.name, str(run.k), f"{run.workers} x {run.accumulation_steps}", f"{run.global_batch:,}",
-                      state.state, f"{state.epochs_done}/{run.epochs}",
-                      one_line("; ".join(filter(None, [state.detail, state.damage]))))  # fmt: skip
+        table.add_row(
+            run.name,
+            str(run.k),
+            f"{run.workers} x {run.accumulation_steps}",
+            f"{run.global_batch:,}",
+            state.state,
+            f"{state.epochs_done}/{run.epochs}",
+            one_line("; ".join(filter(None, [state.detail, state.damage]))),
+        )
     console.print(table)
     counts = Counter(s.state for s in found)
     order = ("done", "running", "partial", "failed", "pending")
@@ -313,7 +434,8 @@ def refuse_scaling_request(np_list, gpu_list, independent, dry_run: bool, slurm:
 
 
 def print_scaling_plan(folder: Path, plan, cfg, slurm: dict | None, new: bool) -> None:
-    """`app study scaling --dry-run`: each part and the batch sizes it has left (on Slurm, every job script)."""
+    """`app study scaling --dry-run`: each part and the batch sizes it has left (on Slurm, every job
+    script)."""
     from app.core.results import steps_for_images
     from app.study import slurm as slurm_stage
     from app.study.scaling import missing
@@ -337,39 +459,88 @@ def print_scaling_plan(folder: Path, plan, cfg, slurm: dict | None, new: bool) -
     "-c", "--config", "configs", multiple=True, metavar="FILE", help="Experiment YAML (repeatable)."
 )
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Config override (repeatable).")
-@click.option("--np", "np_list", callback=_counts("worker count", "--np 1,2"), metavar="N,N,...",
-              help="Local worker counts, run one after another on this machine (horovodrun --gloo).")  # fmt: skip
-@click.option("--gpus", "gpu_list", callback=_counts("worker count", "--gpus 1,2,4,8"), metavar="N,N,...",
-              help="GPU counts on a Slurm cluster (with --cluster): one job each, then a report job.")  # fmt: skip
-@click.option("--batch-sizes", callback=_counts("batch size", "--batch-sizes 32,64,128"), metavar="N,N,...",
-              help="Per-worker batch sizes measured at every worker count (default: the config's).")  # fmt: skip
+@click.option(
+    "--np",
+    "np_list",
+    callback=_counts("worker count", "--np 1,2"),
+    metavar="N,N,...",
+    help="Local worker counts, run one after another on this machine (horovodrun --gloo).",
+)
+@click.option(
+    "--gpus",
+    "gpu_list",
+    callback=_counts("worker count", "--gpus 1,2,4,8"),
+    metavar="N,N,...",
+    help="GPU counts on a Slurm cluster (with --cluster): one job each, then a report job.",
+)
+@click.option(
+    "--batch-sizes",
+    callback=_counts("batch size", "--batch-sizes 32,64,128"),
+    metavar="N,N,...",
+    help="Per-worker batch sizes measured at every worker count (default: the config's).",
+)
 @click.option(
     "--steps", type=Int(min=5), default=50, show_default=True, help="Steps per batch size, warmup included."
 )
-@click.option("--images", type=Int(min=1), metavar="N",
-              help="Instead of --steps: about N images per batch size at every worker count (the same input: "
-                   "CSC's gpularge test wants wall-times for it).")  # fmt: skip
+@click.option(
+    "--images",
+    type=Int(min=1),
+    metavar="N",
+    help="Instead of --steps: about N images per batch size at every worker count (the same input: "
+    "CSC's gpularge test wants wall-times for it).",
+)
 @click.option(
     "--windows", type=Int(min=2), default=5, show_default=True, help="Measurement windows (95% interval)."
 )
 @click.option(
     "--timeline", is_flag=True, help="Record Horovod's timeline at each point (allreduce vs compute)."
 )
-@click.option("--independent/--no-independent", default=None,
-              help="Also run N independent one-worker processes at once per N (default: locally without GPUs).")  # fmt: skip
-@slurm_options("A Slurm profile in jobs/clusters/ (with --gpus).",
-               "Slurm time limit of each benchmark job (default: the profile's).")  # fmt: skip
+@click.option(
+    "--independent/--no-independent",
+    default=None,
+    help="Also run N independent one-worker processes at once per N (default: locally without GPUs).",
+)
+@slurm_options(
+    "A Slurm profile in jobs/clusters/ (with --gpus).",
+    "Slurm time limit of each benchmark job (default: the profile's).",
+)
 @click.option("--name", help="The study's folder name under --out (default: <config name>-scaling).")
-@click.option("--out", type=click.Path(path_type=Path), default=Path("studies"), show_default=True,
-              help="Folder that holds the study folders.")  # fmt: skip
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=Path("studies"),
+    show_default=True,
+    help="Folder that holds the study folders.",
+)
 @click.option("--data-dir", help="TFDS data dir or ImageNet TFRecord folder (data.data_dir).")
-@click.option("--threads", type=Int(min=0), default=0, show_default=True,
-              help="CPU threads per worker (0: the node's cores shared among its workers).")  # fmt: skip
+@click.option(
+    "--threads",
+    type=Int(min=0),
+    default=0,
+    show_default=True,
+    help="CPU threads per worker (0: the node's cores shared among its workers).",
+)
 @click.option(
     "--dry-run", is_flag=True, help="Print the plan (and on a cluster every job script); run nothing."
 )
-def study_scaling(configs, sets, np_list, gpu_list, batch_sizes, steps, images, windows, timeline, independent, name,
-                  out, data_dir, threads, dry_run, **slurm):  # fmt: skip
+def study_scaling(
+    configs,
+    sets,
+    np_list,
+    gpu_list,
+    batch_sizes,
+    steps,
+    images,
+    windows,
+    timeline,
+    independent,
+    name,
+    out,
+    data_dir,
+    threads,
+    dry_run,
+    **slurm,
+):
     """RQ1 + RQ2: throughput per batch size and speedup as workers are added, measured and reported.
 
     Every per-worker batch size is measured (app benchmark) at every worker count: locally with --np one count
@@ -407,18 +578,43 @@ def study_scaling(configs, sets, np_list, gpu_list, batch_sizes, steps, images, 
         from app.engines.world import gpu_device_nodes
 
         independent = np_list is not None and not gpu_device_nodes()
-    plan = plan_scaling(cfg, workers, batch_sizes or [cfg.train.batch_size], steps, windows, timeline,
-                        name, cluster if gpu_list is not None else None, independent,
-                        train_examples(cfg)[0], images or 0)  # fmt: skip
+    plan = plan_scaling(
+        cfg,
+        workers,
+        batch_sizes or [cfg.train.batch_size],
+        steps,
+        windows,
+        timeline,
+        name,
+        cluster if gpu_list is not None else None,
+        independent,
+        train_examples(cfg)[0],
+        images or 0,
+    )
     folder = out / name
-    command = ["app", "study", "scaling", *(a for c in configs for a in ("-c", c)),
-               *(a for s in sets for a in ("--set", s)),
-               "--gpus" if gpu_list is not None else "--np", ",".join(map(str, workers)),
-               "--batch-sizes", ",".join(map(str, plan.batch_sizes)),
-               *(["--images", str(images)] if images else ["--steps", str(steps)]), "--windows", str(windows),
-               *(["--timeline"] if timeline else []), "--independent" if independent else "--no-independent",
-               *slurm_words(slurm), "--name", name, "--out", str(out), *(["--data-dir", data_dir] if data_dir else []),
-               *(["--threads", str(threads)] if threads else [])]  # fmt: skip
+    command = [
+        "app",
+        "study",
+        "scaling",
+        *(a for c in configs for a in ("-c", c)),
+        *(a for s in sets for a in ("--set", s)),
+        "--gpus" if gpu_list is not None else "--np",
+        ",".join(map(str, workers)),
+        "--batch-sizes",
+        ",".join(map(str, plan.batch_sizes)),
+        *(["--images", str(images)] if images else ["--steps", str(steps)]),
+        "--windows",
+        str(windows),
+        *(["--timeline"] if timeline else []),
+        "--independent" if independent else "--no-independent",
+        *slurm_words(slurm),
+        "--name",
+        name,
+        "--out",
+        str(out),
+        *(["--data-dir", data_dir] if data_dir else []),
+        *(["--threads", str(threads)] if threads else []),
+    ]
     again = shlex.join(command)
     slurm = {**slurm, "data_dir": data_dir} if plan.cluster else None
     new = prepare_study(folder, plan, cfg, command, slurm, dry_run)
@@ -435,15 +631,22 @@ def study_scaling(configs, sets, np_list, gpu_list, batch_sizes, steps, images, 
     scaling_report.write_report(folder, plan, Console(width=None if sys.stdout.isatty() else 120))
     if failed:
         raise AppError(
-            f"{len(failed)} part(s) failed: {', '.join(failed)} (their output is above); fix the cause and run "
-            f"`{again}` again: measured batch sizes are kept"
+            f"{len(failed)} part(s) failed: {', '.join(failed)} (their output is above); fix the cause and "
+            f"run `{again}` again: measured batch sizes are kept"
         )
 
 
 @study.command("report")
 @click.argument("study_dir", type=click.Path(path_type=Path))
-@click.option("--margin", type=float, default=MARGIN_PP, show_default=True, callback=_margin, metavar="PP",
-              help="Large-batch studies: the margin of the verdicts, in percentage points of top-1 error.")  # fmt: skip
+@click.option(
+    "--margin",
+    type=float,
+    default=MARGIN_PP,
+    show_default=True,
+    callback=_margin,
+    metavar="PP",
+    help="Large-batch studies: the margin of the verdicts, in percentage points of top-1 error.",
+)
 def study_report_command(study_dir, margin):
     """Write a study's report from what its runs have written so far (studies/<name>/report/).
 

@@ -72,9 +72,14 @@ def train(
     from app.core import rundir
 
     options, origins = option_values(
-        data_dir=data_dir, seed=seed, epochs=epochs, batch_size=batch_size,
-        accumulation_steps=accumulation_steps, precision=precision, engine=engine,
-    )  # fmt: skip
+        data_dir=data_dir,
+        seed=seed,
+        epochs=epochs,
+        batch_size=batch_size,
+        accumulation_steps=accumulation_steps,
+        precision=precision,
+        engine=engine,
+    )
     cfg, resolved = rundir.for_run(configs, sets, options, run_dir, origins)
     relaunch(
         np_, [] if run_dir else ["--run-dir", str(resolved)], cfg.train.engine
