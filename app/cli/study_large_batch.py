@@ -4,6 +4,7 @@ jobs, then reported."""
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -23,33 +24,68 @@ from app.engines.world import joined_launcher
 from app.reports.paired import MARGIN_PP
 
 
-def _again(
-    configs, sets, ks, seeds, margin, name, np_, out, data_dir, threads, slurm, small=False, parallel=1
-) -> list[str]:
-    """The `app study large-batch` command that continues this study."""
-    return [
-        "app",
-        "study",
-        "large-batch",
-        *(a for c in configs for a in ("-c", c)),
-        *(a for s in sets for a in ("--set", s)),
-        "--k",
-        ",".join(map(str, ks)),
-        "--seeds",
-        str(seeds),
-        *(["--margin", f"{margin:g}"] if margin != MARGIN_PP else []),
-        "--name",
-        name,
-        "--np",
-        str(np_),
-        "--out",
-        str(out),
-        *(["--data-dir", data_dir] if data_dir else []),
-        *(["--threads", str(threads)] if threads else []),
-        *(["--parallel", str(parallel)] if parallel > 1 else []),
-        *(["--allow-small-budget"] if small else []),
-        *slurm_words(slurm),
-    ]
+@dataclass(frozen=True)
+class LargeBatchRequest:
+    """What `app study large-batch` was asked, the study's name resolved: the study's folder, the options
+    of its Slurm jobs and the command that continues it."""
+
+    configs: tuple[str, ...]
+    sets: tuple[str, ...]
+    ks: list[int]
+    seeds: int
+    margin: float
+    name: str
+    np_: int
+    out: Path
+    data_dir: str | None
+    threads: int
+    parallel: int
+    allow_small_budget: bool
+    slurm: dict  # the options of slurm_options(); their value None where not given
+
+    @property
+    def folder(self) -> Path:
+        return self.out / self.name
+
+    @property
+    def cluster(self) -> str | None:
+        return self.slurm["cluster"]
+
+    def job_options(self) -> dict | None:
+        """What the study's Slurm jobs are rendered with (app.study.slurm); None for a study run here."""
+        if not self.cluster:
+            return None
+        return {
+            **self.slurm,
+            "data_dir": self.data_dir,
+            "margin": self.margin if self.margin != MARGIN_PP else None,
+        }
+
+    def again(self) -> list[str]:
+        """The `app study large-batch` command that continues this study."""
+        return [
+            "app",
+            "study",
+            "large-batch",
+            *(a for c in self.configs for a in ("-c", c)),
+            *(a for s in self.sets for a in ("--set", s)),
+            "--k",
+            ",".join(map(str, self.ks)),
+            "--seeds",
+            str(self.seeds),
+            *(["--margin", f"{self.margin:g}"] if self.margin != MARGIN_PP else []),
+            "--name",
+            self.name,
+            "--np",
+            str(self.np_),
+            "--out",
+            str(self.out),
+            *(["--data-dir", self.data_dir] if self.data_dir else []),
+            *(["--threads", str(self.threads)] if self.threads else []),
+            *(["--parallel", str(self.parallel)] if self.parallel > 1 else []),
+            *(["--allow-small-budget"] if self.allow_small_budget else []),
+            *slurm_words(self.slurm),
+        ]
 
 
 def _ks(ctx, param, value: str | None) -> list[int] | None:
@@ -63,12 +99,15 @@ def _ks(ctx, param, value: str | None) -> list[int] | None:
         raise click.BadParameter(f"{brief(value)}: {exc}") from None
 
 
-def _print_runs(folder: Path, plan, data_dir, threads: int, parallel: int = 1) -> None:
-    """The dry run's line per run: its shape, LR, warmup, epochs and updates, and its `app train` command."""
+def _print_dry_run(request: LargeBatchRequest, plan, cfg, new: bool) -> None:
+    """The dry run: a line per run with its shape, LR, warmup, epochs and updates, and its `app train`
+    command; on Slurm every job script; then what the study would do."""
     import shlex
 
-    from app.study import large_batch, local
+    from app.study import large_batch, local, state
+    from app.study import slurm as slurm_stage
 
+    folder = request.folder
     for run in plan.runs:
         updates = "?" if run.updates is None else f"{run.updates:,}"
         click.echo(
@@ -76,8 +115,14 @@ def _print_runs(folder: Path, plan, data_dir, threads: int, parallel: int = 1) -
             f"{run.batch_size} = {run.global_batch}, LR {run.lr:g}, warmup {run.warmup}, {run.epochs} "
             f"epochs, {updates} updates"
         )
-        each = local.run_threads(threads, parallel, run.workers)
-        click.echo("  " + shlex.join(["app", *large_batch.train_args(folder, run, data_dir, each)]))
+        each = local.run_threads(request.threads, request.parallel, run.workers)
+        click.echo("  " + shlex.join(["app", *large_batch.train_args(folder, run, request.data_dir, each)]))
+    left = len(plan.runs) if new else len(state.todo(folder, plan))
+    if request.cluster:
+        slurm_stage.submit_study(folder, plan, cfg, request.job_options(), dry_run=True, echo=click.echo)
+    click.echo(
+        f"{len(plan.runs)} runs; would {'create' if new else 'continue'} {quoted(folder)}: {left} to train"
+    )
 
 
 @study.command("large-batch")
@@ -200,80 +245,90 @@ def study_large_batch(
       app study large-batch -c configs/study_fashion_mnist.yaml --k 1,8,32 --seeds 5 --name fm-5seeds
       app study large-batch -c configs/study_fashion_mnist.yaml --k 1,8 --np 2 --dry-run
     """
-    import shlex
-
-    from rich.console import Console
-
     from app.core import config
-    from app.study import dataset, large_batch, local, state
-    from app.study import slurm as slurm_stage
 
     if joined_launcher() and not dry_run:  # every rank would run the whole study into the same folder
         raise UsageError(
             f"app study starts its own `app train` processes: run it once, not under {joined_launcher()}"
         )
-    options = {"data.data_dir": data_dir} if data_dir else {}
-    cfg = config.build(configs, sets, options)
-    name = name or cfg.name
-    cluster = slurm["cluster"]
-    if not cluster:
-        refuse_slurm_options(slurm, SLURM_KEYS, "is for runs on Slurm: add --cluster, or drop it")
-        local.check_local_workers([np_], "--np")
-    local.check_parallel(parallel, np_, bool(cluster))
-    examples, where = dataset.train_examples(cfg)
-    plan = large_batch.plan_large_batch(cfg, ks, seeds, np_, name, examples, where, allow_small_budget)
-    folder = out / name
-    command = _again(
+    cfg = config.build(configs, sets, {"data.data_dir": data_dir} if data_dir else {})
+    request = LargeBatchRequest(
         configs,
         sets,
-        plan.ks,
+        ks,
         seeds,
         margin,
-        name,
+        name or cfg.name,
         np_,
         out,
         data_dir,
         threads,
-        slurm,
-        allow_small_budget,
         parallel,
+        allow_small_budget,
+        slurm,
     )
-    again = shlex.join(command)
-    slurm = (
-        {**slurm, "data_dir": data_dir, "margin": margin if margin != MARGIN_PP else None}
-        if cluster
-        else None
+    plan = _plan(request, cfg)
+    new = prepare_study(request.folder, plan, cfg, request.again(), request.job_options(), dry_run)
+    _print_notes(plan)
+    if dry_run:
+        _print_dry_run(request, plan, cfg, new)
+        return
+    _run(request, plan, cfg, new)
+
+
+def _plan(request: LargeBatchRequest, cfg):
+    """The study's plan, once the request fits where it runs: on Slurm, or on this machine's workers."""
+    from app.study import dataset, large_batch, local
+
+    if not request.cluster:
+        refuse_slurm_options(request.slurm, SLURM_KEYS, "is for runs on Slurm: add --cluster, or drop it")
+        local.check_local_workers([request.np_], "--np")
+    local.check_parallel(request.parallel, request.np_, bool(request.cluster))
+    examples, where = dataset.train_examples(cfg)
+    return large_batch.plan_large_batch(
+        cfg, request.ks, request.seeds, request.np_, request.name, examples, where, request.allow_small_budget
     )
-    new = prepare_study(folder, plan, cfg, command, slurm, dry_run)
+
+
+def _print_notes(plan) -> None:
+    """What the plan rests on: an update budget under what a verdict needs, the training examples counted."""
+    from app.study.large_batch import MIN_BUDGET_UPDATES
+
     if plan.budget_limited:
         click.echo(
-            f"note: runs at k > 1 make fewer than {large_batch.MIN_BUDGET_UPDATES} updates "
+            f"note: runs at k > 1 make fewer than {MIN_BUDGET_UPDATES} updates "
             "(--allow-small-budget): the report calls its verdicts budget-limited"
         )
-    if examples is None:
+    if plan.train_examples is None:
         click.echo(
-            f"note: the training examples could not be counted ({where}): k is not checked against them"
+            f"note: the training examples could not be counted ({plan.examples_from}): k is not checked "
+            "against them"
         )
     else:
-        click.echo(f"{examples:,} training examples ({where})")
-    if dry_run:
-        _print_runs(folder, plan, data_dir, threads, parallel)
-        left = len(plan.runs) if new else len(state.todo(folder, plan))
-        if cluster:
-            slurm_stage.submit_study(folder, plan, cfg, slurm, dry_run=True, echo=click.echo)
-        click.echo(
-            f"{len(plan.runs)} runs; would {'create' if new else 'continue'} {quoted(folder)}: {left} to "
-            "train"
-        )
-        return
+        click.echo(f"{plan.train_examples:,} training examples ({plan.examples_from})")
+
+
+def _run(request: LargeBatchRequest, plan, cfg, new: bool) -> None:
+    """Submit the study's jobs, or run it here and write its report."""
+    import shlex
+
+    from rich.console import Console
+
+    from app.study import local
+
+    folder, again = request.folder, shlex.join(request.again())
     click.echo(f"{'created' if new else 'continuing'} {quoted(folder)}: {len(plan.runs)} runs ({again})")
-    if cluster:
-        submit_study(folder, plan, cfg, slurm, new)
+    if request.cluster:
+        submit_study(folder, plan, cfg, request.job_options(), new)
         return
-    failed = local.run_local(folder, plan, data_dir, threads, click.echo, again, parallel)
+    failed = local.run_local(
+        folder, plan, request.data_dir, request.threads, click.echo, again, request.parallel
+    )
     from app.reports import large_batch as study_report
 
-    study_report.write_report(folder, plan, Console(width=None if sys.stdout.isatty() else 120), margin)
+    study_report.write_report(
+        folder, plan, Console(width=None if sys.stdout.isatty() else 120), request.margin
+    )
     if failed:
         raise AppError(
             f"{len(failed)} run(s) failed: {', '.join(failed)} (their output is above); fix the cause and "

@@ -4,6 +4,7 @@ or as Slurm jobs, then reported."""
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -35,6 +36,86 @@ def _counts(what: str, example: str):
             raise click.BadParameter(f"{brief(value)}: {exc}") from None
 
     return convert
+
+
+@dataclass(frozen=True)
+class ScalingRequest:
+    """What `app study scaling` was asked, its defaults resolved (the config's batch size, the study's name,
+    independent processes or not): the study's plan and folder, the options of its Slurm jobs and the
+    command that continues it."""
+
+    configs: tuple[str, ...]
+    sets: tuple[str, ...]
+    workers: list[int]
+    on_slurm: bool  # --gpus with --cluster, else --np here
+    batch_sizes: list[int]
+    steps: int
+    images: int | None
+    windows: int
+    timeline: bool
+    independent: bool
+    name: str
+    out: Path
+    data_dir: str | None
+    threads: int
+    slurm: dict  # the options of slurm_options(); their value None where not given
+
+    @property
+    def folder(self) -> Path:
+        return self.out / self.name
+
+    @property
+    def cluster(self) -> str | None:
+        return self.slurm["cluster"] if self.on_slurm else None
+
+    def plan(self, cfg):
+        """The study's plan for ``cfg`` (app.study.scaling.plan_scaling, which checks it)."""
+        from app.study.dataset import train_examples
+        from app.study.scaling import plan_scaling
+
+        return plan_scaling(
+            cfg,
+            self.workers,
+            self.batch_sizes,
+            self.steps,
+            self.windows,
+            self.timeline,
+            self.name,
+            self.cluster,
+            self.independent,
+            train_examples(cfg)[0],
+            self.images or 0,
+        )
+
+    def job_options(self) -> dict | None:
+        """What the study's Slurm jobs are rendered with (app.study.slurm); None for a study run here."""
+        return {**self.slurm, "data_dir": self.data_dir} if self.cluster else None
+
+    def again(self) -> list[str]:
+        """The `app study scaling` command that continues this study."""
+        return [
+            "app",
+            "study",
+            "scaling",
+            *(a for c in self.configs for a in ("-c", c)),
+            *(a for s in self.sets for a in ("--set", s)),
+            "--gpus" if self.on_slurm else "--np",
+            ",".join(map(str, self.workers)),
+            "--batch-sizes",
+            ",".join(map(str, self.batch_sizes)),
+            *(["--images", str(self.images)] if self.images else ["--steps", str(self.steps)]),
+            "--windows",
+            str(self.windows),
+            *(["--timeline"] if self.timeline else []),
+            "--independent" if self.independent else "--no-independent",
+            *slurm_words(self.slurm),
+            "--name",
+            self.name,
+            "--out",
+            str(self.out),
+            *(["--data-dir", self.data_dir] if self.data_dir else []),
+            *(["--threads", str(self.threads)] if self.threads else []),
+        ]
 
 
 def refuse_scaling_request(np_list, gpu_list, independent, dry_run: bool, slurm: dict) -> None:
@@ -187,76 +268,56 @@ def study_scaling(
                         --batch-sizes 64,128,256 --account project_2001234 --data-dir /scratch/.../imagenet
       app study status studies/resnet50_imagenet-scaling
     """
-    import shlex
-
-    from rich.console import Console
-
     from app.cli.benchmark import refuse_timeline_on_tf
     from app.core import config
-    from app.study.dataset import train_examples
-    from app.study.local import run_scaling_local
-    from app.study.scaling import plan_scaling
 
     refuse_scaling_request(np_list, gpu_list, independent, dry_run, slurm)
     refuse_steps_with_images(images, steps, "the steps of every point")
-    cluster = slurm["cluster"]
-    options = {"data.data_dir": data_dir} if data_dir else {}
-    cfg = config.build(configs, sets, options)
-    name = name or f"{cfg.name}-scaling"
-    workers = np_list if np_list is not None else gpu_list
-    refuse_timeline_on_tf(timeline, cluster, cfg)
+    cfg = config.build(configs, sets, {"data.data_dir": data_dir} if data_dir else {})
+    refuse_timeline_on_tf(timeline, slurm["cluster"], cfg)
     if independent is None:
         from app.engines.world import gpu_device_nodes
 
         independent = np_list is not None and not gpu_device_nodes()
-    plan = plan_scaling(
-        cfg,
-        workers,
+    request = ScalingRequest(
+        configs,
+        sets,
+        np_list if np_list is not None else gpu_list,
+        gpu_list is not None,
         batch_sizes or [cfg.train.batch_size],
         steps,
+        images,
         windows,
         timeline,
-        name,
-        cluster if gpu_list is not None else None,
         independent,
-        train_examples(cfg)[0],
-        images or 0,
+        name or f"{cfg.name}-scaling",
+        out,
+        data_dir,
+        threads,
+        slurm,
     )
-    folder = out / name
-    command = [
-        "app",
-        "study",
-        "scaling",
-        *(a for c in configs for a in ("-c", c)),
-        *(a for s in sets for a in ("--set", s)),
-        "--gpus" if gpu_list is not None else "--np",
-        ",".join(map(str, workers)),
-        "--batch-sizes",
-        ",".join(map(str, plan.batch_sizes)),
-        *(["--images", str(images)] if images else ["--steps", str(steps)]),
-        "--windows",
-        str(windows),
-        *(["--timeline"] if timeline else []),
-        "--independent" if independent else "--no-independent",
-        *slurm_words(slurm),
-        "--name",
-        name,
-        "--out",
-        str(out),
-        *(["--data-dir", data_dir] if data_dir else []),
-        *(["--threads", str(threads)] if threads else []),
-    ]
-    again = shlex.join(command)
-    slurm = {**slurm, "data_dir": data_dir} if plan.cluster else None
-    new = prepare_study(folder, plan, cfg, command, slurm, dry_run)
+    plan = request.plan(cfg)
+    new = prepare_study(request.folder, plan, cfg, request.again(), request.job_options(), dry_run)
     if dry_run:
-        print_scaling_plan(folder, plan, cfg, slurm, new)
+        print_scaling_plan(request.folder, plan, cfg, request.job_options(), new)
         return
+    _run(request, plan, cfg, new)
+
+
+def _run(request: ScalingRequest, plan, cfg, new: bool) -> None:
+    """Submit the study's jobs, or measure it here and write its report."""
+    import shlex
+
+    from rich.console import Console
+
+    from app.study.local import run_scaling_local
+
+    folder, again = request.folder, shlex.join(request.again())
     click.echo(f"{'created' if new else 'continuing'} {quoted(folder)}: {len(plan.parts)} parts ({again})")
     if plan.cluster:
-        submit_study(folder, plan, cfg, slurm, new)
+        submit_study(folder, plan, cfg, request.job_options(), new)
         return
-    failed = run_scaling_local(folder, plan, data_dir, threads, click.echo, again)
+    failed = run_scaling_local(folder, plan, request.data_dir, request.threads, click.echo, again)
     from app.reports import scaling as scaling_report
 
     scaling_report.write_report(folder, plan, Console(width=None if sys.stdout.isatty() else 120))
