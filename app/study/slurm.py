@@ -119,32 +119,11 @@ def _without_refused(jobs: list, cluster, echo) -> list:
     return kept
 
 
-def submit_study(
-    folder: Path,
-    plan: StudyPlan | ScalingPlan,
-    cfg,
-    options: dict,
-    dry_run: bool,
-    echo,
-) -> dict[str, str]:
-    """Render a job per part or run still to do (:func:`scaling_jobs`, :func:`large_batch_jobs`) and a report
-    job that depends on them (afterany), every script first, so a GPU count the cluster cannot hold fails
-    before anything is submitted; then submit them (``dry_run``: print them) and record their ids in
-    jobs.json. A part whose job is still queued or running is not submitted twice (two submissions at once:
-    the second is refused, as a second local study is). ``options``: cluster, account, partition, time, image,
-    data_dir, stage_gb. Returns the ids."""
-    if dry_run:
-        return _submit_study(folder, plan, cfg, options, dry_run, echo)
-    with _Lock(folder):
-        return _submit_study(folder, plan, cfg, options, dry_run, echo)
+def _render_jobs(folder: Path, plan, cfg, cluster, options: dict, echo) -> tuple[list, dict[str, str]]:
+    """(name, job) of each run or part still to do, its script rendered and so checked; and the jobs of this
+    study still queued or running, by name: their runs or parts are said and not rendered again."""
+    from app.cluster import jobscript
 
-
-def _submit_study(folder: Path, plan, cfg, options: dict, dry_run: bool, echo) -> dict[str, str]:
-    from app.cluster import jobscript, profiles
-    from app.cluster import submit as submit_stage
-
-    cluster = profiles.load_cluster(options["cluster"])
-    folder = Path(folder)
     config = str(folder / "config.yaml")
     planned = scaling_jobs(folder, plan) if plan.kind == "scaling" else large_batch_jobs(folder, plan)
     _check_job_names(plan.name, [item.name for item in planned])
@@ -175,6 +154,37 @@ def _submit_study(folder: Path, plan, cfg, options: dict, dry_run: bool, echo) -
         except UsageError as exc:
             raise UsageError(str(exc) if str(exc).startswith("--gpus") else f"{item.name}: {exc}") from None
         jobs.append((item.name, job))
+    return jobs, active
+
+
+def submit_study(
+    folder: Path,
+    plan: StudyPlan | ScalingPlan,
+    cfg,
+    options: dict,
+    dry_run: bool,
+    echo,
+) -> dict[str, str]:
+    """Render a job per part or run still to do (:func:`scaling_jobs`, :func:`large_batch_jobs`) and a report
+    job that depends on them (afterany), every script first, so a GPU count the cluster cannot hold fails
+    before anything is submitted; then submit them (``dry_run``: print them) and record their ids in
+    jobs.json. A part whose job is still queued or running is not submitted twice (two submissions at once:
+    the second is refused, as a second local study is). ``options``: cluster, account, partition, time, image,
+    data_dir, stage_gb. Returns the ids."""
+    if dry_run:
+        return _submit_study(folder, plan, cfg, options, dry_run, echo)
+    with _Lock(folder):
+        return _submit_study(folder, plan, cfg, options, dry_run, echo)
+
+
+def _submit_study(folder: Path, plan, cfg, options: dict, dry_run: bool, echo) -> dict[str, str]:
+    """:func:`submit_study`'s work, under the study's lock unless it only prints."""
+    from app.cluster import jobscript, profiles
+    from app.cluster import submit as submit_stage
+
+    cluster = profiles.load_cluster(options["cluster"])
+    folder = Path(folder)
+    jobs, active = _render_jobs(folder, plan, cfg, cluster, options, echo)
     for note in dict.fromkeys(n for _, job in jobs if (n := profiles.access_note(cluster, job.partition))):
         echo(f"Note: {note}")
     if jobs and options.get("accept_grpc"):
