@@ -57,9 +57,8 @@ class AppGroup(click.Group):
         rank = rank_from_env()
         if report_to_launcher(rank, code, message):
             ctx.exit(code)  # `app --np` prints each different error once, after the workers ended
-        if (
-            code == REQUEUE_EXIT_CODE
-        ):  # a clean stop on a signal, checkpoint written: no error, rank 0 says so
+        # a clean stop on a signal, checkpoint written: no error, rank 0 says so
+        if code == REQUEUE_EXIT_CODE:
             if rank == 0:
                 click.echo(f"scaleout: {message}", err=True)
             ctx.exit(code)

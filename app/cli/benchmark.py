@@ -115,9 +115,8 @@ TIMELINE_STEPS = 5  # app benchmark --timeline: enough for every tensor's collec
     help=f"Also record Horovod's timeline of {TIMELINE_STEPS} more steps per batch size (allreduce vs "
     "compute; a trace file for Perfetto next to --results).",
 )
-@click.option(
-    "--horovod-timeline", "worker_timeline", is_flag=True, hidden=True
-)  # --timeline as workers get it
+# --timeline as workers get it
+@click.option("--horovod-timeline", "worker_timeline", is_flag=True, hidden=True)
 def benchmark(
     configs,
     sets,

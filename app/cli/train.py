@@ -81,9 +81,8 @@ def train(
         engine=engine,
     )
     cfg, resolved = rundir.for_run(configs, sets, options, run_dir, origins)
-    relaunch(
-        np_, [] if run_dir else ["--run-dir", str(resolved)], cfg.train.engine
-    )  # every worker gets the same run directory
+    # every worker gets the same run directory
+    relaunch(np_, [] if run_dir else ["--run-dir", str(resolved)], cfg.train.engine)
     from app.engines.faults import StopRequest
 
     request = StopRequest().install()  # SIGUSR1/SIGTERM from the start: never the default (death)

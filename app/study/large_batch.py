@@ -262,9 +262,8 @@ def _check_batches(
                 f"of {need}"
             )
     mixed = [k for k in ks if workers_for(k * units, max_workers) not in (1, k * units)]
-    if (
-        cfg.model.precision == "mixed_float16" and mixed
-    ):  # app train refuses it: the runs would fail one by one
+    # app train refuses it: the runs would fail one by one
+    if cfg.model.precision == "mixed_float16" and mixed:
         raise UsageError(
             f"model.precision mixed_float16: at k={mixed[0]} the runs use several workers and accumulation, "
             "which `app train` refuses (the workers' loss scales would diverge); use mixed_bfloat16 or "

@@ -145,9 +145,8 @@ def plan_scaling(
             f"--images {images}: too few steps at batch {b} on {n} workers; give at least "
             f"{least * b * n} (5 steps, and one per window, at every point)"
         )
-    if (
-        train_examples is not None and cfg.data.source != "synthetic"
-    ):  # synthetic data repeats: any batch fits
+    # synthetic data repeats: any batch fits
+    if train_examples is not None and cfg.data.source != "synthetic":
         # app benchmark shards the data over the workers: each needs one batch of its share.
         big = [(b, n) for b in batch_sizes for n in workers if b > train_examples // n]
         if big:

@@ -126,9 +126,8 @@ def saved_config_problem(run_path: Path) -> str:
 
 def states(folder: Path, plan: StudyPlan) -> list[RunState]:
     last, jobs = attempts(folder), slurm_states(folder)
-    current = set(
-        (running_run(folder) or "").split(",")
-    )  # the runs the study's lock names (several: --parallel)
+    # the runs the study's lock names (several: --parallel)
+    current = set((running_run(folder) or "").split(","))
     return [
         with_job(run_state(folder, r, last.get(r.name), r.name in current), jobs.get(r.name))
         for r in plan.runs
