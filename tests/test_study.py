@@ -23,6 +23,7 @@ from app.core import config
 from app.core.errors import UsageError
 from app.reports import large_batch as study_report
 from app.study.dataset import train_examples
+from app.study.executor import _record
 from app.study.files import _Lock
 from app.study.folder import load_plan, prepare
 from app.study.large_batch import (
@@ -35,7 +36,7 @@ from app.study.large_batch import (
     train_args,
     workers_for,
 )
-from app.study.local import _record, run_local
+from app.study.local import run_local
 from app.study.state import INTERRUPTED, RunState, running_run, states, todo
 from conftest import ROOT, run_app
 

@@ -24,9 +24,10 @@ from app.core.errors import Preempted, UsageError
 from app.engines import timeline
 from app.reports import benchmarks as report
 from app.reports import scaling as scaling_report
+from app.study.executor import _record
 from app.study.files import _Lock
 from app.study.folder import load_plan, prepare
-from app.study.local import _record, run_local, run_scaling_local
+from app.study.local import run_local, run_scaling_local
 from app.study.scaling import PartPlan, benchmark_args, missing, part_states, plan_scaling
 from app.study.slurm import submit_study
 from app.study.state import JOBS_FILE, RunState, attempts, read_jobs, slurm_states, with_job

@@ -6,7 +6,15 @@ TensorFlow and Horovod are imported only inside the commands that need them, so 
 the commands in one module per group; importing those modules registers their commands.
 """
 
-from app.cli import benchmark, cluster, data, study, train  # noqa: F401 (registers the commands)
+from app.cli import (  # noqa: F401 (registers the commands)
+    benchmark,
+    cluster,
+    data,
+    study,
+    study_large_batch,
+    study_scaling,
+    train,
+)
 from app.cli.base import cli, main
 
 __all__ = ["cli", "main"]

@@ -1,5 +1,5 @@
-"""The `app` group and what its commands share: the error handling, the ASCII number types, the options several
-commands take (config, workers, Slurm), relaunching on local workers, and `main`, the entry point."""
+"""The `app` group and what its commands share: the error handling, the ASCII number types, the options
+several commands take (config, workers, Slurm), relaunching on local workers, and `main`, the entry point."""
 
 from __future__ import annotations
 
@@ -57,9 +57,8 @@ class AppGroup(click.Group):
         rank = rank_from_env()
         if report_to_launcher(rank, code, message):
             ctx.exit(code)  # `app --np` prints each different error once, after the workers ended
-        if (
-            code == REQUEUE_EXIT_CODE
-        ):  # a clean stop on a signal, checkpoint written: no error, rank 0 says so
+        # a clean stop on a signal, checkpoint written: no error, rank 0 says so
+        if code == REQUEUE_EXIT_CODE:
             if rank == 0:
                 click.echo(f"scaleout: {message}", err=True)
             ctx.exit(code)
@@ -70,7 +69,8 @@ class AppGroup(click.Group):
 
 
 def from_environment(ctx: click.Context | None, param: click.Parameter | None) -> str | None:
-    """The APP_* environment variable that set ``param``'s value, or None when the value came from elsewhere."""
+    """The APP_* environment variable that set ``param``'s value, or None when the value came from
+    elsewhere."""
     if ctx is None or not isinstance(param, click.Option) or not param.name:
         return None
     if ctx.get_parameter_source(param.name) is not ParameterSource.ENVIRONMENT:
@@ -120,9 +120,14 @@ def parse_int_list(value: str) -> list[int]:
 
 # Options that set a config key (their values beat --set and the config files).
 OPTION_KEYS = {
-    "data_dir": "data.data_dir", "seed": "run.seed", "epochs": "train.epochs", "batch_size": "train.batch_size",
-    "accumulation_steps": "train.accumulation_steps", "precision": "model.precision", "engine": "train.engine",
-}  # fmt: skip
+    "data_dir": "data.data_dir",
+    "seed": "run.seed",
+    "epochs": "train.epochs",
+    "batch_size": "train.batch_size",
+    "accumulation_steps": "train.accumulation_steps",
+    "precision": "model.precision",
+    "engine": "train.engine",
+}
 
 
 def option_values(**values) -> tuple[dict[str, object], dict[str, str]]:
@@ -155,17 +160,30 @@ def cli(debug: bool) -> None:
 
 
 # Shared by every command that starts workers (config_options, doctor): one definition, one help text.
-THREADS_OPTION = click.option("--threads", type=Int(min=0), default=0, show_default=True,
-                              help="CPU threads per worker, for its input pipeline and, on CPU-only workers, its compute "
-                                   "(0: the node's cores shared among its workers; the input pipeline takes "
-                                   "SLURM_CPUS_PER_TASK first).")  # fmt: skip
-NP_OPTION = click.option("--np", "np_", type=Int(min=1), metavar="N",
-                         help="Start N local workers (one workstation): N processes through horovodrun --gloo "
-                              "(Horovod), or one process holding N replicas (--engine tf); nothing listens "
-                              "beyond loopback.")  # fmt: skip
-ENGINE_OPTION = click.option("--engine", type=click.Choice(["auto", "horovod", "tf"]),
-                             help="Who distributes (train.engine): horovod, tf (TensorFlow's own strategies, "
-                                  "no Horovod needed) or auto (Horovod where it imports, else tf).")  # fmt: skip
+THREADS_OPTION = click.option(
+    "--threads",
+    type=Int(min=0),
+    default=0,
+    show_default=True,
+    help="CPU threads per worker, for its input pipeline and, on CPU-only workers, its compute "
+    "(0: the node's cores shared among its workers; the input pipeline takes "
+    "SLURM_CPUS_PER_TASK first).",
+)
+NP_OPTION = click.option(
+    "--np",
+    "np_",
+    type=Int(min=1),
+    metavar="N",
+    help="Start N local workers (one workstation): N processes through horovodrun --gloo "
+    "(Horovod), or one process holding N replicas (--engine tf); nothing listens "
+    "beyond loopback.",
+)
+ENGINE_OPTION = click.option(
+    "--engine",
+    type=click.Choice(["auto", "horovod", "tf"]),
+    help="Who distributes (train.engine): horovod, tf (TensorFlow's own strategies, "
+    "no Horovod needed) or auto (Horovod where it imports, else tf).",
+)
 
 
 def config_options(func=None, *, threads=THREADS_OPTION):
@@ -174,17 +192,31 @@ def config_options(func=None, *, threads=THREADS_OPTION):
     if func is None:
         return lambda f: config_options(f, threads=threads)
     options = [
-        click.option("-c", "--config", "configs", multiple=True, metavar="FILE",
-                     help="Experiment YAML (repeatable; later files override earlier ones)."),
-        click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-                     help="Override one config key, e.g. --set train.batch_size=64 (repeatable)."),
+        click.option(
+            "-c",
+            "--config",
+            "configs",
+            multiple=True,
+            metavar="FILE",
+            help="Experiment YAML (repeatable; later files override earlier ones).",
+        ),
+        click.option(
+            "--set",
+            "sets",
+            multiple=True,
+            metavar="KEY=VALUE",
+            help="Override one config key, e.g. --set train.batch_size=64 (repeatable).",
+        ),
         click.option("--data-dir", help="TFDS data dir or ImageNet TFRecord folder (data.data_dir)."),
-        click.option("--seed", type=Int(),
-                     help="Seed for weights, data order and augmentation, 0..2147483647 (run.seed)."),
+        click.option(
+            "--seed",
+            type=Int(),
+            help="Seed for weights, data order and augmentation, 0..2147483647 (run.seed).",
+        ),
         threads,
         NP_OPTION,
         ENGINE_OPTION,
-    ]  # fmt: skip
+    ]
     for option in reversed(options):
         func = option(func)
     return func
@@ -254,8 +286,8 @@ SLURM_KEYS = ("cluster", "account", "partition", "time", "image", "stage_gb", "a
 
 # What a tf-engine job across nodes opens; without this flag it is refused (app/cluster/jobscript.py).
 ACCEPT_GRPC_HELP = (
-    "Accept that the tf engine across nodes runs TensorFlow's unauthenticated gRPC server on every interface of "
-    "each node for the whole job (docs/engines.md); refused without it."
+    "Accept that the tf engine across nodes runs TensorFlow's unauthenticated gRPC server on every interface "
+    "of each node for the whole job (docs/engines.md); refused without it."
 )
 
 
@@ -273,10 +305,10 @@ def slurm_options(cluster_help: str, time_help: str):
             type=Int(),
             default=None,
             help="Copy --data-dir to node-local disk first (GB).",
-        ),  # fmt: skip
+        ),
         click.option(
             "--accept-unauthenticated-grpc", "accept_grpc", is_flag=True, default=None, help=ACCEPT_GRPC_HELP
-        ),  # fmt: skip
+        ),
     ]
 
     def decorate(f):

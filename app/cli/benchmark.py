@@ -58,10 +58,14 @@ def _thread_counts(ctx, param, value: str | None) -> list[int]:
     return counts
 
 
-THREADS_OPTION = click.option("--threads", callback=_thread_counts, metavar="N[,N...]",
-                              help="CPU threads per worker (default 0: the node's cores shared among its workers; "
-                                   "SLURM_CPUS_PER_TASK first). With --pipeline-only, a list (1,2) measures the "
-                                   "pipeline at each count, with images/s per thread.")  # fmt: skip
+THREADS_OPTION = click.option(
+    "--threads",
+    callback=_thread_counts,
+    metavar="N[,N...]",
+    help="CPU threads per worker (default 0: the node's cores shared among its workers; "
+    "SLURM_CPUS_PER_TASK first). With --pipeline-only, a list (1,2) measures the "
+    "pipeline at each count, with images/s per thread.",
+)
 TIMELINE_STEPS = 5  # app benchmark --timeline: enough for every tensor's collective, a small trace file
 
 
@@ -84,8 +88,8 @@ TIMELINE_STEPS = 5  # app benchmark --timeline: enough for every tensor's collec
     "--images",
     type=Int(min=1),
     metavar="N",
-    help="Instead of --steps: about N images in all per batch size (steps = N / (batch x workers), rounded up), "
-    "the same work at every worker count: CSC's scalability test wants wall-times for the same input.",
+    help="Instead of --steps: about N images in all per batch size (steps = N / (batch x workers), rounded "
+    "up), the same work at every worker count: CSC's scalability test wants wall-times for the same input.",
 )
 @click.option(
     "--windows",
@@ -97,15 +101,22 @@ TIMELINE_STEPS = 5  # app benchmark --timeline: enough for every tensor's collec
 @click.option(
     "--pipeline-only", is_flag=True, help="Measure the tf.data input pipeline alone (images/s delivered)."
 )
-@click.option("--results", type=click.Path(path_type=Path), default=Path("results/benchmark.jsonl"), show_default=True,
-              help="JSON-lines file the results are appended to.")  # fmt: skip
-@click.option("--precision", type=click.Choice(["auto", "float32", "mixed_float16", "mixed_bfloat16"]))
-@click.option("--timeline", is_flag=True,
-              help=f"Also record Horovod's timeline of {TIMELINE_STEPS} more steps per batch size (allreduce vs compute; "
-                   "a trace file for Perfetto next to --results).")  # fmt: skip
 @click.option(
-    "--horovod-timeline", "worker_timeline", is_flag=True, hidden=True
-)  # --timeline as workers get it
+    "--results",
+    type=click.Path(path_type=Path),
+    default=Path("results/benchmark.jsonl"),
+    show_default=True,
+    help="JSON-lines file the results are appended to.",
+)
+@click.option("--precision", type=click.Choice(["auto", "float32", "mixed_float16", "mixed_bfloat16"]))
+@click.option(
+    "--timeline",
+    is_flag=True,
+    help=f"Also record Horovod's timeline of {TIMELINE_STEPS} more steps per batch size (allreduce vs "
+    "compute; a trace file for Perfetto next to --results).",
+)
+# --timeline as workers get it
+@click.option("--horovod-timeline", "worker_timeline", is_flag=True, hidden=True)
 def benchmark(
     configs,
     sets,
@@ -160,8 +171,17 @@ def benchmark(
     import_tensorflow()
     from app.training.benchmark import run
 
-    run(cfg, batch_sizes or [cfg.train.batch_size], steps, windows, pipeline_only, results, threads,
-        TIMELINE_STEPS if timeline else 0, images or 0)  # fmt: skip
+    run(
+        cfg,
+        batch_sizes or [cfg.train.batch_size],
+        steps,
+        windows,
+        pipeline_only,
+        results,
+        threads,
+        TIMELINE_STEPS if timeline else 0,
+        images or 0,
+    )
 
 
 @cli.command()
@@ -205,8 +225,8 @@ def report(inputs, out, target_accuracy, engine):
 
 
 def refuse_timeline_on_tf(timeline: bool, cluster: str | None, cfg) -> None:
-    """--timeline where the study's runs would use the tf engine (the cluster profile's, or the config's here),
-    refused in the plan rather than in each job after its queue wait."""
+    """--timeline where the study's runs would use the tf engine (the cluster profile's, or the config's
+    here), refused in the plan rather than in each job after its queue wait."""
     if not timeline:
         return
     from app.cluster import profiles
@@ -214,8 +234,8 @@ def refuse_timeline_on_tf(timeline: bool, cluster: str | None, cfg) -> None:
 
     if cluster and profiles.load_cluster(cluster).engine == "tf":
         raise UsageError(
-            f"--timeline records Horovod's timeline; {cluster}'s engine is tf, which has none: drop --timeline, "
-            "or use a profile whose image has Horovod"
+            f"--timeline records Horovod's timeline; {cluster}'s engine is tf, which has none: drop "
+            "--timeline, or use a profile whose image has Horovod"
         )
     if not cluster and for_launch(cfg.train.engine) == "tf":
         raise UsageError(TIMELINE_ON_TF)

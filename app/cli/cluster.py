@@ -1,5 +1,5 @@
-"""The commands about a cluster allocation: `app submit` (a Slurm job), `app doctor` (is it ready to train) and
-`app rendezvous` (Gloo's rendezvous for ranks that plain srun starts)."""
+"""The commands about a cluster allocation: `app submit` (a Slurm job), `app doctor` (is it ready to train)
+and `app rendezvous` (Gloo's rendezvous for ranks that plain srun starts)."""
 
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ def doctor(megabytes, iterations, threads, np_, engine, as_json, accept_grpc):
     """
     if accept_grpc and np_:
         click.echo(
-            "Note: --accept-unauthenticated-grpc changes nothing with --np: one host, where neither engine opens "
-            "a TensorFlow gRPC server (docs/engines.md)",
+            "Note: --accept-unauthenticated-grpc changes nothing with --np: one host, where neither engine "
+            "opens a TensorFlow gRPC server (docs/engines.md)",
             err=True,
         )
     if megabytes > 8192:
@@ -80,7 +80,8 @@ def doctor(megabytes, iterations, threads, np_, engine, as_json, accept_grpc):
 @click.option(
     "--cluster",
     required=True,
-    help="A profile in jobs/clusters/ (roihu, lumi, roihu-module, lumi-module; tests: local, local-gloo, local-tf, local-mpich, local-2node, local-2node-gloo, local-2node-tf).",
+    help="A profile in jobs/clusters/ (roihu, lumi, roihu-module, lumi-module; tests: local, local-gloo, "
+    "local-tf, local-mpich, local-2node, local-2node-gloo, local-2node-tf).",
 )
 @click.option(
     "-c", "--config", "configs", multiple=True, metavar="FILE", help="Experiment YAML (repeatable)."
@@ -88,7 +89,11 @@ def doctor(megabytes, iterations, threads, np_, engine, as_json, accept_grpc):
 @click.option(
     "--set", "sets", multiple=True, metavar="KEY=VALUE", help="Config override passed to app train."
 )
-@click.option("--time", "time_limit", help="Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (default: the profile's).")  # fmt: skip
+@click.option(
+    "--time",
+    "time_limit",
+    help="Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (default: the profile's).",
+)
 @click.option("--account", help="Slurm account / project (required on CSC and LUMI systems).")
 @click.option("--partition", help="Partition (default: the first in the profile that fits).")
 @click.option("--image", help="Container image (default: the profile's).")
@@ -100,13 +105,25 @@ def doctor(megabytes, iterations, threads, np_, engine, as_json, accept_grpc):
     default=None,
     help="Copy --data-dir to node-local disk first (GB to request, >= 1).",
 )
-@click.option("--resume", "resume", metavar="RUN_DIR",
-              help="Continue this run directory (its saved config and latest checkpoint) in a new job.")  # fmt: skip
+@click.option(
+    "--resume",
+    "resume",
+    metavar="RUN_DIR",
+    help="Continue this run directory (its saved config and latest checkpoint) in a new job.",
+)
 @click.option("--name", help="Job name (default: the config's name).")
-@click.option("--max-requeues", type=Int(min=0), default=20, show_default=True,
-              help="Requeues of the job at its time limit at most (each needs a new checkpoint since its start).")  # fmt: skip
-@click.option("--smoke", is_flag=True,
-              help="Run `app doctor` in the same job shape instead of training (no -c; 10 min; a test partition).")  # fmt: skip
+@click.option(
+    "--max-requeues",
+    type=Int(min=0),
+    default=20,
+    show_default=True,
+    help="Requeues of the job at its time limit at most (each needs a new checkpoint since its start).",
+)
+@click.option(
+    "--smoke",
+    is_flag=True,
+    help="Run `app doctor` in the same job shape instead of training (no -c; 10 min; a test partition).",
+)
 @click.option("--accept-unauthenticated-grpc", "accept_grpc", is_flag=True, help=ACCEPT_GRPC_HELP)
 @click.option("--dry-run", is_flag=True, help="Print the rendered script; submit nothing.")
 @click.option("--test-only", is_flag=True, help="Ask sbatch --test-only whether and when it would run.")
@@ -148,10 +165,22 @@ def submit(
 
     profile = profiles.load_cluster(cluster)
     job = jobscript.render(
-        profile, gpus, list(configs), list(sets), time_limit, account, partition,
-        image, data_dir, stage_gb, name, resume=resume, smoke=smoke, max_requeues=max_requeues,
+        profile,
+        gpus,
+        list(configs),
+        list(sets),
+        time_limit,
+        account,
+        partition,
+        image,
+        data_dir,
+        stage_gb,
+        name,
+        resume=resume,
+        smoke=smoke,
+        max_requeues=max_requeues,
         accept_grpc=accept_grpc,
-    )  # fmt: skip
+    )
     notes = [profiles.access_note(profile, job.partition)]
     notes.append(jobscript.unused_consent(profile, job.nodes) if accept_grpc else None)
     for note in filter(None, notes):
@@ -186,8 +215,13 @@ def _check_inputs(job, data_dir, configs, sets, resume, smoke) -> None:
 @click.option(
     "--hosts", required=True, metavar="NODE,...", help="The job's nodes, in Slurm's node-list order."
 )
-@click.option("--tasks-per-node", "spec", required=True, metavar="COUNTS",
-              help="Slurm's SLURM_TASKS_PER_NODE for those nodes, e.g. 4 or 2(x3),1.")  # fmt: skip
+@click.option(
+    "--tasks-per-node",
+    "spec",
+    required=True,
+    metavar="COUNTS",
+    help="Slurm's SLURM_TASKS_PER_NODE for those nodes, e.g. 4 or 2(x3),1.",
+)
 def rendezvous(hosts, spec):
     """Serve Horovod's Gloo rendezvous for ranks that plain srun starts (a profile's mpi: none).
 

@@ -65,5 +65,6 @@ def imagenet_to_tfrecord(src, dest, train_shards, validation_shards, labels_file
         )
     train = sum(n for k, n in counts.items() if k.startswith("train-"))
     click.echo(
-        f"{dest}: {train:,} training and {sum(counts.values()) - train:,} validation images in {len(counts)} files"
+        f"{dest}: {train:,} training and {sum(counts.values()) - train:,} validation images in {len(counts)} "
+        "files"
     )

@@ -1,6 +1,6 @@
-"""What both study commands share on their way to running: the study folder prepared (every job script rendered
-and so checked first on Slurm) and the study's jobs submitted. Split from app.cli.study, which holds the
-commands themselves."""
+"""What both study commands share on their way to running: the study folder prepared (every job script
+rendered and so checked first on Slurm) and the study's jobs submitted. Split from app.cli.study, which holds
+the commands themselves."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ def prepare_study(folder: Path, plan, cfg, command: list[str], slurm: dict | Non
 
 
 def submit_study(folder: Path, plan, cfg, slurm: dict, new: bool = False) -> None:
-    """Submit the study's jobs; a ``new`` study folder of which nothing was submitted (every job refused, sbatch
-    failing) is removed again, so that a retry with other options is not refused as another study."""
+    """Submit the study's jobs; a ``new`` study folder of which nothing was submitted (every job refused,
+    sbatch failing) is removed again, so that a retry with other options is not refused as another study."""
     import shutil
 
     from app.study import slurm as slurm_stage
@@ -43,5 +43,6 @@ def submit_study(folder: Path, plan, cfg, slurm: dict, new: bool = False) -> Non
             shutil.rmtree(folder, ignore_errors=True)
         raise
     click.echo(
-        f"follow it with `app study status {quoted(folder)}`; the report job writes {quoted(folder / 'report')}"
+        f"follow it with `app study status {quoted(folder)}`; the report job writes "
+        f"{quoted(folder / 'report')}"
     )

@@ -72,13 +72,17 @@ def train(
     from app.core import rundir
 
     options, origins = option_values(
-        data_dir=data_dir, seed=seed, epochs=epochs, batch_size=batch_size,
-        accumulation_steps=accumulation_steps, precision=precision, engine=engine,
-    )  # fmt: skip
+        data_dir=data_dir,
+        seed=seed,
+        epochs=epochs,
+        batch_size=batch_size,
+        accumulation_steps=accumulation_steps,
+        precision=precision,
+        engine=engine,
+    )
     cfg, resolved = rundir.for_run(configs, sets, options, run_dir, origins)
-    relaunch(
-        np_, [] if run_dir else ["--run-dir", str(resolved)], cfg.train.engine
-    )  # every worker gets the same run directory
+    # every worker gets the same run directory
+    relaunch(np_, [] if run_dir else ["--run-dir", str(resolved)], cfg.train.engine)
     from app.engines.faults import StopRequest
 
     request = StopRequest().install()  # SIGUSR1/SIGTERM from the start: never the default (death)

@@ -82,13 +82,14 @@ def one_engine(
             raise UsageError(f"--engine {engine}: none of the inputs was measured or trained on that engine")
         if len(results) + len(runs) < left:  # said, never silent
             note(
-                f"--engine {engine}: {left - len(results) - len(runs)} result(s) or run(s) of other engines left out"
+                f"--engine {engine}: {left - len(results) - len(runs)} result(s) or run(s) of other engines "
+                "left out"
             )
     engines = sorted({engine_of(r.summary) for r in runs} - {"unrecorded"})  # older or unfinished runs
     if len(engines) > 1:
         raise UsageError(
-            f"these runs mix engines {' and '.join(engines)}: their times compare engines, not worker counts; "
-            "pass --engine horovod or --engine tf to report one"
+            f"these runs mix engines {' and '.join(engines)}: their times compare engines, not worker "
+            "counts; pass --engine horovod or --engine tf to report one"
         )
     return results, runs
 
@@ -103,7 +104,10 @@ def _write(results: list[dict], runs: list, out: Path, target: float | None) -> 
         rows = scaling_rows(table)
         kind = results[0].get("kind", "train")
         engine = next((e for r in results if (e := engine_of(r)) != "unrecorded"), "engine unrecorded")
-        what = f"{results[0].get('model') or 'input pipeline'}, {results[0].get('image_size')} px, {results[0].get('precision')}, {engine}"
+        what = (
+            f"{results[0].get('model') or 'input pipeline'}, {results[0].get('image_size')} px, "
+            f"{results[0].get('precision')}, {engine}"
+        )
         lines = verdicts(table)
         measured = measured_on([(r.get("env"), r.get("precision")) for r in results])
         written += write_table(out, "scaling", SCALING_COLUMNS, rows, lines, measured)

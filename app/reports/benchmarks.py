@@ -44,7 +44,8 @@ def _check_result(row, where: str) -> dict:
     missing = [k for k in REQUIRED if k not in row]
     if missing or not isinstance(row.get("images_per_s"), dict) or "mean" not in row["images_per_s"]:
         raise UsageError(
-            f"{where}: missing {', '.join(missing) or 'images_per_s.mean'}; is this an `app benchmark` results file?"
+            f"{where}: missing {', '.join(missing) or 'images_per_s.mean'}; is this an `app benchmark` "
+            "results file?"
         )
     for key in ("batch_size", "workers"):
         if not is_positive_int(row[key]):
@@ -54,7 +55,8 @@ def _check_result(row, where: str) -> dict:
     ips = row["images_per_s"]
     if not is_number(ips["mean"]) or not 0 < ips["mean"] <= MAX_RATE:
         raise UsageError(
-            f"{where}: images_per_s.mean must be a positive number up to {MAX_RATE:.0e}, got {brief(ips['mean'])}"
+            f"{where}: images_per_s.mean must be a positive number up to {MAX_RATE:.0e}, got "
+            f"{brief(ips['mean'])}"
         )
     # What a benchmark can measure: an interval from 0 to the rate's own size, a share of time from 0 to 1.
     for key, value, top in (
@@ -103,7 +105,8 @@ def check_comparable(results: list[dict]) -> None:
         values = sorted({str(r.get(key)) for r in results})
         if len(values) > 1:
             raise UsageError(
-                f"results mix {key} {' and '.join(values)}; report one at a time (split the results file, e.g. with jq)"
+                f"results mix {key} {' and '.join(values)}; report one at a time (split the results file, "
+                "e.g. with jq)"
             )
 
 
@@ -165,7 +168,8 @@ def verdicts(table: dict[int, list[Point]]) -> list[str]:
         top = points[-1]
         if len(points) == 1:
             lines.append(
-                f"batch {batch}/worker: only {top.workers} worker(s) measured; run more worker counts to see scaling"
+                f"batch {batch}/worker: only {top.workers} worker(s) measured; run more worker counts to see "
+                "scaling"
             )
             continue
         base = points[0].workers
@@ -177,8 +181,10 @@ def verdicts(table: dict[int, list[Point]]) -> list[str]:
         if top.cores_shared and top.workers > base:
             # Workers that compute on the same cores split them: one worker already had them all, so this
             # efficiency is mostly core sharing. Independent processes are the fair baseline there.
-            note = (f"{top.workers} CPU workers share one node's {top.cores_shared} cores, so this measures core "
-                    "sharing, not communication (compare with as many independent processes: app study scaling)")  # fmt: skip
+            note = (
+                f"{top.workers} CPU workers share one node's {top.cores_shared} cores, so this measures core "
+                "sharing, not communication (compare with as many independent processes: app study scaling)"
+            )
         elif top.input_wait >= INPUT_BOUND:
             note = f"input-bound: steps waited {top.input_wait:.0%} for data"
         rel = "" if base == 1 else f" (relative to {base} workers)"
@@ -187,9 +193,12 @@ def verdicts(table: dict[int, list[Point]]) -> list[str]:
         )
     if len(table) > 1:
         best = max(table.values(), key=lambda pts: pts[-1].efficiency)[-1]
-        lines.append(f"largest per-worker batch scales best here: batch {best.batch_size}/worker at {best.efficiency:.0%}"
-                     if best.batch_size == max(table) else
-                     f"best scaling: batch {best.batch_size}/worker at {best.efficiency:.0%}")  # fmt: skip
+        lines.append(
+            f"largest per-worker batch scales best here: batch {best.batch_size}/worker at "
+            f"{best.efficiency:.0%}"
+            if best.batch_size == max(table)
+            else f"best scaling: batch {best.batch_size}/worker at {best.efficiency:.0%}"
+        )
     return lines
 
 
@@ -208,10 +217,20 @@ SCALING_COLUMNS = (
 
 def scaling_rows(table: dict[int, list[Point]]) -> list[list]:
     return [
-        [p.batch_size, p.workers, p.nodes, round(p.images_per_s, 3), round(p.ci95, 3), round(p.per_worker, 3),
-         round(p.speedup, 4), round(p.efficiency, 4), round(p.input_wait, 4)]
-        for points in table.values() for p in points
-    ]  # fmt: skip
+        [
+            p.batch_size,
+            p.workers,
+            p.nodes,
+            round(p.images_per_s, 3),
+            round(p.ci95, 3),
+            round(p.per_worker, 3),
+            round(p.speedup, 4),
+            round(p.efficiency, 4),
+            round(p.input_wait, 4),
+        ]
+        for points in table.values()
+        for p in points
+    ]
 
 
 def plot_scaling(table: dict[int, list[Point]], out: Path) -> list[Path]:
@@ -219,8 +238,14 @@ def plot_scaling(table: dict[int, list[Point]], out: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for batch, points in table.items():
         workers = [p.workers for p in points]
-        line = ax.errorbar(workers, [p.images_per_s for p in points], yerr=[p.ci95 for p in points], fmt="o-",
-                           capsize=3, label=f"batch {batch}/worker")[0]  # fmt: skip
+        line = ax.errorbar(
+            workers,
+            [p.images_per_s for p in points],
+            yerr=[p.ci95 for p in points],
+            fmt="o-",
+            capsize=3,
+            label=f"batch {batch}/worker",
+        )[0]
         base = points[0]
         ax.plot(
             workers,
@@ -249,7 +274,8 @@ def plot_scaling(table: dict[int, list[Point]], out: Path) -> list[Path]:
 
 
 def _save_scaling_plot(plt, fig, ax, table: dict[int, list[Point]], path: Path) -> Path:
-    """Workers on a log2 axis labelled with the counts measured (1, 2, 4 rather than 2^k); grid, legend, PNG."""
+    """Workers on a log2 axis labelled with the counts measured (1, 2, 4 rather than 2^k); grid, legend,
+    PNG."""
     from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
     ax.set_xscale("log", base=2)

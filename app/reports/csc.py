@@ -1,8 +1,8 @@
-"""The scaling report's section for CSC's gpularge scalability test (Roihu): per per-GPU batch size, one row per
-node count (the point with the most workers on that many nodes), the speedup over the node count half as
+"""The scaling report's section for CSC's gpularge scalability test (Roihu): per per-GPU batch size, one row
+per node count (the point with the most workers on that many nodes), the speedup over the node count half as
 large with an interval, the efficiency against the fewest nodes, the minutes an ImageNet-1k epoch would take
-at that throughput, and the GPU utilization and peak memory the benchmark sampled where a GPU tool was
-there; then CSC's rule as a pass/fail line.
+at that throughput, and the GPU utilization and peak memory the benchmark sampled where a GPU tool was there;
+then CSC's rule as a pass/fail line.
 
 CSC's rule (https://docs.csc.fi/accounts/how-to-access-roihu-large-partition/, read 2026-12-04): at least
 three node counts, the same input for all, a speedup of at least 1.5 per doubling of nodes (75% parallel
@@ -93,8 +93,8 @@ def rows(
         base = walls.get((batch, first.workers, first.nodes))
         for p in by_nodes:
             wall = walls.get((batch, p.workers, p.nodes))
-            # CSC's parallel efficiency, (GPUs_b x T_b) / (GPUs_N x T_N), only for the same input; per image, as
-            # rounding the steps up gives each count a few images more or less
+            # CSC's parallel efficiency, (GPUs_b x T_b) / (GPUs_N x T_N), only for the same input; per image,
+            # as rounding the steps up gives each count a few images more or less
             same = (
                 wall
                 and base
@@ -111,14 +111,24 @@ def rows(
             speedup, width, _ = doubling(half, p) if half else (None, None, None)
             efficiency = (p.images_per_s / p.workers) / (first.images_per_s / first.workers)  # per GPU
             sampled = gpu.get((batch, p.workers, p.nodes), {})
-            out.append([
-                batch, p.nodes, p.workers, round(p.images_per_s, 3), round(p.ci95, 3) if p.ci95 > 0 else None,
-                None if speedup is None else round(speedup, 4), None if width is None else round(width, 4),
-                round(efficiency, 4), round(IMAGENET_TRAIN_EXAMPLES / p.images_per_s / 60, 3),
-                wall["images"] if wall else None, round(wall["wall_s"], 3) if wall else None,
-                None if from_walls is None else round(from_walls, 4),
-                sampled.get("utilization_pct"), sampled.get("memory_peak_mib"),
-            ])  # fmt: skip
+            out.append(
+                [
+                    batch,
+                    p.nodes,
+                    p.workers,
+                    round(p.images_per_s, 3),
+                    round(p.ci95, 3) if p.ci95 > 0 else None,
+                    None if speedup is None else round(speedup, 4),
+                    None if width is None else round(width, 4),
+                    round(efficiency, 4),
+                    round(IMAGENET_TRAIN_EXAMPLES / p.images_per_s / 60, 3),
+                    wall["images"] if wall else None,
+                    round(wall["wall_s"], 3) if wall else None,
+                    None if from_walls is None else round(from_walls, 4),
+                    sampled.get("utilization_pct"),
+                    sampled.get("memory_peak_mib"),
+                ]
+            )
     return out
 
 
@@ -133,9 +143,10 @@ def wall_times(results: list[dict]) -> dict[tuple[int, int, int], dict]:
             continue
         batch, workers = int(r["batch_size"]), int(r["workers"])
         out[(batch, workers, int(r.get("nodes") or 1))] = {
-            "wall_s": float(wall), "images": steps * batch * workers,
+            "wall_s": float(wall),
+            "images": steps * batch * workers,
             "images_target": target if is_positive_int(target) else None,
-        }  # fmt: skip
+        }
     return out
 
 
@@ -173,8 +184,10 @@ def verdict(table: dict[int, list[benchmarks.Point]], gpus: bool) -> list[str]:
         problems = []
         if len(run) < CSC_NODE_COUNTS:
             counts = ", ".join(str(p.nodes) for p in run)
-            problems.append(f"only {len(run)} node count{'s' if len(run) != 1 else ''} in a chain of doublings "
-                            f"({counts}); CSC asks for {CSC_NODE_COUNTS} or more, e.g. 1, 2, 4 nodes")  # fmt: skip
+            problems.append(
+                f"only {len(run)} node count{'s' if len(run) != 1 else ''} in a chain of doublings "
+                f"({counts}); CSC asks for {CSC_NODE_COUNTS} or more, e.g. 1, 2, 4 nodes"
+            )
         short = [f"{q.nodes}->{p.nodes} ({e:.0%} per GPU)" for q, p, _, _, e in judged if e < CSC_EFFICIENCY]
         if short:
             problems.append(
@@ -190,21 +203,29 @@ def verdict(table: dict[int, list[benchmarks.Point]], gpus: bool) -> list[str]:
             lines.append(head + f"PASS: {len(run)} node counts, every doubling {CSC_SPEEDUP}x or more{tail}")
         uneven = [f"{q.nodes}->{p.nodes}" for q, p in pairs if p.workers != 2 * q.workers]
         if uneven:
-            lines.append(f"  batch {batch}/GPU: the GPUs did not double with the nodes at {', '.join(uneven)}: "
-                         "judged per GPU; CSC's test uses full nodes (e.g. --gpus 4,8,16 on Roihu)")  # fmt: skip
+            lines.append(
+                f"  batch {batch}/GPU: the GPUs did not double with the nodes at {', '.join(uneven)}: "
+                "judged per GPU; CSC's test uses full nodes (e.g. --gpus 4,8,16 on Roihu)"
+            )
         near = [
             f"{q.nodes}->{p.nodes}" for q, p, s, h, _ in judged if h is not None and abs(s - CSC_SPEEDUP) < h
         ]
         if near:
-            lines.append(f"  batch {batch}/GPU: the interval of {', '.join(near)} includes {CSC_SPEEDUP}: measure again "
-                         "(more --windows) before you send it")  # fmt: skip
+            lines.append(
+                f"  batch {batch}/GPU: the interval of {', '.join(near)} includes {CSC_SPEEDUP}: measure "
+                "again (more --windows) before you send it"
+            )
         if any(h is None for *_, h, _ in judged):
-            lines.append(f"  batch {batch}/GPU: some points have no interval (one window): run with --windows 3 or "
-                         "more")  # fmt: skip
+            lines.append(
+                f"  batch {batch}/GPU: some points have no interval (one window): run with --windows 3 or "
+                "more"
+            )
         left = [p.nodes for p in per_node_count(points) if p not in run]
         if left:
-            lines.append(f"  batch {batch}/GPU: node counts {', '.join(map(str, left))} are not in the chain of "
-                         "doublings and were not judged")  # fmt: skip
+            lines.append(
+                f"  batch {batch}/GPU: node counts {', '.join(map(str, left))} are not in the chain of "
+                "doublings and were not judged"
+            )
     return lines
 
 
@@ -213,14 +234,14 @@ def notes(sampled: bool) -> list[str]:
     return [
         "CSC's rule: 3 or more node counts, the same input, a speedup of 1.5 or more per doubling of nodes "
         "(75% parallel efficiency against half the nodes), wall-times per node count, GPU utilization, and a "
-        "representative batch script (https://docs.csc.fi/accounts/how-to-access-roihu-large-partition/, read "
-        "2026-12-04)",
-        "wall-time: the seconds all of a benchmark's steps took on rank 0 for the images it processed, the first "
-        "step (which compiles) included, the start of the job not; with `app study scaling --images N` every "
-        "node count processes the same images (CSC's same input) and the efficiency from wall-times is CSC's "
-        "formula, (GPUs x time) at the fewest nodes / (GPUs x time), per image; give N so that the most nodes "
-        "still run a few minutes, or the compilation weighs on it; the ImageNet-1k epoch minutes are a "
-        "projection from the throughput, not a timed epoch",
+        "representative batch script (https://docs.csc.fi/accounts/how-to-access-roihu-large-partition/, "
+        "read 2026-12-04)",
+        "wall-time: the seconds all of a benchmark's steps took on rank 0 for the images it processed, the "
+        "first step (which compiles) included, the start of the job not; with `app study scaling --images N` "
+        "every node count processes the same images (CSC's same input) and the efficiency from wall-times is "
+        "CSC's formula, (GPUs x time) at the fewest nodes / (GPUs x time), per image; give N so that the "
+        "most nodes still run a few minutes, or the compilation weighs on it; the ImageNet-1k epoch minutes "
+        "are a projection from the throughput, not a timed epoch",
         "GPU utilization and peak memory: "
         + (
             "sampled with nvidia-smi or rocm-smi on rank 0's node while the benchmark ran (the other nodes' "
@@ -228,7 +249,7 @@ def notes(sampled: bool) -> list[str]:
             if sampled
             else "not sampled (no nvidia-smi or rocm-smi where the benchmark ran): measure them on the nodes "
             "while a job runs"
-        ),  # fmt: skip
+        ),
         "batch script: attach the job script of the largest node count (logs/<study>-workers-<N>-*.sbatch, "
         "written by app study --cluster)",
     ]

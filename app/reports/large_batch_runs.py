@@ -90,8 +90,8 @@ def _summary(run_path: Path) -> dict:
 
 
 def collect(folder: Path, plan: StudyPlan, note=None) -> list[RunResult]:
-    """Every planned run with its state and curves (runs not started yet, or with a damaged metrics.jsonl, have
-    empty curves: one damaged run does not stop the report)."""
+    """Every planned run with its state and curves (runs not started yet, or with a damaged metrics.jsonl,
+    have empty curves: one damaged run does not stop the report)."""
     out = []
     for run, state in zip_equal(plan.runs, states(folder, plan)):
         path = run_dir(folder, run)
@@ -108,15 +108,19 @@ def collect(folder: Path, plan: StudyPlan, note=None) -> list[RunResult]:
         summary = _summary(path) if state.state == "done" else {}
         out.append(
             RunResult(
-                run, state.state, len(rows), [_error(r, "accuracy") for r in rows],
-                [_error(r, "val_accuracy") for r in rows], updates_per_epoch(path, run.batch_size),
+                run,
+                state.state,
+                len(rows),
+                [_error(r, "accuracy") for r in rows],
+                [_error(r, "val_accuracy") for r in rows],
+                updates_per_epoch(path, run.batch_size),
                 sum(float(r.get("epoch_time_s", 0.0)) for r in rows),
                 precision if isinstance(precision := summary.get("precision"), str) else None,
                 env if isinstance(env := summary.get("env"), dict) else None,
                 state.detail,
                 state.damage,
             )
-        )  # fmt: skip
+        )
     return out
 
 
@@ -143,10 +147,20 @@ def run_rows(results: list[RunResult]) -> list[list]:
     for r in results:
         vals = [v for v in r.val_error if v is not None]
         updates = r.updates if r.state != "done" else r.planned_updates
-        rows.append([
-            r.run.name, r.state, r.epochs_done, r.run.epochs, r.run.workers, r.run.accumulation_steps, updates,
-            None if r.run.warmup == "none" else r.warmup_updates,
-            None if r.final_error is None else round(r.final_error, 4), round(min(vals), 4) if vals else None,
-            round(r.time_s, 1), r.precision,
-        ])  # fmt: skip
+        rows.append(
+            [
+                r.run.name,
+                r.state,
+                r.epochs_done,
+                r.run.epochs,
+                r.run.workers,
+                r.run.accumulation_steps,
+                updates,
+                None if r.run.warmup == "none" else r.warmup_updates,
+                None if r.final_error is None else round(r.final_error, 4),
+                round(min(vals), 4) if vals else None,
+                round(r.time_s, 1),
+                r.precision,
+            ]
+        )
     return rows

@@ -23,16 +23,24 @@ import statistics
 from dataclasses import dataclass
 
 MARGIN_PP = 0.5
-# t(0.975, df): two-sided 95%, from the standard table; beyond 120 the normal quantile.
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
-         20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048,
-         29: 2.045, 30: 2.042, 40: 2.021, 50: 2.009, 60: 2.000, 80: 1.990, 100: 1.984, 120: 1.980}  # fmt: skip
+# t(0.975, df): two-sided 95%, from the standard table, five df a row as printed there (so the formatter
+# leaves it alone); beyond 120 the normal quantile.
+_T975 = {
+    1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571,
+    6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+    11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131,
+    16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086,
+    21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060,
+    26: 2.056, 27: 2.052, 28: 2.048, 29: 2.045, 30: 2.042,
+    40: 2.021, 50: 2.009, 60: 2.000, 80: 1.990, 100: 1.984,
+    120: 1.980,
+}  # fmt: skip
 MAX_SEEDS_SUGGESTED = 100
 
 
 def t975(df: int) -> float:
-    """The 97.5% quantile of Student's t with ``df`` degrees of freedom (the next tabulated df at or below)."""
+    """The 97.5% quantile of Student's t with ``df`` degrees of freedom (the next tabulated df at or
+    below)."""
     if df < 1:
         raise ValueError("t975: at least 1 degree of freedom")
     if df > 120:

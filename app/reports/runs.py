@@ -70,9 +70,12 @@ def mixed_runs(runs: list[Run]) -> list[str]:
         if len(values) > 1:
             lines.append(
                 f"warning: these runs mix {label} {' and '.join(values)}: "
-                + ("their accuracies and times to a target are not comparable" if key == "dataset"
-                   else "accuracies compare models, times to a target compare unequal work")
-            )  # fmt: skip
+                + (
+                    "their accuracies and times to a target are not comparable"
+                    if key == "dataset"
+                    else "accuracies compare models, times to a target compare unequal work"
+                )
+            )
     return lines
 
 
@@ -121,14 +124,19 @@ def training_rows(runs: list[Run], target: float) -> list[list]:
             else None
         )
         tta = time_to_accuracy(run, target)
-        rows.append([
-            run.name, run.summary.get("workers"), run.summary.get("global_batch"), len(run.metrics),
-            run.metrics[best]["val_accuracy"] if best is not None else None,
-            run.metrics[best]["epoch"] if best is not None else None,
-            accs[-1] if accs else None,
-            round(wall_clock(run)[-1], 1) if run.metrics else None,
-            round(tta, 1) if tta is not None else None,
-        ])  # fmt: skip
+        rows.append(
+            [
+                run.name,
+                run.summary.get("workers"),
+                run.summary.get("global_batch"),
+                len(run.metrics),
+                run.metrics[best]["val_accuracy"] if best is not None else None,
+                run.metrics[best]["epoch"] if best is not None else None,
+                accs[-1] if accs else None,
+                round(wall_clock(run)[-1], 1) if run.metrics else None,
+                round(tta, 1) if tta is not None else None,
+            ]
+        )
     return rows
 
 
@@ -200,5 +208,7 @@ def time_to_accuracy_by_workers(runs: list[Run], target: float) -> list[str]:
         t, name = fastest[n]
         vs = f", {first / t:.2f}x vs {ordered[0]} worker(s)" if n != ordered[0] and first and t > 0 else ""
         parts.append(f"{n} worker(s) {t / 60:,.1f} min ({name}{vs})")
-    return [f"time to {target:.2%} by worker count (training epochs only, the fastest run of each): "
-            + "; ".join(parts)]  # fmt: skip
+    return [
+        f"time to {target:.2%} by worker count (training epochs only, the fastest run of each): "
+        + "; ".join(parts)
+    ]

@@ -1,7 +1,8 @@
 """The scaling study's report (RQ1 + RQ2) from a study folder of `app study scaling`.
 
 Reads the benchmark results the study wrote (results/workers-<n>.jsonl, and for the independent baseline
-results/independent-<n>/process-<i>.jsonl) and builds on `app report`'s scaling table (app.reports.benchmarks.scaling):
+results/independent-<n>/process-<i>.jsonl) and builds on `app report`'s scaling table
+(app.reports.benchmarks.scaling):
 
 - RQ1, per-GPU batch: images/s per worker for each batch size, what an ImageNet-1k epoch costs at each
   point (wall-clock minutes and GPU-hours), input wait, and the best per-worker batch here;
@@ -79,7 +80,7 @@ def cost_columns(gpus: bool) -> tuple[Col, ...]:
             "GPU-hours per epoch" if gpus else "worker-hours per epoch (CPU workers)",
             "worker_hours_per_imagenet_epoch",
             fixed(2),
-        ),  # fmt: skip
+        ),
     )
 
 
@@ -94,8 +95,15 @@ def cost_rows(table: dict[int, list[benchmarks.Point]]) -> list[list]:
     for points in table.values():
         for p in points:
             minutes = IMAGENET_TRAIN_EXAMPLES / p.images_per_s / 60
-            rows.append([p.batch_size, p.workers, round(p.images_per_s, 3), round(minutes, 3),
-                         round(minutes / 60 * p.workers, 4)])  # fmt: skip
+            rows.append(
+                [
+                    p.batch_size,
+                    p.workers,
+                    round(p.images_per_s, 3),
+                    round(minutes, 3),
+                    round(minutes / 60 * p.workers, 4),
+                ]
+            )
     return rows
 
 
@@ -114,8 +122,15 @@ def independent_rows(table: dict[int, list[benchmarks.Point]], independent) -> l
         for p in points:
             solo = independent.get((p.workers, batch))
             if solo:
-                rows.append([batch, p.workers, round(p.images_per_s, 3), round(sum(solo), 3),
-                             round(p.images_per_s / sum(solo), 4)])  # fmt: skip
+                rows.append(
+                    [
+                        batch,
+                        p.workers,
+                        round(p.images_per_s, 3),
+                        round(sum(solo), 3),
+                        round(p.images_per_s / sum(solo), 4),
+                    ]
+                )
     return rows
 
 
@@ -138,9 +153,17 @@ def timeline_rows(results: list[dict]) -> list[list]:
             is_number(t.get(k)) for k in ("collective_fraction", "negotiation_fraction", "compute_fraction")
         ):
             newest[(int(r["batch_size"]), int(r["workers"]))] = t
-    return [[b, w, round(t["collective_fraction"], 4), round(t["negotiation_fraction"], 4),
-             round(t["compute_fraction"], 4), str(t.get("file", ""))]
-            for (b, w), t in sorted(newest.items())]  # fmt: skip
+    return [
+        [
+            b,
+            w,
+            round(t["collective_fraction"], 4),
+            round(t["negotiation_fraction"], 4),
+            round(t["compute_fraction"], 4),
+            str(t.get("file", "")),
+        ]
+        for (b, w), t in sorted(newest.items())
+    ]
 
 
 def workers_word(results: list[dict]) -> str:
@@ -163,10 +186,10 @@ def verdicts(
     if at_most:
         best = max(at_most.values(), key=lambda p: p.per_worker)
         lines.append(
-            f"RQ1: the best per-worker batch here is {best.batch_size} ({best.per_worker:,.1f} images/s per worker "
-            f"at {most} workers; at that throughput an ImageNet-1k epoch would take "
-            f"{IMAGENET_TRAIN_EXAMPLES / best.images_per_s / 60:,.1f} min: a projection from what was measured, "
-            "not a timed ImageNet epoch)"
+            f"RQ1: the best per-worker batch here is {best.batch_size} ({best.per_worker:,.1f} images/s per "
+            f"worker at {most} workers; at that throughput an ImageNet-1k epoch would take "
+            f"{IMAGENET_TRAIN_EXAMPLES / best.images_per_s / 60:,.1f} min: a projection from what was "
+            "measured, not a timed ImageNet epoch)"
         )
     for batch, points in table.items():
         if len(points) < 2:
@@ -176,8 +199,8 @@ def verdicts(
             continue  # said by app report's line: core sharing, see the independent comparison
         if low is None:
             lines.append(
-                f"RQ2: batch {batch}/worker: adding workers paid up to the most measured ({points[-1].workers}, "
-                f"efficiency {points[-1].efficiency:.0%})"
+                f"RQ2: batch {batch}/worker: adding workers paid up to the most measured "
+                f"({points[-1].workers}, efficiency {points[-1].efficiency:.0%})"
             )
         else:
             lines.append(
@@ -191,16 +214,16 @@ def verdicts(
                 ratio = p.images_per_s / sum(solo)
                 lines.append(
                     f"RQ2: batch {batch}/worker: {p.workers} {who} reach {ratio:.0%} of {p.workers} "
-                    f"independent processes on the same cores: that gap, not the {p.efficiency:.0%} against one "
-                    "worker, is what communication costs here"
+                    f"independent processes on the same cores: that gap, not the {p.efficiency:.0%} against "
+                    "one worker, is what communication costs here"
                 )
     top = [r for r in timelines if int(r[1]) == most]
     if top:
         r = max(top, key=lambda r: int(r[0]))
         lines.append(
-            f"where the time goes at {most} workers, batch {r[0]}/worker: collectives {r[2]:.0%}, negotiation "
-            f"open (overlapping compute, with the coordination cycle) {r[3]:.0%}, compute only {r[4]:.0%} of step "
-            "time"
+            f"where the time goes at {most} workers, batch {r[0]}/worker: collectives {r[2]:.0%}, "
+            f"negotiation open (overlapping compute, with the coordination cycle) {r[3]:.0%}, compute only "
+            f"{r[4]:.0%} of step time"
         )
     return lines
 
@@ -220,14 +243,21 @@ def markdown(
     csc_text: list[str] = (),
 ) -> str:
     where = f"Slurm profile {plan.cluster}" if plan.cluster else "local processes"
-    out = [f"# Scaling study {plan.name}", "",
-           f"{what}, "
-           f"workers {', '.join(map(str, plan.workers))} ({where}), batch sizes per worker "
-           f"{', '.join(map(str, plan.batch_sizes))}, "
-           + (f"about {plan.images:,} images each at every worker count, the same input" if plan.images
-              else f"{plan.steps} steps each")
-           + "; throughput leaves out the first steps, until step times settle: the mean of "
-           f"{plan.windows} windows with a 95% confidence interval.", ""]  # fmt: skip
+    out = [
+        f"# Scaling study {plan.name}",
+        "",
+        f"{what}, "
+        f"workers {', '.join(map(str, plan.workers))} ({where}), batch sizes per worker "
+        f"{', '.join(map(str, plan.batch_sizes))}, "
+        + (
+            f"about {plan.images:,} images each at every worker count, the same input"
+            if plan.images
+            else f"{plan.steps} steps each"
+        )
+        + "; throughput leaves out the first steps, until step times settle: the mean of "
+        f"{plan.windows} windows with a 95% confidence interval.",
+        "",
+    ]
     for title, columns, rows in sections:
         if not rows:
             continue
@@ -254,13 +284,18 @@ def write_report(folder: Path, plan: ScalingPlan, console) -> list[Path]:
     gpus, sampled = on_gpus(results), csc.gpu_samples(results)
     cost_cols = cost_columns(gpus)
     csc_rows, csc_lines = csc.rows(table, sampled, csc.wall_times(results)), csc.verdict(table, gpus)
-    sections = [("Throughput, speedup and efficiency", benchmarks.SCALING_COLUMNS, rows),
-                (f"What an ImageNet-1k epoch costs ({IMAGENET_TRAIN_EXAMPLES:,} images at the throughput measured "
-                 f"here: {measured_what(results)}; a projection)", cost_cols,
-                 costs),
-                (f"Workers against independent processes on the same cores ({who})", INDEPENDENT_COLUMNS, solo),
-                ("Where the time goes (Horovod timeline)", TIMELINE_COLUMNS, traces),
-                ("CSC gpularge scalability test", csc.COLUMNS, csc_rows)]  # fmt: skip
+    sections = [
+        ("Throughput, speedup and efficiency", benchmarks.SCALING_COLUMNS, rows),
+        (
+            f"What an ImageNet-1k epoch costs ({IMAGENET_TRAIN_EXAMPLES:,} images at the throughput measured "
+            f"here: {measured_what(results)}; a projection)",
+            cost_cols,
+            costs,
+        ),
+        (f"Workers against independent processes on the same cores ({who})", INDEPENDENT_COLUMNS, solo),
+        ("Where the time goes (Horovod timeline)", TIMELINE_COLUMNS, traces),
+        ("CSC gpularge scalability test", csc.COLUMNS, csc_rows),
+    ]
     with staged(out) as stage:
         measured = measured_on([(r.get("env"), r.get("precision")) for r in results])
         csc_text = [*csc_lines, *csc.notes(bool(sampled))]
@@ -268,9 +303,13 @@ def write_report(folder: Path, plan: ScalingPlan, console) -> list[Path]:
             stage / "scaling.md", markdown(plan, measured_what(results), sections, lines, measured, csc_text)
         )
         names = ["scaling.md"]
-        for stem, columns, body in (("scaling", benchmarks.SCALING_COLUMNS, rows), ("cost", cost_cols, costs),
-                                    ("csc", csc.COLUMNS, csc_rows),
-                                    ("independent", INDEPENDENT_COLUMNS, solo), ("timeline", TIMELINE_COLUMNS, traces)):  # fmt: skip
+        for stem, columns, body in (
+            ("scaling", benchmarks.SCALING_COLUMNS, rows),
+            ("cost", cost_cols, costs),
+            ("csc", csc.COLUMNS, csc_rows),
+            ("independent", INDEPENDENT_COLUMNS, solo),
+            ("timeline", TIMELINE_COLUMNS, traces),
+        ):
             if body:
                 names.append(write_csv(stage / f"{stem}.csv", columns, body).name)
         names += [p.name for p in benchmarks.plot_scaling(table, stage)]

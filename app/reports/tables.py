@@ -184,11 +184,14 @@ def measured_on(records: list[tuple[dict, str | None]]) -> list[str]:
             continue
 
         get = functools.partial(_env_value, env)
-        gpu = (f"{get('gpu_count')} x {get('gpu_model')}, driver {get('gpu_driver')}"
-               if env.get("gpu_count") else f"no GPU ({get('cpu_count')} x {get('cpu_model')} CPU cores)")  # fmt: skip
+        gpu = (
+            f"{get('gpu_count')} x {get('gpu_model')}, driver {get('gpu_driver')}"
+            if env.get("gpu_count")
+            else f"no GPU ({get('cpu_count')} x {get('cpu_model')} CPU cores)"
+        )
         lines[
-            f"{gpu}; TensorFlow {get('tensorflow')}, Keras {get('keras')}, Horovod {get('horovod')}, scaleout "
-            f"{get('scaleout')}"
+            f"{gpu}; TensorFlow {get('tensorflow')}, Keras {get('keras')}, Horovod {get('horovod')}, "
+            f"scaleout {get('scaleout')}"
             + (f" (source {get('scaleout_source')})" if env.get("scaleout_source") else "")
             + f"; precision {_env_value({'precision': precision}, 'precision')}"
         ] = None

@@ -54,8 +54,8 @@ def _load(folder: Path, label: str) -> tuple[int, StudyPlan | ScalingPlan]:
     path = folder / "study.json"
     if not path.exists():
         raise UsageError(
-            f"{label} {show(folder, limit=None)}: no study.json there; pass a folder `app study large-batch` or "
-            "`app study scaling` made (studies/<name>)"
+            f"{label} {show(folder, limit=None)}: no study.json there; pass a folder `app study large-batch` "
+            "or `app study scaling` made (studies/<name>)"
         )
     raw = read_regular(path, str(path), STUDY_FILE_LIMIT, "study.json")
     try:
@@ -106,7 +106,8 @@ def differences(old: StudyPlan, new: StudyPlan) -> list[str]:
     for key in [k for k in a if k not in ("config", "runs", "parts")] + [k for k in b if k not in a]:
         if a.get(key) != b.get(key):
             out.append(
-                f"{'--' + key if key != 'kind' else 'kind'} {brief(a.get(key))} there vs {brief(b.get(key))} now"
+                f"{'--' + key if key != 'kind' else 'kind'} {brief(a.get(key))} there vs {brief(b.get(key))} "
+                "now"
             )
     out += [
         f"{key} {brief(a['config'].get(key))} there vs {brief(b['config'].get(key))} now"
@@ -129,9 +130,10 @@ def prepare(folder: Path, plan: StudyPlan | ScalingPlan, cfg, command: list[str]
         made_by, old = _load(folder, "study folder")
         if old.kind == "large-batch" and made_by == 1:
             raise UsageError(
-                f"{label} was planned before 2026-12-05, when cosine schedules restarted after the warmup and a "
-                "smaller data.image_size cropped: new runs would not compare with its finished ones; report it as "
-                f"it is (`app study report {show(folder, limit=None)}`), and start the study under another --name"
+                f"{label} was planned before 2026-12-05, when cosine schedules restarted after the warmup "
+                "and a smaller data.image_size cropped: new runs would not compare with its finished ones; "
+                f"report it as it is (`app study report {show(folder, limit=None)}`), and start the study "
+                "under another --name"
             )
         diff = differences(old, plan)
         if diff:
@@ -149,8 +151,13 @@ def prepare(folder: Path, plan: StudyPlan | ScalingPlan, cfg, command: list[str]
     try:
         (folder / ("results" if plan.kind == "scaling" else "runs")).mkdir(parents=True, exist_ok=True)
         _write_atomic(folder / "config.yaml", config_mod.dump(cfg))
-        meta = {"format": FORMAT, "kind": plan.kind, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "command": command, "plan": plan.to_json()}  # fmt: skip
+        meta = {
+            "format": FORMAT,
+            "kind": plan.kind,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "command": command,
+            "plan": plan.to_json(),
+        }
         _write_atomic(folder / "study.json", json.dumps(meta, indent=1) + "\n")
     except OSError as exc:  # a full disk or quota: a half-made folder would block the same command later
         for child in folder.iterdir() if folder.is_dir() else ():  # it was empty: all of it is ours
@@ -158,7 +165,7 @@ def prepare(folder: Path, plan: StudyPlan | ScalingPlan, cfg, command: list[str]
         if made:
             folder.rmdir()
         raise AppError(
-            f"{label}: cannot be written ({exc.strerror or exc}); nothing was left there: free some space (or "
-            "pass another --out) and run the same command again"
+            f"{label}: cannot be written ({exc.strerror or exc}); nothing was left there: free some space "
+            "(or pass another --out) and run the same command again"
         ) from None
     return True

@@ -69,8 +69,8 @@ class StudyPlan:
     train_examples: int | None
     examples_from: str  # where train_examples came from
     runs: tuple[RunPlan, ...]
-    # Runs at k > 1 plan fewer than MIN_BUDGET_UPDATES updates and --allow-small-budget accepted it: the report
-    # calls its verdicts budget-limited.
+    # Runs at k > 1 plan fewer than MIN_BUDGET_UPDATES updates and --allow-small-budget accepted it: the
+    # report calls its verdicts budget-limited.
     budget_limited: bool = False
 
     def identity(self) -> dict:
@@ -78,8 +78,14 @@ class StudyPlan:
         may what was derived from the data's size (it is checked again when the runs start)."""
         cfg = {k: v for k, v in self.config.items() if k != "data.data_dir"}
         runs = [(r.name, r.workers, list(r.sets)) for r in self.runs]
-        return {"kind": self.kind, "config": cfg, "k": list(self.ks), "seeds": self.seeds,
-                "np": self.max_workers, "runs": runs}  # fmt: skip
+        return {
+            "kind": self.kind,
+            "config": cfg,
+            "k": list(self.ks),
+            "seeds": self.seeds,
+            "np": self.max_workers,
+            "runs": runs,
+        }
 
     def to_json(self) -> dict:
         out = dataclasses.asdict(self)
@@ -137,11 +143,12 @@ def workers_for(micro_batches: int, max_workers: int) -> int:
 
 # The fewest updates a run at k > 1 may plan before the study is refused at plan time (--allow-small-budget
 # overrides it; the report then calls its verdicts budget-limited). From calibration runs on the 2-core
-# development machine (ResNet-20, Fashion-MNIST, one seed each; the table is in docs/study.md#the-update-budget):
-# at 232 updates per run (batch 128 x k=8) gradual warmup was 4.33 pp behind the baseline and worse than no
-# warmup, the reverse of Goyal et al.; at 580, 585 and 702 updates (three settings) it was within 0.3-0.6 pp.
-# 500 is the round number under the smallest budget that worked: a floor, not the point where quality stops
-# depending on the budget (not measured). Goyal et al.'s k=32 runs (batch 8k, 90 epochs) made about 14,000.
+# development machine (ResNet-20, Fashion-MNIST, one seed each; the table is in
+# docs/study.md#the-update-budget): at 232 updates per run (batch 128 x k=8) gradual warmup was 4.33 pp behind
+# the baseline and worse than no warmup, the reverse of Goyal et al.; at 580, 585 and 702 updates (three
+# settings) it was within 0.3-0.6 pp. 500 is the round number under the smallest budget that worked: a floor,
+# not the point where quality stops depending on the budget (not measured). Goyal et al.'s k=32 runs (batch
+# 8k, 90 epochs) made about 14,000.
 MIN_BUDGET_UPDATES = 500
 
 
@@ -177,9 +184,17 @@ def plan_large_batch(
         ]
     limited = _check_budget(cfg, runs, allow_small_budget)
     return StudyPlan(
-        "large-batch", name, config_mod.flat(cfg), tuple(ks), seeds, max_workers, train_examples,
-        examples_from, tuple(runs), limited,
-    )  # fmt: skip
+        "large-batch",
+        name,
+        config_mod.flat(cfg),
+        tuple(ks),
+        seeds,
+        max_workers,
+        train_examples,
+        examples_from,
+        tuple(runs),
+        limited,
+    )
 
 
 def _check_budget(cfg: config_mod.Config, runs: list[RunPlan], allow: bool) -> bool:
@@ -195,10 +210,10 @@ def _check_budget(cfg: config_mod.Config, runs: list[RunPlan], allow: bool) -> b
     need = math.ceil(MIN_BUDGET_UPDATES / worst.updates_per_epoch)
     raise UsageError(
         f"at k={worst.k} each run makes only {worst.updates:,} updates ({worst.epochs} epochs x "
-        f"{worst.updates_per_epoch:,}): under the {MIN_BUDGET_UPDATES} a verdict needs (docs/study.md, the update "
-        f"budget); train {need} or more epochs (--set train.epochs={max(need, cfg.train.epochs + 1)}), use a "
-        "smaller baseline batch, or accept it with --allow-small-budget (the report then calls its verdicts "
-        "budget-limited)"
+        f"{worst.updates_per_epoch:,}): under the {MIN_BUDGET_UPDATES} a verdict needs (docs/study.md, the "
+        f"update budget); train {need} or more epochs (--set "
+        f"train.epochs={max(need, cfg.train.epochs + 1)}), use a smaller baseline batch, or accept it with "
+        "--allow-small-budget (the report then calls its verdicts budget-limited)"
     )
 
 
@@ -222,8 +237,8 @@ def _check_study(cfg: config_mod.Config, seeds: int, name: str) -> None:
 def _check_batches(
     cfg: config_mod.Config, ks: list[int], max_workers: int, train_examples: int | None
 ) -> None:
-    """Every k's global batch fits the training examples and a capped epoch in whole updates, and mixed_float16
-    is not asked of runs that would combine several workers with accumulation."""
+    """Every k's global batch fits the training examples and a capped epoch in whole updates, and
+    mixed_float16 is not asked of runs that would combine several workers with accumulation."""
     t = cfg.train
     units = t.accumulation_steps  # micro-batches of batch_size per update in the baseline
     base_global = t.batch_size * units
@@ -242,17 +257,17 @@ def _check_batches(
         if bad:
             need = math.lcm(*(k * units for k in ks))
             raise UsageError(
-                f"train.steps_per_epoch {cap}: at k={bad[0]} an epoch of {cap} x {t.batch_size} images is not a "
-                f"whole number of updates of {bad[0] * base_global}; for equal epochs use a multiple of {need}"
+                f"train.steps_per_epoch {cap}: at k={bad[0]} an epoch of {cap} x {t.batch_size} images is "
+                f"not a whole number of updates of {bad[0] * base_global}; for equal epochs use a multiple "
+                f"of {need}"
             )
     mixed = [k for k in ks if workers_for(k * units, max_workers) not in (1, k * units)]
-    if (
-        cfg.model.precision == "mixed_float16" and mixed
-    ):  # app train refuses it: the runs would fail one by one
+    # app train refuses it: the runs would fail one by one
+    if cfg.model.precision == "mixed_float16" and mixed:
         raise UsageError(
-            f"model.precision mixed_float16: at k={mixed[0]} the runs use several workers and accumulation, which "
-            "`app train` refuses (the workers' loss scales would diverge); use mixed_bfloat16 or float32, "
-            "or an --np that leaves no accumulation"
+            f"model.precision mixed_float16: at k={mixed[0]} the runs use several workers and accumulation, "
+            "which `app train` refuses (the workers' loss scales would diverge); use mixed_bfloat16 or "
+            "float32, or an --np that leaves no accumulation"
         )
 
 
@@ -297,12 +312,22 @@ def plan_run(
         )
     warmup = "none" if not run_cfg.train.warmup_epochs else run_cfg.train.warmup
     return RunPlan(
-        name=f"{variant}-k{k}-s{seed}", variant=variant, k=k, seed=seed, workers=workers,
-        accumulation_steps=accumulation, batch_size=t.batch_size, global_batch=run_cfg.global_batch(workers),
-        lr=schedule.target_lr, start_lr=schedule.start_lr, warmup=warmup,
-        warmup_epochs=float(run_cfg.train.warmup_epochs), epochs=t.epochs, updates_per_epoch=updates,
+        name=f"{variant}-k{k}-s{seed}",
+        variant=variant,
+        k=k,
+        seed=seed,
+        workers=workers,
+        accumulation_steps=accumulation,
+        batch_size=t.batch_size,
+        global_batch=run_cfg.global_batch(workers),
+        lr=schedule.target_lr,
+        start_lr=schedule.start_lr,
+        warmup=warmup,
+        warmup_epochs=float(run_cfg.train.warmup_epochs),
+        epochs=t.epochs,
+        updates_per_epoch=updates,
         sets=tuple(sets),
-    )  # fmt: skip
+    )
 
 
 def _dataset(cfg) -> str:
@@ -310,8 +335,8 @@ def _dataset(cfg) -> str:
 
 
 def train_args(folder: Path, run: RunPlan, data_dir: str | None = None, threads: int = 0) -> list[str]:
-    """The arguments of `app` that train (or resume) ``run``: the study's config.yaml, the run's overrides, its
-    run directory, its workers. A list for exec, never a shell line: nothing in it is interpreted."""
+    """The arguments of `app` that train (or resume) ``run``: the study's config.yaml, the run's overrides,
+    its run directory, its workers. A list for exec, never a shell line: nothing in it is interpreted."""
     args = ["train", "-c", str(Path(folder) / "config.yaml")]
     for item in run.sets:
         args += ["--set", item]

@@ -70,31 +70,55 @@ class ScalingPlan:
 
     def identity(self) -> dict:
         cfg = {k: v for k, v in self.config.items() if k != "data.data_dir"}
-        return {"kind": self.kind, "config": cfg, "gpus" if self.cluster else "np": list(self.workers),
-                "batch-sizes": list(self.batch_sizes), "steps": self.steps, "windows": self.windows,
-                "timeline": self.timeline, "cluster": self.cluster,
-                "independent": any(p.independent for p in self.parts),
-                "parts": [dataclasses.astuple(p) for p in self.parts],
-                **({"images": self.images} if self.images else {})}  # fmt: skip
+        return {
+            "kind": self.kind,
+            "config": cfg,
+            "gpus" if self.cluster else "np": list(self.workers),
+            "batch-sizes": list(self.batch_sizes),
+            "steps": self.steps,
+            "windows": self.windows,
+            "timeline": self.timeline,
+            "cluster": self.cluster,
+            "independent": any(p.independent for p in self.parts),
+            "parts": [dataclasses.astuple(p) for p in self.parts],
+            **({"images": self.images} if self.images else {}),
+        }
 
     def to_json(self) -> dict:
         out = dataclasses.asdict(self)
-        out.update(workers=list(self.workers), batch_sizes=list(self.batch_sizes),
-                   parts=[dataclasses.asdict(p) for p in self.parts])  # fmt: skip
+        out.update(
+            workers=list(self.workers),
+            batch_sizes=list(self.batch_sizes),
+            parts=[dataclasses.asdict(p) for p in self.parts],
+        )
         return out
 
     @classmethod
     def from_json(cls, data: dict) -> ScalingPlan:
         parts = tuple(PartPlan(**p) for p in data["parts"])
-        return cls(**{**data, "workers": tuple(data["workers"]), "batch_sizes": tuple(data["batch_sizes"]),
-                      "parts": parts})  # fmt: skip
+        return cls(
+            **{
+                **data,
+                "workers": tuple(data["workers"]),
+                "batch_sizes": tuple(data["batch_sizes"]),
+                "parts": parts,
+            }
+        )
 
 
 def plan_scaling(
-    cfg, workers: list[int], batch_sizes: list[int], steps: int, windows: int, timeline: bool,
-    name: str, cluster: str | None = None, independent: bool = False, train_examples: int | None = None,
+    cfg,
+    workers: list[int],
+    batch_sizes: list[int],
+    steps: int,
+    windows: int,
+    timeline: bool,
+    name: str,
+    cluster: str | None = None,
+    independent: bool = False,
+    train_examples: int | None = None,
     images: int = 0,
-) -> ScalingPlan:  # fmt: skip
+) -> ScalingPlan:
     """The benchmarks of RQ1 + RQ2: pure, no I/O. One part per worker count, each measuring every per-worker
     batch size; with ``independent`` (workers sharing one machine's CPU cores) also N one-worker processes
     at once per N > 1, the baseline that separates communication from core sharing."""
@@ -103,7 +127,8 @@ def plan_scaling(
     if len(workers) < 2:
         flag = "--gpus" if cluster else "--np"
         raise UsageError(
-            f"{flag} {','.join(map(str, workers))}: give at least two worker counts to see scaling, e.g. {flag} 1,2"
+            f"{flag} {','.join(map(str, workers))}: give at least two worker counts to see scaling, e.g. "
+            f"{flag} 1,2"
         )
     check_images(images)
     if not images and (steps < 5 or windows < 2 or windows > steps):
@@ -120,16 +145,15 @@ def plan_scaling(
             f"--images {images}: too few steps at batch {b} on {n} workers; give at least "
             f"{least * b * n} (5 steps, and one per window, at every point)"
         )
-    if (
-        train_examples is not None and cfg.data.source != "synthetic"
-    ):  # synthetic data repeats: any batch fits
+    # synthetic data repeats: any batch fits
+    if train_examples is not None and cfg.data.source != "synthetic":
         # app benchmark shards the data over the workers: each needs one batch of its share.
         big = [(b, n) for b in batch_sizes for n in workers if b > train_examples // n]
         if big:
             b, n = big[0]
             raise UsageError(
-                f"--batch-sizes {b}: more than the {train_examples // n:,} training examples each of {n} workers "
-                f"gets ({train_examples:,} in all); use at most {train_examples // max(workers):,}"
+                f"--batch-sizes {b}: more than the {train_examples // n:,} training examples each of {n} "
+                f"workers gets ({train_examples:,} in all); use at most {train_examples // max(workers):,}"
             )
     parts = []
     for n in workers:
@@ -137,22 +161,44 @@ def plan_scaling(
         if independent and n > 1:
             parts.append(PartPlan(f"independent-{n}", n, independent=True))
     return ScalingPlan(
-        "scaling", name, config_mod.flat(cfg), tuple(workers), tuple(batch_sizes), steps, windows, timeline,
-        cluster, tuple(parts), images,
-    )  # fmt: skip
+        "scaling",
+        name,
+        config_mod.flat(cfg),
+        tuple(workers),
+        tuple(batch_sizes),
+        steps,
+        windows,
+        timeline,
+        cluster,
+        tuple(parts),
+        images,
+    )
 
 
 def benchmark_args(
-    folder: Path, plan: ScalingPlan, part: PartPlan, batch_sizes: list[int], results: str,
-    data_dir: str | None = None, threads: int = 0, config: bool = True,
-) -> list[str]:  # fmt: skip
+    folder: Path,
+    plan: ScalingPlan,
+    part: PartPlan,
+    batch_sizes: list[int],
+    results: str,
+    data_dir: str | None = None,
+    threads: int = 0,
+    config: bool = True,
+) -> list[str]:
     """The arguments of `app` that measure ``batch_sizes`` of ``part`` into ``results`` (a list for exec)."""
     args = ["benchmark", "-c", str(Path(folder) / "config.yaml")] if config else ["benchmark"]
     # An independent part's n processes share the part's work: n x ceil(N / n) images, as n workers do.
     images = -(-plan.images // part.workers) if part.independent else plan.images
     work = ["--images", str(images)] if plan.images else ["--steps", str(plan.steps)]
-    args += ["--batch-sizes", ",".join(map(str, batch_sizes)), *work,
-             "--windows", str(plan.windows), "--results", str(Path(folder) / results)]  # fmt: skip
+    args += [
+        "--batch-sizes",
+        ",".join(map(str, batch_sizes)),
+        *work,
+        "--windows",
+        str(plan.windows),
+        "--results",
+        str(Path(folder) / results),
+    ]
     if plan.timeline and not part.independent:
         args.append("--timeline")
     if data_dir:
@@ -202,7 +248,10 @@ def part_states(folder: Path, plan: ScalingPlan, jobs: dict | None = None) -> li
         elif last.get(part.name) not in (None, 0, 3, INTERRUPTED):
             state = RunState("failed", done, f"exit status {last[part.name]}")
         else:
-            state = RunState("partial" if done else "pending", done,
-                             {3: "stopped", INTERRUPTED: "interrupted"}.get(last.get(part.name), ""))  # fmt: skip
+            state = RunState(
+                "partial" if done else "pending",
+                done,
+                {3: "stopped", INTERRUPTED: "interrupted"}.get(last.get(part.name), ""),
+            )
         out.append(with_job(state, jobs.get(part.name)))
     return out

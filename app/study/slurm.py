@@ -37,10 +37,16 @@ class JobPlan:
 def scaling_jobs(folder: Path, plan: ScalingPlan) -> list[JobPlan]:
     """A job per part that still misses batch sizes (independent parts are for one machine: none). The job's
     run directory is the study's results folder: on several nodes the job checks every node sees it."""
-    return [JobPlan(part.name, part.workers,
-                    tuple(benchmark_args(folder, plan, part, left, part.files()[0], config=False)),
-                    into=str(Path(folder) / "results"))
-            for part in plan.parts if not part.independent and (left := missing(folder, plan, part))]  # fmt: skip
+    return [
+        JobPlan(
+            part.name,
+            part.workers,
+            tuple(benchmark_args(folder, plan, part, left, part.files()[0], config=False)),
+            into=str(Path(folder) / "results"),
+        )
+        for part in plan.parts
+        if not part.independent and (left := missing(folder, plan, part))
+    ]
 
 
 def large_batch_jobs(folder: Path, plan: StudyPlan) -> list[JobPlan]:
@@ -57,9 +63,9 @@ def _check_job_names(study: str, parts: list[str]) -> None:
     longest = max([*parts, "report"], key=len)
     if len(study) + 1 + len(longest) > NAME_MAX:
         raise UsageError(
-            f"the study name {show(study)} (--name, else the config's name): {len(study)} characters, too long "
-            f"for this study's Slurm job names (<name>-{longest} must fit in {NAME_MAX}): give --name with at "
-            f"most {NAME_MAX - 1 - len(longest)} characters"
+            f"the study name {show(study)} (--name, else the config's name): {len(study)} characters, too "
+            f"long for this study's Slurm job names (<name>-{longest} must fit in {NAME_MAX}): give --name "
+            f"with at most {NAME_MAX - 1 - len(longest)} characters"
         )
 
 
@@ -90,8 +96,10 @@ def _without_refused(jobs: list, cluster, echo) -> list:
             submit_stage.sbatch(job, test_only=True)
         except submit_stage.Refused as exc:  # the site's own no; any other failure stops the study (below)
             reason = str(exc).removeprefix("sbatch rejected the job: ")
-            echo(f"Note: {name} is not submitted: sbatch --test-only refuses it on partition {job.partition} "
-                 f"({reason})")  # fmt: skip
+            echo(
+                f"Note: {name} is not submitted: sbatch --test-only refuses it on partition {job.partition} "
+                f"({reason})"
+            )
             refused.append(name)
         except AppError as exc:
             raise AppError(f"{exc}; nothing of this study was submitted") from None
@@ -99,18 +107,64 @@ def _without_refused(jobs: list, cluster, echo) -> list:
             kept.append((name, job))
     if refused and not kept:
         raise AppError(
-            f"sbatch --test-only refuses every job of this study ({', '.join(refused)}); nothing was submitted: "
-            "ask for the partition's access (see the note above) or give GPU counts that fit another partition"
+            f"sbatch --test-only refuses every job of this study ({', '.join(refused)}); nothing was "
+            "submitted: ask for the partition's access (see the note above) or give GPU counts that fit "
+            "another partition"
         )
     if refused:
-        echo(f"submitting the {len(kept)} job(s) that can run; the report follows them and shows "
-             f"{', '.join(refused)} as not run")  # fmt: skip
+        echo(
+            f"submitting the {len(kept)} job(s) that can run; the report follows them and shows "
+            f"{', '.join(refused)} as not run"
+        )
     return kept
 
 
+def _render_jobs(folder: Path, plan, cfg, cluster, options: dict, echo) -> tuple[list, dict[str, str]]:
+    """(name, job) of each run or part still to do, its script rendered and so checked; and the jobs of this
+    study still queued or running, by name: their runs or parts are said and not rendered again."""
+    from app.cluster import jobscript
+
+    config = str(folder / "config.yaml")
+    planned = scaling_jobs(folder, plan) if plan.kind == "scaling" else large_batch_jobs(folder, plan)
+    _check_job_names(plan.name, [item.name for item in planned])
+    jobs: list[tuple[str, jobscript.Job]] = []
+    active = {p: job for p, (job, state) in slurm_states(folder).items() if state in ACTIVE}
+    for item in planned:
+        if item.name in active:
+            echo(f"{item.name}: job {active[item.name]} is still queued or running; not submitted again")
+            continue
+        try:
+            job = jobscript.render(
+                cluster,
+                item.gpus,
+                [config],
+                list(item.sets),
+                options.get("time"),
+                options.get("account"),
+                options.get("partition"),
+                options.get("image"),
+                options.get("data_dir"),
+                options.get("stage_gb"),
+                f"{plan.name}-{item.name}",
+                task=list(item.task) if item.task else None,
+                cfg=cfg,
+                into=item.into,
+                accept_grpc=bool(options.get("accept_grpc")),
+            )
+        except UsageError as exc:
+            raise UsageError(str(exc) if str(exc).startswith("--gpus") else f"{item.name}: {exc}") from None
+        jobs.append((item.name, job))
+    return jobs, active
+
+
 def submit_study(
-    folder: Path, plan: StudyPlan | ScalingPlan, cfg, options: dict, dry_run: bool, echo,
-) -> dict[str, str]:  # fmt: skip
+    folder: Path,
+    plan: StudyPlan | ScalingPlan,
+    cfg,
+    options: dict,
+    dry_run: bool,
+    echo,
+) -> dict[str, str]:
     """Render a job per part or run still to do (:func:`scaling_jobs`, :func:`large_batch_jobs`) and a report
     job that depends on them (afterany), every script first, so a GPU count the cluster cannot hold fails
     before anything is submitted; then submit them (``dry_run``: print them) and record their ids in
@@ -124,30 +178,13 @@ def submit_study(
 
 
 def _submit_study(folder: Path, plan, cfg, options: dict, dry_run: bool, echo) -> dict[str, str]:
+    """:func:`submit_study`'s work, under the study's lock unless it only prints."""
     from app.cluster import jobscript, profiles
     from app.cluster import submit as submit_stage
 
     cluster = profiles.load_cluster(options["cluster"])
     folder = Path(folder)
-    config = str(folder / "config.yaml")
-    planned = scaling_jobs(folder, plan) if plan.kind == "scaling" else large_batch_jobs(folder, plan)
-    _check_job_names(plan.name, [item.name for item in planned])
-    jobs: list[tuple[str, jobscript.Job]] = []
-    active = {p: job for p, (job, state) in slurm_states(folder).items() if state in ACTIVE}
-    for item in planned:
-        if item.name in active:
-            echo(f"{item.name}: job {active[item.name]} is still queued or running; not submitted again")
-            continue
-        try:
-            job = jobscript.render(
-                cluster, item.gpus, [config], list(item.sets), options.get("time"), options.get("account"),
-                options.get("partition"), options.get("image"), options.get("data_dir"), options.get("stage_gb"),
-                f"{plan.name}-{item.name}", task=list(item.task) if item.task else None, cfg=cfg, into=item.into,
-                accept_grpc=bool(options.get("accept_grpc")),
-            )  # fmt: skip
-        except UsageError as exc:
-            raise UsageError(str(exc) if str(exc).startswith("--gpus") else f"{item.name}: {exc}") from None
-        jobs.append((item.name, job))
+    jobs, active = _render_jobs(folder, plan, cfg, cluster, options, echo)
     for note in dict.fromkeys(n for _, job in jobs if (n := profiles.access_note(cluster, job.partition))):
         echo(f"Note: {note}")
     if jobs and options.get("accept_grpc"):
@@ -155,8 +192,10 @@ def _submit_study(folder: Path, plan, cfg, options: dict, dry_run: bool, echo) -
         if unused:
             echo(f"Note: {unused}")
     if not jobs:
-        echo("nothing to submit: every part is done or its job is queued or running "
-             f"(see `app study status {show(folder, limit=None)}`)")  # fmt: skip
+        echo(
+            "nothing to submit: every part is done or its job is queued or running "
+            f"(see `app study status {show(folder, limit=None)}`)"
+        )
         return {}
     if not dry_run:
         check_study_inputs(cfg, options)
@@ -166,8 +205,9 @@ def _submit_study(folder: Path, plan, cfg, options: dict, dry_run: bool, echo) -
         report_args += ["--margin", f"{options['margin']:g}"]
     placeholders = [f"$JOB_{re.sub(r'[^A-Z0-9]', '_', name.upper())}" for name, _ in jobs]
     first = jobs[0][1]
-    after = jobscript.render_after(first, cluster, f"{plan.name}-report", report_args, placeholders,
-                                   options.get("account"))  # fmt: skip
+    after = jobscript.render_after(
+        first, cluster, f"{plan.name}-report", report_args, placeholders, options.get("account")
+    )
     if dry_run:
         for (name, job), var in zip_equal(jobs, placeholders):
             echo(f"# ---- {name}: sbatch --parsable (its id is {var})")
@@ -181,8 +221,9 @@ def _submit_study(folder: Path, plan, cfg, options: dict, dry_run: bool, echo) -
             ids[name] = submit_stage.sbatch(job).split(";")[0].strip()
             echo(f"submitted job {ids[name]}: {name}, {job.nodes} node(s), partition {job.partition}")
         waits = [ids[n] for n, _ in jobs] + sorted(v for k, v in active.items() if k != "report")
-        after = jobscript.render_after(first, cluster, f"{plan.name}-report", report_args, waits,
-                                       options.get("account"))  # fmt: skip
+        after = jobscript.render_after(
+            first, cluster, f"{plan.name}-report", report_args, waits, options.get("account")
+        )
         ids["report"] = submit_stage.sbatch(after).split(";")[0].strip()
         echo(f"submitted job {ids['report']}: the report, after {', '.join(waits)}")
     finally:

@@ -84,7 +84,10 @@ def run_state(folder: Path, run: RunPlan, last_exit: int | None = None, running:
     if summary is None and epochs >= run.epochs:
         return RunState("done", epochs, damage=damage)
     if summary is None and not running:  # finished (its summary says so), its last metrics rows lost
-        lost = f"{where / 'metrics.jsonl'} lacks epoch(s) after {epochs}; resuming restores them from the checkpoint"
+        lost = (
+            f"{where / 'metrics.jsonl'} lacks epoch(s) after {epochs}; resuming restores them from the "
+            "checkpoint"
+        )
         return RunState("partial", epochs, "metrics lost", "; ".join(filter(None, [lost, damage])))
     if running:
         return RunState("running", epochs, damage=damage)
@@ -123,9 +126,8 @@ def saved_config_problem(run_path: Path) -> str:
 
 def states(folder: Path, plan: StudyPlan) -> list[RunState]:
     last, jobs = attempts(folder), slurm_states(folder)
-    current = set(
-        (running_run(folder) or "").split(",")
-    )  # the runs the study's lock names (several: --parallel)
+    # the runs the study's lock names (several: --parallel)
+    current = set((running_run(folder) or "").split(","))
     return [
         with_job(run_state(folder, r, last.get(r.name), r.name in current), jobs.get(r.name))
         for r in plan.runs

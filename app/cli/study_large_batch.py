@@ -1,0 +1,336 @@
+"""`app study large-batch`: RQ3, Goyal et al.'s Table 1 and Figure 2 as one command, run here or as Slurm
+jobs, then reported."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from app.cli.base import (
+    SLURM_KEYS,
+    Int,
+    quoted,
+    refuse_slurm_options,
+    slurm_options,
+    slurm_words,
+)
+from app.cli.study import _margin, study
+from app.cli.study_setup import prepare_study, submit_study
+from app.core.errors import AppError, UsageError, brief
+from app.engines.world import joined_launcher
+from app.reports.paired import MARGIN_PP
+
+
+@dataclass(frozen=True)
+class LargeBatchRequest:
+    """What `app study large-batch` was asked, the study's name resolved: the study's folder, the options
+    of its Slurm jobs and the command that continues it."""
+
+    configs: tuple[str, ...]
+    sets: tuple[str, ...]
+    ks: list[int]
+    seeds: int
+    margin: float
+    name: str
+    np_: int
+    out: Path
+    data_dir: str | None
+    threads: int
+    parallel: int
+    allow_small_budget: bool
+    slurm: dict  # the options of slurm_options(); their value None where not given
+
+    @property
+    def folder(self) -> Path:
+        return self.out / self.name
+
+    @property
+    def cluster(self) -> str | None:
+        return self.slurm["cluster"]
+
+    def job_options(self) -> dict | None:
+        """What the study's Slurm jobs are rendered with (app.study.slurm); None for a study run here."""
+        if not self.cluster:
+            return None
+        return {
+            **self.slurm,
+            "data_dir": self.data_dir,
+            "margin": self.margin if self.margin != MARGIN_PP else None,
+        }
+
+    def again(self) -> list[str]:
+        """The `app study large-batch` command that continues this study."""
+        return [
+            "app",
+            "study",
+            "large-batch",
+            *(a for c in self.configs for a in ("-c", c)),
+            *(a for s in self.sets for a in ("--set", s)),
+            "--k",
+            ",".join(map(str, self.ks)),
+            "--seeds",
+            str(self.seeds),
+            *(["--margin", f"{self.margin:g}"] if self.margin != MARGIN_PP else []),
+            "--name",
+            self.name,
+            "--np",
+            str(self.np_),
+            "--out",
+            str(self.out),
+            *(["--data-dir", self.data_dir] if self.data_dir else []),
+            *(["--threads", str(self.threads)] if self.threads else []),
+            *(["--parallel", str(self.parallel)] if self.parallel > 1 else []),
+            *(["--allow-small-budget"] if self.allow_small_budget else []),
+            *slurm_words(self.slurm),
+        ]
+
+
+def _ks(ctx, param, value: str | None) -> list[int] | None:
+    from app.study.large_batch import parse_ks
+
+    if value is None:
+        return None
+    try:
+        return parse_ks(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"{brief(value)}: {exc}") from None
+
+
+def _print_dry_run(request: LargeBatchRequest, plan, cfg, new: bool) -> None:
+    """The dry run: a line per run with its shape, LR, warmup, epochs and updates, and its `app train`
+    command; on Slurm every job script; then what the study would do."""
+    import shlex
+
+    from app.study import large_batch, local, state
+    from app.study import slurm as slurm_stage
+
+    folder = request.folder
+    for run in plan.runs:
+        updates = "?" if run.updates is None else f"{run.updates:,}"
+        click.echo(
+            f"{run.name}: {run.workers} worker(s) x {run.accumulation_steps} accumulation x "
+            f"{run.batch_size} = {run.global_batch}, LR {run.lr:g}, warmup {run.warmup}, {run.epochs} "
+            f"epochs, {updates} updates"
+        )
+        each = local.run_threads(request.threads, request.parallel, run.workers)
+        click.echo("  " + shlex.join(["app", *large_batch.train_args(folder, run, request.data_dir, each)]))
+    left = len(plan.runs) if new else len(state.todo(folder, plan))
+    if request.cluster:
+        slurm_stage.submit_study(folder, plan, cfg, request.job_options(), dry_run=True, echo=click.echo)
+    click.echo(
+        f"{len(plan.runs)} runs; would {'create' if new else 'continue'} {quoted(folder)}: {left} to train"
+    )
+
+
+@study.command("large-batch")
+@click.option(
+    "-c",
+    "--config",
+    "configs",
+    multiple=True,
+    metavar="FILE",
+    help="The baseline's experiment YAML (repeatable): k = 1, on one worker.",
+)
+@click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override one key of the baseline's config (repeatable).",
+)
+@click.option(
+    "--k",
+    "ks",
+    required=True,
+    callback=_ks,
+    metavar="K,K,...",
+    help="Multiples of the baseline's global batch to compare with it, e.g. 1,8,32 (1 is the baseline).",
+)
+@click.option(
+    "--seeds",
+    type=Int(min=1),
+    default=3,
+    show_default=True,
+    help="Seeds per variant (run.seed 1..N): verdicts compare each seed with the baseline's, with a "
+    "95% interval (one seed gives none).",
+)
+@click.option(
+    "--margin",
+    type=float,
+    default=MARGIN_PP,
+    show_default=True,
+    callback=_margin,
+    metavar="PP",
+    help="A variant 'holds' when it is not worse than the baseline by more than this many percentage "
+    "points of top-1 error (the whole 95% interval below it).",
+)
+@click.option("--name", help="The study's folder name under --out (default: the config's name).")
+@click.option(
+    "--np",
+    "np_",
+    type=Int(min=1),
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="At most N local workers per run (horovodrun --gloo); accumulation makes up the rest of k.",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=Path("studies"),
+    show_default=True,
+    help="Folder that holds the study folders.",
+)
+@click.option("--data-dir", help="TFDS data dir or ImageNet TFRecord folder (data.data_dir) of every run.")
+@click.option(
+    "--threads",
+    type=Int(min=0),
+    default=0,
+    show_default=True,
+    help="CPU threads per worker of each run (0: the node's cores shared among its workers).",
+)
+@click.option(
+    "--parallel",
+    type=Int(min=1),
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="Train up to N runs at once on this machine, each with its share of the cores and its output "
+    "in logs/<run>.log (small models on a few cores: 1.7-2.2x on 2 cores, docs/study.md).",
+)
+@slurm_options(
+    "Submit each run as a Slurm job on this profile (jobs/clusters/), --np GPUs at most.",
+    "Slurm time limit of each run's job; it requeues itself at the limit.",
+)
+@click.option(
+    "--allow-small-budget",
+    is_flag=True,
+    help="Run even when runs at k > 1 make fewer updates than a verdict needs (app/study/large_batch.py: "
+    "MIN_BUDGET_UPDATES); the report calls their verdicts budget-limited.",
+)
+@click.option(
+    "--dry-run", is_flag=True, help="Print the plan and each run's `app train` command (or job); run nothing."
+)
+def study_large_batch(
+    configs,
+    sets,
+    ks,
+    seeds,
+    margin,
+    name,
+    np_,
+    out,
+    data_dir,
+    threads,
+    parallel,
+    allow_small_budget,
+    dry_run,
+    **slurm,
+):
+    """RQ3: does accuracy hold at large batches? Goyal et al.'s Table 1 and Figure 2, locally or on Slurm.
+
+    The config is the baseline (k = 1) on one worker. For each k > 1: k x its global batch at equal epochs,
+    with the LR unscaled, scaled without warmup, scaled with a constant warmup and with a gradual warmup
+    (train.warmup_epochs). Runs go one after another as `app train` processes under
+    studies/<name>/runs/<variant>-k<k>-s<seed>; run the same command again to continue (finished runs are
+    skipped, others resume). With --cluster each run is a Slurm job on up to --np GPUs (requeued at its time
+    limit) and a report job starts when they have ended. The report goes to studies/<name>/report/.
+
+    \b
+    Example:
+      app study large-batch -c configs/study_fashion_mnist.yaml --k 1,8
+      app study large-batch -c configs/study_fashion_mnist.yaml --k 1,8,32 --seeds 5 --name fm-5seeds
+      app study large-batch -c configs/study_fashion_mnist.yaml --k 1,8 --np 2 --dry-run
+    """
+    from app.core import config
+
+    if joined_launcher() and not dry_run:  # every rank would run the whole study into the same folder
+        raise UsageError(
+            f"app study starts its own `app train` processes: run it once, not under {joined_launcher()}"
+        )
+    cfg = config.build(configs, sets, {"data.data_dir": data_dir} if data_dir else {})
+    request = LargeBatchRequest(
+        configs,
+        sets,
+        ks,
+        seeds,
+        margin,
+        name or cfg.name,
+        np_,
+        out,
+        data_dir,
+        threads,
+        parallel,
+        allow_small_budget,
+        slurm,
+    )
+    plan = _plan(request, cfg)
+    new = prepare_study(request.folder, plan, cfg, request.again(), request.job_options(), dry_run)
+    _print_notes(plan)
+    if dry_run:
+        _print_dry_run(request, plan, cfg, new)
+        return
+    _run(request, plan, cfg, new)
+
+
+def _plan(request: LargeBatchRequest, cfg):
+    """The study's plan, once the request fits where it runs: on Slurm, or on this machine's workers."""
+    from app.study import dataset, large_batch, local
+
+    if not request.cluster:
+        refuse_slurm_options(request.slurm, SLURM_KEYS, "is for runs on Slurm: add --cluster, or drop it")
+        local.check_local_workers([request.np_], "--np")
+    local.check_parallel(request.parallel, request.np_, bool(request.cluster))
+    examples, where = dataset.train_examples(cfg)
+    return large_batch.plan_large_batch(
+        cfg, request.ks, request.seeds, request.np_, request.name, examples, where, request.allow_small_budget
+    )
+
+
+def _print_notes(plan) -> None:
+    """What the plan rests on: an update budget under what a verdict needs, the training examples counted."""
+    from app.study.large_batch import MIN_BUDGET_UPDATES
+
+    if plan.budget_limited:
+        click.echo(
+            f"note: runs at k > 1 make fewer than {MIN_BUDGET_UPDATES} updates "
+            "(--allow-small-budget): the report calls its verdicts budget-limited"
+        )
+    if plan.train_examples is None:
+        click.echo(
+            f"note: the training examples could not be counted ({plan.examples_from}): k is not checked "
+            "against them"
+        )
+    else:
+        click.echo(f"{plan.train_examples:,} training examples ({plan.examples_from})")
+
+
+def _run(request: LargeBatchRequest, plan, cfg, new: bool) -> None:
+    """Submit the study's jobs, or run it here and write its report."""
+    import shlex
+
+    from rich.console import Console
+
+    from app.study import local
+
+    folder, again = request.folder, shlex.join(request.again())
+    click.echo(f"{'created' if new else 'continuing'} {quoted(folder)}: {len(plan.runs)} runs ({again})")
+    if request.cluster:
+        submit_study(folder, plan, cfg, request.job_options(), new)
+        return
+    failed = local.run_local(
+        folder, plan, request.data_dir, request.threads, click.echo, again, request.parallel
+    )
+    from app.reports import large_batch as study_report
+
+    study_report.write_report(
+        folder, plan, Console(width=None if sys.stdout.isatty() else 120), request.margin
+    )
+    if failed:
+        raise AppError(
+            f"{len(failed)} run(s) failed: {', '.join(failed)} (their output is above); fix the cause and "
+            f"run `{again}` again: finished runs are kept, failed ones resume"
+        )
