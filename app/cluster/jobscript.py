@@ -22,7 +22,8 @@ from pathlib import Path
 
 from app.cluster.checks import MIN_TIME_SECONDS, check_name, check_plain, check_text, parse_time, signal_lead
 from app.cluster.launch import launch_values
-from app.cluster.profiles import ROOT, Cluster, Partition, choose_partition, memory_request
+from app.cluster.profile_schema import Cluster, Partition
+from app.cluster.profiles import ROOT, choose_partition, memory_request
 from app.cluster.staging import SHARED_RUN_DIR, plan_stage
 from app.core import version
 from app.core.errors import REQUEUE_EXIT_CODE, UsageError, show
@@ -279,9 +280,9 @@ def _check_visible(cluster: Cluster, paths: dict[str, str | None]) -> None:
     as written and its target with symlinks resolved must be: a bound link to an unbound folder dangles inside
     the container. /tmp and /var/tmp are bound too, but they are each node's own: the submit host's are not
     the compute nodes'. Checked before anything is submitted; a native runtime sees everything."""
-    if cluster.container.get("runtime", "native") == "native":
+    if cluster.container.runtime == "native":
         return
-    binds = cluster.container.get("binds", [])
+    binds = cluster.container.binds
     roots = [*binds, os.getcwd(), os.path.expanduser("~")]
     roots = {os.path.abspath(r) for r in roots} | {os.path.realpath(r) for r in roots}
 
@@ -302,9 +303,9 @@ def _check_visible(cluster: Cluster, paths: dict[str, str | None]) -> None:
 def container_image(cluster: Cluster, image: str | None, account: str | None) -> str | None:
     """The image a job of ``cluster`` runs: --image, else the profile's template with the account; None
     without a container (runtime native)."""
-    if cluster.container.get("runtime", "native") == "native":
+    if cluster.container.runtime == "native":
         return None
-    return image if image is not None else cluster.container["image"].format(account=account or "")
+    return image if image is not None else cluster.container.image.format(account=account or "")
 
 
 def _app_line(
@@ -312,11 +313,11 @@ def _app_line(
 ) -> str:
     """How the job script runs `app`: the venv's python (runtime native), or the container runtime's exec line
     with the profile's binds, the staged dataset and $PWD bound."""
-    runtime = cluster.container.get("runtime", "native")
-    if cluster.scratch and not cluster.scratch.get("gres") and not staged_bind and runtime != "native":
+    runtime = cluster.container.runtime
+    if cluster.scratch and not cluster.scratch.gres and not staged_bind and runtime != "native":
         # Node-local disk every job gets ($TMPDIR on Roihu): TMPDIR points there inside the container too, so
         # caches that follow TMPDIR (Matplotlib, Keras, XDG) need it bound, staged or not.
-        env = cluster.scratch["env"]
+        env = cluster.scratch.env
         staged_bind = [f"${{{env}:-/tmp}}"]
     if runtime == "native":
         if image is not None:
@@ -327,8 +328,8 @@ def _app_line(
     if image is None:
         image = container_image(cluster, image, account)
         check_plain("--image", image, "")  # the profile's template filled with a checked account
-    binds = cluster.container.get("binds", [])
-    gpu_flag = cluster.container.get("gpu_flag", "")
+    binds = cluster.container.binds
+    gpu_flag = cluster.container.gpu_flag
     # $PWD (the submit directory, where sbatch starts the job) holds the configs and receives runs/. The
     # bind list is split at commas and colons, so the directory must not hold them.
     if re.search(r"[,:]", os.getcwd()):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import shlex
 
 from app.cluster.profile_rules import ENV_PLACEHOLDERS, PLACEHOLDER, TASK_PLACEHOLDERS
-from app.cluster.profiles import Cluster
+from app.cluster.profile_schema import Cluster
 from app.core.ports import TF_PORT_BASE, TF_PORT_SPAN
 
 
@@ -104,8 +104,8 @@ echo "scaleout: warning: the tf engine's unauthenticated gRPC server (TensorFlow
 def _modules(cluster: Cluster) -> str:
     """The site modules a job without a container loads after the purge (container.module_use, then
     container.modules), one line each: a module that does not load ends the job there, naming it."""
-    lines = [f"module use {shlex.quote(folder)}\n" for folder in cluster.container.get("module_use", [])]
-    for m in cluster.container.get("modules", []):
+    lines = [f"module use {shlex.quote(folder)}\n" for folder in cluster.container.module_use]
+    for m in cluster.container.modules:
         failed = shlex.quote(f"Error: module load {m} failed on")
         lines.append(f'module load {shlex.quote(m)} || {{ echo {failed} "$(uname -n)" >&2; exit 1; }}\n')
     if not lines:

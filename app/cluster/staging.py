@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from app.cluster.profiles import Cluster
+from app.cluster.profile_schema import Cluster
 from app.core.errors import UsageError, show
 
 MAX_STAGE_GB = 100_000  # --stage cap for profiles that do not state their node-local disk size (max_gb)
@@ -27,20 +27,21 @@ def plan_stage(
             f"--data-dir {show(data_dir)}: --stage copies the folder under its own name; give a path that "
             "ends in that name (e.g. /scratch/project/imagenet), not in '.', '..' or '/'"
         )
-    limit = cluster.scratch.get("max_gb")
+    limit = cluster.scratch.max_gb
     if stage_gb > (limit or MAX_STAGE_GB):
         has = f"a {cluster.name} GPU node has ({limit} GB)" if limit else f"any node has ({MAX_STAGE_GB} GB)"
         raise UsageError(f"--stage {stage_gb}: more node-local disk than {has}; ask for less")
-    if cluster.scratch.get("gres"):  # requested per node; else every job has it ($TMPDIR on Roihu)
-        scratch_gres = cluster.scratch["gres"].format(gb=stage_gb)
+    # requested per node; else every job has it ($TMPDIR on Roihu)
+    if cluster.scratch.gres:
+        scratch_gres = cluster.scratch.gres.format(gb=stage_gb)
         gres = (
             f"{gres},{scratch_gres}"
             if gres.startswith("--gres=")
             else f"{gres}\n#SBATCH --gres={scratch_gres}"
         )
-    env = cluster.scratch["env"]
+    env = cluster.scratch.env
     staged_bind = [f"${env}"]  # the container sees the staged copy at the same path
-    return gres, staged_bind, _stage(cluster.scratch["env"], stage_gb)
+    return gres, staged_bind, _stage(env, stage_gb)
 
 
 # --stage: on each node (one task per node), check the free space, copy, and compare the copy's file list (names,
