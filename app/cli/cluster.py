@@ -147,11 +147,11 @@ def submit(
     from app.cluster import submit as submit_stage
 
     profile = profiles.load_cluster(cluster)
-    job = jobscript.render(
+    job = jobscript.render(jobscript.JobRequest(
         profile, gpus, list(configs), list(sets), time_limit, account, partition,
         image, data_dir, stage_gb, name, resume=resume, smoke=smoke, max_requeues=max_requeues,
         accept_grpc=accept_grpc,
-    )  # fmt: skip
+    ))  # fmt: skip
     notes = [profiles.access_note(profile, job.partition)]
     notes.append(jobscript.unused_consent(profile, job.nodes) if accept_grpc else None)
     for note in filter(None, notes):

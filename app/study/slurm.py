@@ -139,12 +139,12 @@ def _submit_study(folder: Path, plan, cfg, options: dict, dry_run: bool, echo) -
             echo(f"{item.name}: job {active[item.name]} is still queued or running; not submitted again")
             continue
         try:
-            job = jobscript.render(
+            job = jobscript.render(jobscript.JobRequest(
                 cluster, item.gpus, [config], list(item.sets), options.get("time"), options.get("account"),
                 options.get("partition"), options.get("image"), options.get("data_dir"), options.get("stage_gb"),
                 f"{plan.name}-{item.name}", task=list(item.task) if item.task else None, cfg=cfg, into=item.into,
                 accept_grpc=bool(options.get("accept_grpc")),
-            )  # fmt: skip
+            ))  # fmt: skip
         except UsageError as exc:
             raise UsageError(str(exc) if str(exc).startswith("--gpus") else f"{item.name}: {exc}") from None
         jobs.append((item.name, job))
