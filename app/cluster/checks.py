@@ -116,17 +116,17 @@ def check_inputs(image: str | None, data_dir: str | None, source: str | None) ->
     folder = Path(data_dir)
     if not folder.is_dir():
         raise UsageError(
-            f"--data-dir {show(data_dir, limit=None)}: no such folder here (the login node sees the shared file "
-            "systems the jobs read)"
+            f"--data-dir {show(data_dir, limit=None)}: no such folder here (the login node sees the shared "
+            "file systems the jobs read)"
         )
     if source == "imagenet" and not next(folder.glob("train-*-of-*"), None):
         raise UsageError(
-            f"--data-dir {show(data_dir, limit=None)}: no train-*-of-* TFRecords; convert ImageNet there first "
-            "with `app data imagenet-to-tfrecord`"
+            f"--data-dir {show(data_dir, limit=None)}: no train-*-of-* TFRecords; convert ImageNet there "
+            "first with `app data imagenet-to-tfrecord`"
         )
     infos = ("dataset_info.json", "*/dataset_info.json", "*/*/dataset_info.json")  # TFDS: <name>/<version>/
     if source == "tfds" and not any(next(folder.glob(pattern), None) for pattern in infos):
         raise UsageError(
-            f"--data-dir {show(data_dir, limit=None)}: not a TFDS folder (no <dataset>/<version>/dataset_info.json "
-            "below it); prepare the dataset there first"
+            f"--data-dir {show(data_dir, limit=None)}: not a TFDS folder "
+            "(no <dataset>/<version>/dataset_info.json below it); prepare the dataset there first"
         )
