@@ -192,8 +192,9 @@ def test_the_graph_sees_real_imports():
 
 
 def test_the_engines_type_check_against_their_contract():
-    """mypy on the engine contract and both engines (pyproject.toml's [tool.mypy] files): an engine whose
-    method no longer matches Engine's signature fails here, as in `make lint`."""
+    """mypy on what pyproject.toml's [tool.mypy] files name, as in `make lint`: the engine contract and both
+    engines (an engine whose method no longer matches Engine's signature fails here), the config schema
+    (app/core/config.py) and the login-node side of Slurm (app/cluster)."""
     import subprocess
     import sys
 

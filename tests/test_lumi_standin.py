@@ -49,11 +49,12 @@ def test_lumis_launch_is_the_standins(standin):
     """What local-mpich runs is lumi.yaml's launch: the same srun --mpi, memory request and environment."""
     from app.cluster.jobscript import render
     from app.cluster.profiles import load_cluster
+    from app.cluster.request import JobRequest
 
     lumi, local = load_cluster("lumi"), load_cluster("local-mpich")
     assert (local.mpi, local.env) == (lumi.mpi, lumi.env) == ("pmi2", lumi.env)
     assert lumi.mem_full_node == local.mem_full_node == "0"
-    script = render(lumi, 16, ["configs/synthetic.yaml"], account="project_465000123").script
+    script = render(JobRequest(lumi, 16, ["configs/synthetic.yaml"], account="project_465000123")).script
     assert "srun --kill-on-bad-exit=1 --mpi=pmi2 " in script and "rendezvous" not in script
     assert "#SBATCH --mem=0\n" in script and "#SBATCH --partition=standard-g\n" in script
 

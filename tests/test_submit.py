@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from app.cli import cli
 from app.cluster import checks, jobscript, launch, profile_rules, profiles, staging, submit
+from app.cluster.request import JobRequest
 from app.core import version
 from app.core.config import SAFE, SAFE_HINT
 from app.core.errors import UsageError, brief, show
@@ -31,7 +32,7 @@ def render(cluster: str, gpus: int, **kw):
     kw.setdefault("data_dir", None)
     kw.setdefault("python", "/opt/venv/bin/python")
     configs = kw.pop("configs", ["configs/synthetic.yaml"])
-    return jobscript.render(profiles.load_cluster(cluster), gpus, configs, **kw)
+    return jobscript.render(JobRequest(profiles.load_cluster(cluster), gpus, configs, **kw))
 
 
 def cases():
@@ -503,7 +504,7 @@ def test_config_errors_surface_at_submit():
     with pytest.raises(UsageError, match="train.epochs must be int"):
         render("roihu", 4, sets=["train.epochs=3; touch /tmp/pwned"])
     with pytest.raises(UsageError, match="--config nope.yaml: no such file"):
-        jobscript.render(profiles.load_cluster("local"), 1, ["nope.yaml"])
+        jobscript.render(JobRequest(profiles.load_cluster("local"), 1, ["nope.yaml"]))
 
 
 @pytest.mark.parametrize(
@@ -1326,8 +1327,8 @@ def _saved_run(folder: Path) -> Path:
 def test_resume_continues_a_run_directory_in_a_new_job(tmp_path, name, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))  # the run lies in $HOME, which the container binds
     run = _saved_run(tmp_path / name)
-    job = jobscript.render(profiles.load_cluster("roihu"), 4, [], ["train.epochs=120"], account="project_2001234",
-                        resume=str(run))  # fmt: skip
+    job = jobscript.render(JobRequest(profiles.load_cluster("roihu"), 4, [], ["train.epochs=120"], account="project_2001234",
+                        resume=str(run)))  # fmt: skip
     assert job.run_dir == run and job.job_name == "synthetic"
     assert f"RUN_DIR={__import__('shlex').quote(str(run))}\n" in job.script
     assert "CONFIG_ARGS=()\nSET_ARGS=(--set train.epochs=120)\n" in job.script  # no -c: the saved config
@@ -1338,11 +1339,11 @@ def test_resume_errors(tmp_path):
     run = _saved_run(tmp_path / "run")
     roihu = profiles.load_cluster("roihu")
     with pytest.raises(UsageError, match="continues with the run's saved config; drop -c/--config"):
-        jobscript.render(roihu, 4, ["configs/synthetic.yaml"], account="p", resume=str(run))
+        jobscript.render(JobRequest(roihu, 4, ["configs/synthetic.yaml"], account="p", resume=str(run)))
     with pytest.raises(UsageError, match="not a run directory \\(no config.yaml\\)"):
-        jobscript.render(roihu, 4, [], account="p", resume=str(tmp_path))
+        jobscript.render(JobRequest(roihu, 4, [], account="p", resume=str(tmp_path)))
     with pytest.raises(UsageError) as err:  # a change a resume does not allow, found before submitting
-        jobscript.render(roihu, 4, [], ["train.batch_size=7"], account="p", resume=str(run))
+        jobscript.render(JobRequest(roihu, 4, [], ["train.batch_size=7"], account="p", resume=str(run)))
     assert str(err.value).startswith(
         f"--resume {run}: resuming with a different config (train.batch_size 64 (saved) vs 7"
     )
@@ -1385,7 +1386,9 @@ def test_resume_messages_name_submit_options(tmp_path):
     run = _saved_run(tmp_path / "run")
     with pytest.raises(UsageError) as err:
         jobscript.render(
-            profiles.load_cluster("roihu"), 4, [], ["train.batch_size=7"], account="p", resume=str(run)
+            JobRequest(
+                profiles.load_cluster("roihu"), 4, [], ["train.batch_size=7"], account="p", resume=str(run)
+            )
         )
     assert str(err.value) == (
         f"--resume {run}: resuming with a different config (train.batch_size 64 (saved) vs 7 (given)); "
@@ -1393,7 +1396,7 @@ def test_resume_messages_name_submit_options(tmp_path):
     )
     (run / "config.yaml").write_text("")
     with pytest.raises(UsageError) as err:
-        jobscript.render(profiles.load_cluster("roihu"), 4, [], account="p", resume=str(run))
+        jobscript.render(JobRequest(profiles.load_cluster("roihu"), 4, [], account="p", resume=str(run)))
     assert str(err.value) == (
         f"{run / 'config.yaml'}: the run's saved config is empty; restore it, or submit without --resume"
     )

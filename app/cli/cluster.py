@@ -165,21 +165,23 @@ def submit(
 
     profile = profiles.load_cluster(cluster)
     job = jobscript.render(
-        profile,
-        gpus,
-        list(configs),
-        list(sets),
-        time_limit,
-        account,
-        partition,
-        image,
-        data_dir,
-        stage_gb,
-        name,
-        resume=resume,
-        smoke=smoke,
-        max_requeues=max_requeues,
-        accept_grpc=accept_grpc,
+        jobscript.JobRequest(
+            profile,
+            gpus,
+            list(configs),
+            list(sets),
+            time_limit,
+            account,
+            partition,
+            image,
+            data_dir,
+            stage_gb,
+            name,
+            resume=resume,
+            smoke=smoke,
+            max_requeues=max_requeues,
+            accept_grpc=accept_grpc,
+        )
     )
     notes = [profiles.access_note(profile, job.partition)]
     notes.append(jobscript.unused_consent(profile, job.nodes) if accept_grpc else None)

@@ -62,16 +62,18 @@ def parse_time(value: object, what: str = "--time") -> int:
         raise UsageError(f"{what} {show(text)}: give a finite time limit: {TIME_FORMATS}")
     if not m:
         raise UsageError(f"{what} {show(value)}: expected {TIME_FORMATS}")
-    g = {k: int(v) if v is not None else None for k, v in m.groupdict().items()}
-    if g["days"] is not None:
-        days, hours, minutes, secs = g["days"], g["dh"], g["dm"] or 0, g["ds"] or 0
+    # The fields written, and every field as a number (0 where it is not written).
+    given = {k for k, v in m.groupdict().items() if v is not None}
+    n = {k: int(v) if v is not None else 0 for k, v in m.groupdict().items()}
+    if "days" in given:
+        days, hours, minutes, secs = n["days"], n["dh"], n["dm"], n["ds"]
         if hours > 23:
             raise UsageError(f"{what} {text}: hours after the day must be 0-23; accepted: {TIME_FORMATS}")
-    elif g["c"] is not None:
-        days, hours, minutes, secs = 0, g["a"], g["b"], g["c"]
+    elif "c" in given:
+        days, hours, minutes, secs = 0, n["a"], n["b"], n["c"]
     else:
-        days, hours, minutes, secs = 0, 0, g["a"], g["b"] or 0
-    if (g["c"] is not None or g["dm"] is not None) and minutes > 59:
+        days, hours, minutes, secs = 0, 0, n["a"], n["b"]
+    if ("c" in given or "dm" in given) and minutes > 59:
         raise UsageError(f"{what} {text}: minutes after hours must be 0-59; accepted: {TIME_FORMATS}")
     if secs > 59:
         raise UsageError(f"{what} {text}: seconds must be 0-59; accepted: {TIME_FORMATS}")
@@ -116,17 +118,17 @@ def check_inputs(image: str | None, data_dir: str | None, source: str | None) ->
     folder = Path(data_dir)
     if not folder.is_dir():
         raise UsageError(
-            f"--data-dir {show(data_dir, limit=None)}: no such folder here (the login node sees the shared file "
-            "systems the jobs read)"
+            f"--data-dir {show(data_dir, limit=None)}: no such folder here (the login node sees the shared "
+            "file systems the jobs read)"
         )
     if source == "imagenet" and not next(folder.glob("train-*-of-*"), None):
         raise UsageError(
-            f"--data-dir {show(data_dir, limit=None)}: no train-*-of-* TFRecords; convert ImageNet there first "
-            "with `app data imagenet-to-tfrecord`"
+            f"--data-dir {show(data_dir, limit=None)}: no train-*-of-* TFRecords; convert ImageNet there "
+            "first with `app data imagenet-to-tfrecord`"
         )
     infos = ("dataset_info.json", "*/dataset_info.json", "*/*/dataset_info.json")  # TFDS: <name>/<version>/
     if source == "tfds" and not any(next(folder.glob(pattern), None) for pattern in infos):
         raise UsageError(
-            f"--data-dir {show(data_dir, limit=None)}: not a TFDS folder (no <dataset>/<version>/dataset_info.json "
-            "below it); prepare the dataset there first"
+            f"--data-dir {show(data_dir, limit=None)}: not a TFDS folder "
+            "(no <dataset>/<version>/dataset_info.json below it); prepare the dataset there first"
         )

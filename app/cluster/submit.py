@@ -38,7 +38,8 @@ def sbatch(job: Job, test_only: bool = False) -> str:
     exe = shutil.which("sbatch")
     if exe is None:
         raise AppError(
-            "sbatch not found on PATH: run app submit on a login node of the cluster, or use --dry-run to see the script"
+            "sbatch not found on PATH: run app submit on a login node of the cluster, "
+            "or use --dry-run to see the script"
         )
     path = None
     try:
@@ -69,8 +70,8 @@ def sbatch(job: Job, test_only: bool = False) -> str:
     except subprocess.TimeoutExpired:
         queued = "" if test_only else f"; it may still have queued job {job.job_name}"
         raise AppError(
-            f"sbatch did not answer within {SBATCH_TIMEOUT_S} s (script: {path}){queued}: check `squeue --me` "
-            "before you submit again"
+            f"sbatch did not answer within {SBATCH_TIMEOUT_S} s (script: {path}){queued}: "
+            "check `squeue --me` before you submit again"
         ) from None
     except OSError as exc:
         raise AppError(f"cannot run {exe}: {exc.strerror or exc}") from None
@@ -84,6 +85,7 @@ def sbatch(job: Job, test_only: bool = False) -> str:
     if not answer:
         said = "nothing on stderr" if test_only else "no job id on stdout"
         raise AppError(
-            f"sbatch exited 0 but printed {said}; check `squeue --me` before submitting again (script: {path})"
+            f"sbatch exited 0 but printed {said}; check `squeue --me` before submitting again "
+            f"(script: {path})"
         )
     return answer.split(";")[0]  # --parsable: "id" or "id;cluster"

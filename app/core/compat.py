@@ -3,9 +3,11 @@
 TensorFlow 2.16+ ships Keras 3 as ``keras``; Horovod 0.28.1 (the last release) only supports Keras 2, and its
 Keras modules do ``from keras import backend``. So before TensorFlow or Horovod is imported we:
 
-1. set ``TF_USE_LEGACY_KERAS=1`` so that ``tf.keras`` is ``tf_keras`` (Keras 2.16-2.18, matching TensorFlow), and
+1. set ``TF_USE_LEGACY_KERAS=1`` so that ``tf.keras`` is ``tf_keras`` (Keras 2.16-2.18, matching
+   TensorFlow), and
 2. make the module name ``keras`` (and every ``keras.*`` submodule) resolve to ``tf_keras`` through a
-   meta-path alias. The alias imports nothing until someone imports ``keras``, so ``app --help`` stays instant.
+   meta-path alias. The alias imports nothing until someone imports ``keras``, so ``app --help`` stays
+   instant.
 
 ``app/__init__.py`` imports this module before anything else. Code that needs TensorFlow calls
 :func:`import_tensorflow`, which also verifies the result and stops with one clear line if ``tf.keras`` is
@@ -35,7 +37,7 @@ class KerasError(RuntimeError):
 
 
 class _KerasAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Resolve ``keras`` and ``keras.<sub>`` to ``tf_keras`` and ``tf_keras.<sub>`` (the same module objects)."""
+    """Resolve ``keras`` and ``keras.<sub>`` to ``tf_keras`` and ``tf_keras.<sub>``, the same modules."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "keras" and not fullname.startswith("keras."):
@@ -110,8 +112,9 @@ def _seed_generator_takes_float_bounds() -> None:
 # What the CPU build of TensorFlow 2.18 prints at import no matter the log level: CUDA plugins registering
 # twice, absl's pre-init notice. Everything else it prints still reaches stderr.
 _IMPORT_NOISE = re.compile(
-    r"Unable to register cu(DNN|FFT|BLAS) factory|absl::InitializeLog|cuda_drivers|could not find cuda drivers"
-    r"|computation_placer|oneDNN custom operations|cpu_feature_guard|rebuild TensorFlow with the appropriate",
+    r"Unable to register cu(DNN|FFT|BLAS) factory|absl::InitializeLog|cuda_drivers"
+    r"|could not find cuda drivers|computation_placer|oneDNN custom operations|cpu_feature_guard"
+    r"|rebuild TensorFlow with the appropriate",
     re.IGNORECASE,
 )
 

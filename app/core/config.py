@@ -55,7 +55,8 @@ class DataConfig:
     cache: bool = False  # cache decoded examples in memory (small datasets only)
     # Keep the exact example order through parallel decoding: what makes --seed and resume reproducible.
     # false: elements leave the parallel map as they finish, with the same examples and augmentations per
-    # epoch in a slightly different order; no measurable throughput difference here (docs/development.md, make bench).
+    # epoch in a slightly different order; no measurable throughput difference here (docs/development.md,
+    # make bench).
     deterministic: bool = True
 
 
@@ -359,7 +360,10 @@ def build(
     return cfg
 
 
-FP16_ON_TF = "Horovod's compression of gradients on the wire, which the tf engine lacks; set it to false, or use --engine horovod"
+FP16_ON_TF = (
+    "Horovod's compression of gradients on the wire, which the tf engine lacks; set it to false, "
+    "or use --engine horovod"
+)
 
 
 def validate(cfg: Config, origins: dict[str, str] | None = None) -> None:
@@ -443,7 +447,8 @@ def validate(cfg: Config, origins: dict[str, str] | None = None) -> None:
 
 
 def checkpoint_interval(value: str) -> tuple[str, float] | None:
-    """``run.checkpoint_every`` as ("seconds", s) or ("steps", n), or None when empty. Converted once, here."""
+    """``run.checkpoint_every`` as ("seconds", s) or ("steps", n), or None when empty. Converted once,
+    here."""
     text = str(value).strip()
     if not text:
         return None

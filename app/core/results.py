@@ -1,5 +1,5 @@
-"""Reading what runs and benchmarks leave behind: JSON-lines files (a torn last line from an interrupted write is
-skipped with a note), a run's per-epoch metrics, and the rule that keeps every written number valid JSON.
+"""Reading what runs and benchmarks leave behind: JSON-lines files (a torn last line from an interrupted write
+is skipped with a note), a run's per-epoch metrics, and the rule that keeps every written number valid JSON.
 
 The one place both sides use: training appends metrics and checks them on resume, reports read them. Also the
 rule of `app benchmark --images`, which the scaling study plans with.
@@ -124,8 +124,13 @@ def is_positive_int(value) -> bool:
 METRIC_NUMBERS = ("accuracy", "val_accuracy", "val_loss", "epoch_time_s")
 # What a training run can have written: shares from 0 to 1, a loss and an epoch's seconds that are no
 # overflow (a year per epoch), an epoch number below a million. Anything else is a damaged or forged line.
-METRIC_RANGES = {"accuracy": (0.0, 1.0), "val_accuracy": (0.0, 1.0), "val_top5": (0.0, 1.0),
-                 "val_loss": (0.0, 1e9), "epoch_time_s": (0.0, 3.2e7)}  # fmt: skip
+METRIC_RANGES = {
+    "accuracy": (0.0, 1.0),
+    "val_accuracy": (0.0, 1.0),
+    "val_top5": (0.0, 1.0),
+    "val_loss": (0.0, 1e9),
+    "epoch_time_s": (0.0, 3.2e7),
+}
 MAX_EPOCH = 10**6
 
 

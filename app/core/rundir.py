@@ -15,11 +15,13 @@ from app.core.yamlfile import parse_yaml, read_text
 FRESH = "start a new --run-dir"  # how `app train` starts over; `app submit --resume` says its own
 # Keys that may differ between a run's saved config and a resume of it: they do not change what is learned
 # so far (longer training, other logging, data moved to another disk).
-# train.engine: both engines train the same steps and their checkpoints hold the same variables (docs/engines.md);
-# train.tf_*: the tf engine's consent to its gRPC server across hosts and its join deadline.
+# train.engine: both engines train the same steps and their checkpoints hold the same variables
+# (docs/engines.md); train.tf_*: the tf engine's consent to its gRPC server across hosts and its join
+# deadline.
 RESUMABLE_CHANGES = (
-    # the precision too: a resume that would train in another policy than the checkpoint's is refused anyway
-    # (app.training.train.resume_config), and naming the checkpoint's own is how a resume on other GPUs says it
+    # the precision too: a resume that would train in another policy than the checkpoint's is refused
+    # anyway (app.training.train.resume_config), and naming the checkpoint's own is how a resume on other
+    # GPUs says it
     "model.precision",
     "train.epochs",
     "train.decay_epochs",
@@ -46,7 +48,8 @@ def conflicts(saved: Config, given: Config) -> list[str]:
 
 def load_saved(path: str | Path, fresh: str = FRESH) -> dict[str, object]:
     """A run's saved ``config.yaml`` as flat values. It was written whole, so anything less (unreadable,
-    empty, not YAML, sections missing) is an error: resuming on defaults would silently train something else."""
+    empty, not YAML, sections missing) is an error: resuming on defaults would silently train something
+    else."""
     path = Path(path)
     fix = f"restore it, or {fresh}"
     tree = parse_yaml(read_text(path, f"{path} (the run's saved config)"), str(path))
@@ -134,11 +137,12 @@ def check_writable(run_dir: Path, label: str, fix: str | None = None, option: st
     except OSError as exc:
         if exc.errno in NO_ROOM_ERRNOS:  # a runtime failure, not a bad --run-dir
             raise AppError(
-                f"{label} {run_dir}: no room in {probe} ({exc.strerror or exc}): free some space (or raise the "
-                f"quota), or pass another {option}"
+                f"{label} {run_dir}: no room in {probe} ({exc.strerror or exc}): free some space (or raise "
+                f"the quota), or pass another {option}"
             ) from None
         raise UsageError(
-            f"{label} {run_dir}: cannot write in {probe} ({exc.strerror or exc}); {fix or 'pass a writable --run-dir'}"
+            f"{label} {run_dir}: cannot write in {probe} ({exc.strerror or exc}); "
+            f"{fix or 'pass a writable --run-dir'}"
         ) from None
 
 

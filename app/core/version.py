@@ -19,8 +19,8 @@ RENDERED_BY = "SCALEOUT_RENDERED_BY"
 
 
 def source_digest(package: Path = PACKAGE) -> str:
-    """The first 12 hex digits of a SHA-256 over the package's Python files (sorted relative path, NUL, content,
-    NUL); "unreadable" when a file cannot be read."""
+    """The first 12 hex digits of a SHA-256 over the package's Python files (sorted relative path, NUL,
+    content, NUL); "unreadable" when a file cannot be read."""
     digest = hashlib.sha256()
     try:
         for path in sorted(package.rglob("*.py")):

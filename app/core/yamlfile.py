@@ -42,7 +42,9 @@ class ConfigLoader(yaml.SafeLoader):
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
             raise Refused(
-                problem=f"YAML aliases (*{show(event.anchor)}) are not allowed in a config; write the value out",
+                problem=(
+                    f"YAML aliases (*{show(event.anchor)}) are not allowed in a config; write the value out"
+                ),
                 problem_mark=event.start_mark,
             )
         if self.depth >= MAX_DEPTH:

@@ -59,8 +59,8 @@ def scan(
     empty = next((w for w in wnids if not images[w]), None)
     if empty is not None:  # it would still take a label, shifting every later class's by one
         raise UsageError(
-            f"SRC {train_dir / empty}: a class folder without images (.JPEG, .JPG or .PNG) would still take a "
-            "label; remove it or add its images"
+            f"SRC {train_dir / empty}: a class folder without images (.JPEG, .JPG or .PNG) would still take "
+            "a label; remove it or add its images"
         )
     train = [(str(p), w) for w in wnids for p in images[w]]
     if not val_dir.is_dir():
@@ -202,9 +202,17 @@ class BadImage(Exception):
 
 
 def convert(
-    src: Path, dest: Path, train_shards: int = 1024, validation_shards: int = 128, workers: int = 0,
-    force: bool = False, labels_file: Path | None = None, seed: int = 0, progress=None, note=None,
-) -> dict[str, int]:  # fmt: skip
+    src: Path,
+    dest: Path,
+    train_shards: int = 1024,
+    validation_shards: int = 128,
+    workers: int = 0,
+    force: bool = False,
+    labels_file: Path | None = None,
+    seed: int = 0,
+    progress=None,
+    note=None,
+) -> dict[str, int]:
     """Convert and return {file name: examples}; ``progress(done, total)`` is called as shards finish, and
     ``note(line)`` says which JPEGs were repaired."""
     src, dest = Path(src), Path(dest)
@@ -250,13 +258,23 @@ def convert(
             logs,
         )
     except BrokenProcessPool:  # a worker died (killed, out of memory): its own last words are in its log
-        raise AppError(f"a converter worker died ({_last_words(logs)}); nothing of it was kept: run the same "
-                       "command again (with --force if DEST now holds shards)") from None  # fmt: skip
+        raise AppError(
+            f"a converter worker died ({_last_words(logs)}); nothing of it was kept: run the same "
+            "command again (with --force if DEST now holds shards)"
+        ) from None
     finally:
         shutil.rmtree(logs, ignore_errors=True)
     if repaired and note:
-        note(f"{len(repaired)} JPEG(s) decoded only with libjpeg's warning (e.g. {repaired[0]}) were stored "
-             "re-encoded (quality 95), as training would have decoded them")  # fmt: skip
+        note(
+            f"{len(repaired)} JPEG(s) decoded only with libjpeg's warning (e.g. {repaired[0]}) were stored "
+            "re-encoded (quality 95), as training would have decoded them"
+        )
+    _finish(dest, previous, counts)
+    return counts
+
+
+def _finish(dest: Path, previous: set[str], counts: dict[str, int]) -> None:
+    """After every shard was written: the counts and the manifest of the new layout in DEST."""
     # --force: the old layout's shards that this conversion did not overwrite would mix into the new one.
     try:
         for old in sorted(previous - set(counts)):
@@ -266,9 +284,10 @@ def convert(
     except OSError as exc:
         if exc.errno not in WRITE_ERRNOS:
             raise
-        raise AppError(f"{exc.filename}: cannot write ({os.strerror(exc.errno)}) after every shard was written: "
-                       "free some space, then run the same command with --force") from None  # fmt: skip
-    return counts
+        raise AppError(
+            f"{exc.filename}: cannot write ({os.strerror(exc.errno)}) after every shard was written: "
+            "free some space, then run the same command with --force"
+        ) from None
 
 
 def _run_pool(dest: Path, jobs, index, workers: int, out, progress, before: tuple, logs: str) -> None:
@@ -277,8 +296,12 @@ def _run_pool(dest: Path, jobs, index, workers: int, out, progress, before: tupl
     counts per shard and the repaired JPEGs, filled as shards finish."""
     counts, repaired = out
     earlier, existed, had_manifest = before
-    with ProcessPoolExecutor(max_workers=workers or os.cpu_count(), mp_context=get_context("spawn"),
-                             initializer=_quiet_worker_in, initargs=(logs,)) as pool:  # fmt: skip
+    with ProcessPoolExecutor(
+        max_workers=workers or os.cpu_count(),
+        mp_context=get_context("spawn"),
+        initializer=_quiet_worker_in,
+        initargs=(logs,),
+    ) as pool:
         futures = [pool.submit(_write_shard, str(dest), name, items, index) for name, items in jobs]
         try:
             for future in as_completed(futures):
@@ -320,8 +343,10 @@ def _write_failed(exc: OSError, dest: Path, written: list[str], total: int, befo
                 dest.rmdir()
         kept = f"the {len(written)} of {total} shards written so far were removed"
     fix = "make DEST writable" if exc.errno == errno.EROFS else "free some space (about as much as SRC holds)"
-    return AppError(f"DEST {dest}: {os.strerror(exc.errno)} while writing shards; {kept}; {fix}, then run the "
-                    "same command again")  # fmt: skip
+    return AppError(
+        f"DEST {dest}: {os.strerror(exc.errno)} while writing shards; {kept}; {fix}, then run the "
+        "same command again"
+    )
 
 
 def _last_words(logs: str) -> str:
@@ -365,8 +390,9 @@ def _refuse_foreign(dest: Path, ours: set[str]) -> None:
     foreign = sorted(_read_by_training(dest) - ours) if dest.is_dir() else []
     if foreign:
         raise UsageError(
-            f"DEST {dest}: {_some(foreign)} {'was' if len(foreign) == 1 else 'were'} not written by a conversion, yet "
-            "training would read it; move it out of DEST (or pick another DEST), then convert again"
+            f"DEST {dest}: {_some(foreign)} {'was' if len(foreign) == 1 else 'were'} not written by a "
+            "conversion, yet training would read it; move it out of DEST (or pick another DEST), then "
+            "convert again"
         )
 
 

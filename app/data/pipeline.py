@@ -8,8 +8,8 @@ the data an uninterrupted run would have seen, and ``--seed`` makes the order re
 Per worker: shard by rank before shuffling (whole files when there are at least as many files as workers,
 single examples otherwise), interleave files in parallel, shuffle, decode and augment in parallel, batch with
 ``drop_remainder=True``, prefetch, all of it on a private thread pool of the rank's own size (the training
-stage decides it). The number of steps per epoch is agreed across ranks (the minimum), since unequal step counts
-would deadlock the allreduce.
+stage decides it). The number of steps per epoch is agreed across ranks (the minimum), since unequal step
+counts would deadlock the allreduce.
 """
 
 from __future__ import annotations
@@ -26,10 +26,19 @@ from app.data.sources import AUTOTUNE, ImagenetSource, Source, count_records
 
 
 def train_dataset(
-    source: Source, batch_size: int, steps_per_epoch: int, epochs: int, initial_epoch: int = 0,
-    seed: int = 0, rank: int = 0, shuffle_buffer: int = 10000, synthetic: bool = False, deterministic: bool = True,
-    skip_steps: int = 0, threads: int = 0,
-) -> tf.data.Dataset:  # fmt: skip
+    source: Source,
+    batch_size: int,
+    steps_per_epoch: int,
+    epochs: int,
+    initial_epoch: int = 0,
+    seed: int = 0,
+    rank: int = 0,
+    shuffle_buffer: int = 10000,
+    synthetic: bool = False,
+    deterministic: bool = True,
+    skip_steps: int = 0,
+    threads: int = 0,
+) -> tf.data.Dataset:
     """Batches for epochs ``initial_epoch..epochs-1``, ``steps_per_epoch`` per epoch, one epoch after another;
     the first ``skip_steps`` batches of the first epoch left out (a mid-epoch resume: the rest are exactly
     the batches an uninterrupted run would see). Their examples are dropped before they are parsed and
@@ -64,8 +73,8 @@ def train_dataset(
 
 
 def on_threads(ds: tf.data.Dataset, threads: int) -> tf.data.Dataset:
-    """``ds`` run by a private pool of ``threads`` threads (0: TensorFlow's shared pool, as before), so the ranks
-    of a node each decode on their own share of its cores."""
+    """``ds`` run by a private pool of ``threads`` threads (0: TensorFlow's shared pool, as before), so the
+    ranks of a node each decode on their own share of its cores."""
     if threads <= 0:
         return ds
     options = tf.data.Options()
@@ -84,9 +93,10 @@ def epoch_seed(seed: int, rank: int, epoch: int) -> int:
 
 
 def eval_dataset(source: Source, batch_size: int, steps: int = 0, threads: int = 0) -> tf.data.Dataset:
-    """This rank's evaluation batches (the last one may be short: every example counts once), on a private pool
-    of ``threads`` threads (0: TensorFlow's shared pool)."""
-    # map() spreads tuple elements over arguments; preprocess_eval takes the element whole, like preprocess_train.
+    """This rank's evaluation batches (the last one may be short: every example counts once), on a private
+    pool of ``threads`` threads (0: TensorFlow's shared pool)."""
+    # map() spreads tuple elements over arguments; preprocess_eval takes the element whole, like
+    # preprocess_train.
     ds = source.eval_elements().map(
         lambda *el: source.preprocess_eval(el if len(el) > 1 else el[0]), num_parallel_calls=AUTOTUNE
     )

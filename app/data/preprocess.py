@@ -102,7 +102,9 @@ IMAGENET_FEATURES = {
 
 
 def parse_imagenet(record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-    """A serialized ImageNet example to (JPEG bytes, label 0..999, boxes [1, n, 4] as ymin, xmin, ymax, xmax)."""
+    """A serialized ImageNet example to (JPEG bytes, label 0..999, boxes [1, n, 4]).
+
+    The boxes are (ymin, xmin, ymax, xmax)."""
     f = tf.io.parse_single_example(record, IMAGENET_FEATURES)
     coords = [tf.sparse.to_dense(f[f"image/object/bbox/{k}"]) for k in ("ymin", "xmin", "ymax", "xmax")]
     bbox = tf.expand_dims(tf.stack(coords, axis=-1), 0)

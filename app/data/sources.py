@@ -118,7 +118,7 @@ def _read_idx(path: Path) -> np.ndarray:
 
 
 def debian_fashion_mnist(root: Path = DEBIAN_FASHION_MNIST):
-    """Fashion-MNIST from the Debian package `dataset-fashion-mnist` as (train, test) (Dataset, count) pairs."""
+    """Fashion-MNIST from the Debian package `dataset-fashion-mnist`: (Dataset, count) for train and test."""
     out = []
     for prefix in ("train", "t10k"):
         images = _read_idx(root / f"{prefix}-images-idx3-ubyte.gz")[..., None]
@@ -193,7 +193,8 @@ def _download(builder, name: str, data_dir: str, rank: int) -> None:
         raise AppError(
             f"Fashion-MNIST not found: not prepared in the {ways}, no Debian files in {DEBIAN_FASHION_MNIST} "
             f"(apt-get install dataset-fashion-mnist), and the TFDS download failed ({error}); "
-            "set --data-dir/TFDS_DATA_DIR to a prepared TFDS folder, install the package, or allow the download"
+            "set --data-dir/TFDS_DATA_DIR to a prepared TFDS folder, install the package, "
+            "or allow the download"
         )
     raise AppError(f"TFDS dataset {name} is not prepared in the {ways} and could not be downloaded ({error})")
 
@@ -209,8 +210,9 @@ def _check_complete(root: Path, split: str, files: list[str]) -> None:
     if len(totals) != 1 or None in found or indices != set(range(totals[0])) or len(files) != totals[0]:
         shown = ", ".join(f"-of-{t:05d}" for t in totals[:3]) or "names not of the form"
         raise UsageError(
-            f"data.data_dir {root}: the {split}-*-of-* files are not one complete layout ({len(files)} files, "
-            f"{shown}): convert again into an empty folder, or with --force into this one"
+            f"data.data_dir {root}: the {split}-*-of-* files are not one complete layout "
+            f"({len(files)} files, {shown}): convert again into an empty folder, "
+            "or with --force into this one"
         )
 
 
@@ -221,14 +223,16 @@ class ImagenetSource(Source):
         root = Path(cfg.data_dir)
         if not root.is_dir():
             raise UsageError(
-                f"data.data_dir {root}: no such directory; convert ImageNet with `app data imagenet-to-tfrecord`"
+                f"data.data_dir {root}: no such directory; convert ImageNet with "
+                "`app data imagenet-to-tfrecord`"
             )
         train = sorted(str(p) for p in root.glob("train-*-of-*"))
         val = sorted(str(p) for p in root.glob("validation-*-of-*"))
         if not train or not val:
             missing = "train-*-of-*" if not train else "validation-*-of-*"
             raise UsageError(
-                f"data.data_dir {root}: no files matching {missing}; convert ImageNet with `app data imagenet-to-tfrecord`"
+                f"data.data_dir {root}: no files matching {missing}; convert ImageNet with "
+                "`app data imagenet-to-tfrecord`"
             )
         for split, files in (("train", train), ("validation", val)):
             _check_complete(root, split, files)
@@ -251,8 +255,15 @@ class ImagenetSource(Source):
             if self.eval_file_level
             else total_eval // workers + (rank < total_eval % workers)
         )
-        self.spec = Spec("imagenet", cfg.num_classes or 1000, (self.size, self.size, 3), n_train, n_eval,
-                         "file" if self.file_level else "example", (IMAGENET_MEAN, IMAGENET_STD))  # fmt: skip
+        self.spec = Spec(
+            "imagenet",
+            cfg.num_classes or 1000,
+            (self.size, self.size, 3),
+            n_train,
+            n_eval,
+            "file" if self.file_level else "example",
+            (IMAGENET_MEAN, IMAGENET_STD),
+        )
 
     def _read(self, files, order_seed=None) -> tf.data.Dataset:
         names = tf.constant(files)

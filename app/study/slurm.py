@@ -135,21 +135,23 @@ def _render_jobs(folder: Path, plan, cfg, cluster, options: dict, echo) -> tuple
             continue
         try:
             job = jobscript.render(
-                cluster,
-                item.gpus,
-                [config],
-                list(item.sets),
-                options.get("time"),
-                options.get("account"),
-                options.get("partition"),
-                options.get("image"),
-                options.get("data_dir"),
-                options.get("stage_gb"),
-                f"{plan.name}-{item.name}",
-                task=list(item.task) if item.task else None,
-                cfg=cfg,
-                into=item.into,
-                accept_grpc=bool(options.get("accept_grpc")),
+                jobscript.JobRequest(
+                    cluster,
+                    item.gpus,
+                    [config],
+                    list(item.sets),
+                    options.get("time"),
+                    options.get("account"),
+                    options.get("partition"),
+                    options.get("image"),
+                    options.get("data_dir"),
+                    options.get("stage_gb"),
+                    f"{plan.name}-{item.name}",
+                    task=list(item.task) if item.task else None,
+                    cfg=cfg,
+                    into=item.into,
+                    accept_grpc=bool(options.get("accept_grpc")),
+                )
             )
         except UsageError as exc:
             raise UsageError(str(exc) if str(exc).startswith("--gpus") else f"{item.name}: {exc}") from None
