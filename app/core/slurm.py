@@ -20,7 +20,7 @@ NTASKS = "SLURM_NTASKS"
 STEP_NUM_TASKS = "SLURM_STEP_NUM_TASKS"
 CPUS_PER_TASK = "SLURM_CPUS_PER_TASK"
 JOB_ID = "SLURM_JOB_ID"
-# Slurm's GPU allocation of a step, a job, and a node's count (after CUDA/ROCm's own masks, app.engines.world).
+# Slurm's GPU allocation of a step, a job and a node's count (after CUDA/ROCm's masks, app.engines.world).
 GPU_VARS = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE")
 
 
