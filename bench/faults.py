@@ -30,7 +30,8 @@ from app.training import checkpoint, prepare  # noqa: E402
 
 
 def agree(calls: int) -> None:
-    """Seconds per agreement (one tiny allreduce, as `Interruptions` makes every run.stop_check_every updates)."""
+    """Seconds per agreement (one tiny allreduce, as `Interruptions` makes every run.stop_check_every
+    updates)."""
     distributed = HorovodEngine()
     world = distributed.init(threads=1)
     for _ in range(5):  # the first collectives set up Horovod's response cache
@@ -95,8 +96,16 @@ def resume_times(repeats: int, records: str) -> None:
                 images = batch[0].numpy()
             else:
                 assert (images == batch[0].numpy()).all(), "the resumed batches differ"
-    print(json.dumps({"resume_first_batch_s": min(times["now"]), "resume_first_batch_before_s":
-                      min(times["before"]), "skipped_steps": skip, "steps_per_epoch": steps}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "resume_first_batch_s": min(times["now"]),
+                "resume_first_batch_before_s": min(times["before"]),
+                "skipped_steps": skip,
+                "steps_per_epoch": steps,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -12,8 +12,20 @@ import random
 from pathlib import Path
 
 # Colour photographs bundled in scikit-image's wheel (no download needed).
-SAMPLES = ("astronaut", "coffee", "chelsea", "rocket", "motorcycle_left", "motorcycle_right", "hubble_deep_field",
-           "immunohistochemistry", "retina", "cat", "colorwheel", "logo")  # fmt: skip
+SAMPLES = (
+    "astronaut",
+    "coffee",
+    "chelsea",
+    "rocket",
+    "motorcycle_left",
+    "motorcycle_right",
+    "hubble_deep_field",
+    "immunohistochemistry",
+    "retina",
+    "cat",
+    "colorwheel",
+    "logo",
+)
 
 
 def photos():

@@ -27,16 +27,25 @@ records = sys.argv[1]
 threads = int(sys.argv[2]) if len(sys.argv) > 2 else 0
 turns = int(sys.argv[3]) if len(sys.argv) > 3 else 3
 files = sorted(tf.io.gfile.glob(f"{records}/train-*"))
-ENCODED = {"image/encoded": tf.io.FixedLenFeature([], tf.string), "image/class/label": tf.io.FixedLenFeature([], tf.int64)}  # fmt: skip
+ENCODED = {
+    "image/encoded": tf.io.FixedLenFeature([], tf.string),
+    "image/class/label": tf.io.FixedLenFeature([], tf.int64),
+}
 
 
 def window(encoded, bbox, seed):
     crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+
     begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
-        tf.image.extract_jpeg_shape(encoded), bounding_boxes=bbox, seed=crop_seed, min_object_covered=0.1,
-        aspect_ratio_range=(3 / 4, 4 / 3), area_range=(0.08, 1.0), max_attempts=10,
+        tf.image.extract_jpeg_shape(encoded),
+        bounding_boxes=bbox,
+        seed=crop_seed,
+        min_object_covered=0.1,
+        aspect_ratio_range=(3 / 4, 4 / 3),
+        area_range=(0.08, 1.0),
+        max_attempts=10,
         use_image_if_no_bounding_boxes=True,
-    )  # fmt: skip
+    )
     oy, ox, _ = tf.unstack(begin)
     h, w, _ = tf.unstack(size)
     return oy, ox, h, w, flip_seed

@@ -55,8 +55,24 @@ def data(out: Path) -> tuple[Path, Path]:
 
         shutil.rmtree(raw, ignore_errors=True)
         make_tree(raw)
-        sh([PY, "-m", "app", "data", "imagenet-to-tfrecord", str(raw), str(records), "--train-shards", "8",
-            "--validation-shards", "2", "--labels", str(raw / "val_labels.txt"), "--force"])  # fmt: skip
+        sh(
+            [
+                PY,
+                "-m",
+                "app",
+                "data",
+                "imagenet-to-tfrecord",
+                str(raw),
+                str(records),
+                "--train-shards",
+                "8",
+                "--validation-shards",
+                "2",
+                "--labels",
+                str(raw / "val_labels.txt"),
+                "--force",
+            ]
+        )
     return raw, records
 
 
@@ -105,17 +121,22 @@ def ratio_interval(pairs: list[tuple[float, float]]) -> tuple[float, float]:
 
 
 def input_group(out, imagenet, records, raw_dir, steps, measured, rows) -> None:
-    # 1-3. The ImageNet input pipeline against raw decoding of the same records (parse + full decode + resize to
-    # float32, no augmentation), on the default threads and on one thread each, measured in turn; and against
-    # ImageDataGenerator. All measured steps fall in one epoch of the 3,200 training images, as they would on
-    # ImageNet itself (an epoch boundary restarts the shuffle buffer, which on a tiny set would dominate).
+    # 1-3. The ImageNet input pipeline against raw decoding of the same records (parse + full decode + resize
+    # to float32, no augmentation), on the default threads and on one thread each, measured in turn; and
+    # against ImageDataGenerator. All measured steps fall in one epoch of the 3,200 training images, as they
+    # would on ImageNet itself (an epoch boundary restarts the shuffle buffer, which on a tiny set would
+    # dominate).
     n = str(3 * steps)
     pipeline = [*imagenet, "--pipeline-only", "--batch-sizes", "64", "--steps", n]
     pairs: dict[int, list[tuple[float, float]]] = {0: [], 1: []}
     for _ in range(ALTERNATIONS):
         for threads in pairs:
             ours = app_benchmark(out, [*pipeline, "--threads", str(threads)])[0]
-            peer = json.loads(sh([PY, "bench/peers/input.py", "raw", str(records), "64", n, str(threads)]).strip().splitlines()[-1])  # fmt: skip
+            peer = json.loads(
+                sh([PY, "bench/peers/input.py", "raw", str(records), "64", n, str(threads)])
+                .strip()
+                .splitlines()[-1]
+            )
             pairs[threads].append((ips(ours), ips(peer)))
     loose = app_benchmark(out, [*pipeline, "--set", "data.deterministic=false"])[0]
     keras = json.loads(
@@ -124,11 +145,20 @@ def input_group(out, imagenet, records, raw_dir, steps, measured, rows) -> None:
     for threads, label in ((0, "all cores"), (1, "1 thread")):
         measured[f"pipeline_{label.replace(' ', '_')}"] = [a for a, _ in pairs[threads]]
         measured[f"raw_decode_{label.replace(' ', '_')}"] = [b for _, b in pairs[threads]]
-        rows.append((f"ImageNet input pipeline / raw JPEG decode of the same records, {label} "
-                     f"({ALTERNATIONS} turns)", ratio_interval(pairs[threads]), 1.0))  # fmt: skip
+        rows.append(
+            (
+                f"ImageNet input pipeline / raw JPEG decode of the same records, {label} "
+                f"({ALTERNATIONS} turns)",
+                ratio_interval(pairs[threads]),
+                1.0,
+            )
+        )
     pipe_all = sum(a for a, _ in pairs[0]) / ALTERNATIONS
-    measured |= {"pipeline_nondeterministic": ips(loose), "image_data_generator": ips(keras),
-                 "pipeline_per_thread_1": sum(a for a, _ in pairs[1]) / ALTERNATIONS}  # fmt: skip
+    measured |= {
+        "pipeline_nondeterministic": ips(loose),
+        "image_data_generator": ips(keras),
+        "pipeline_per_thread_1": sum(a for a, _ in pairs[1]) / ALTERNATIONS,
+    }
     rows.append(("  the pipeline with data.deterministic=false / deterministic", ips(loose) / pipe_all, None))
     rows.append(
         ("ImageNet input pipeline / ImageDataGenerator.flow_from_directory", pipe_all / ips(keras), 10.0)
@@ -140,8 +170,13 @@ def input_group(out, imagenet, records, raw_dir, steps, measured, rows) -> None:
         out, ["-c", "configs/synthetic.yaml", "--batch-sizes", "32", "--steps", str(steps)]
     )[0]
     measured |= {"resnet50_on_pipeline_b32": ips(fed), "resnet50_on_synthetic_b32": ips(alone)}
-    rows.append(("ResNet-50 training step fed by the pipeline / on synthetic data (batch 32, CPU)",
-                 ips(fed) / ips(alone), None))  # fmt: skip
+    rows.append(
+        (
+            "ResNet-50 training step fed by the pipeline / on synthetic data (batch 32, CPU)",
+            ips(fed) / ips(alone),
+            None,
+        )
+    )
 
 
 def training_group(out, synthetic, steps, measured, rows) -> None:
@@ -183,8 +218,16 @@ def horovod_group(out, synthetic, steps, quick, measured, rows) -> None:
     ]
     hvd = {r["batch_size"]: r for r in app_benchmark(out, common, np=2)}
     solo_files = [out / f"solo{i}-{time.time_ns()}.jsonl" for i in range(2)]
-    procs = [subprocess.Popen([PY, "-m", "app", "benchmark", *common, "--results", str(f), "--windows", "5"],
-                              env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for f in solo_files]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [PY, "-m", "app", "benchmark", *common, "--results", str(f), "--windows", "5"],
+            env=ENV,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for f in solo_files
+    ]
     if any(p.wait() for p in procs):
         raise SystemExit("bench: an independent process failed")
     solo = [
@@ -194,12 +237,32 @@ def horovod_group(out, synthetic, steps, quick, measured, rows) -> None:
     for b in sizes:
         both = ips(solo[0][b]) + ips(solo[1][b])
         measured |= {f"hvd2_b{b}": ips(hvd[b]), f"independent2_b{b}": both}
-        rows.append((f"2 Horovod workers / 2 independent processes, 1 thread each, batch {b}/worker", ips(hvd[b]) / both,
-                     0.90 if b == max(sizes) else None))  # fmt: skip
+        rows.append(
+            (
+                f"2 Horovod workers / 2 independent processes, 1 thread each, batch {b}/worker",
+                ips(hvd[b]) / both,
+                0.90 if b == max(sizes) else None,
+            )
+        )
 
-    # 6. 2 scaleout workers against Horovod's own synthetic-benchmark pattern, same model/batch/precision/threads.
-    text = sh([HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2", PY, "bench/peers/horovod_synthetic.py", "32",
-               str(steps), "1", hvd[32]["precision"]])  # fmt: skip
+    # 6. 2 scaleout workers against Horovod's own synthetic-benchmark pattern, same
+    #    model/batch/precision/threads.
+    text = sh(
+        [
+            HOROVODRUN,
+            "--gloo",
+            "-np",
+            "2",
+            "-H",
+            "localhost:2",
+            PY,
+            "bench/peers/horovod_synthetic.py",
+            "32",
+            str(steps),
+            "1",
+            hvd[32]["precision"],
+        ]
+    )
     pattern = json.loads(next(ln.split("RESULT ", 1)[1] for ln in text.splitlines() if "RESULT " in ln))
     measured["horovod_pattern_b32"] = ips(pattern)
     rows.append(
@@ -212,10 +275,11 @@ def horovod_group(out, synthetic, steps, quick, measured, rows) -> None:
 
 
 def engines_group(out, synthetic, steps, measured, rows) -> None:
-    # 7. The tf engine (one process holding 2 replicas) against the Horovod engine (2 processes): 2 workers, the
-    # same batch, precision and threads, measured in turn (issue 32's target: >= 0.95), at short steps (ResNet-50
-    # on 96 px, batch 16) and at the quickstart's (ResNet-20 on 28 px, batch 32). ResNet-20's steps take ~50 ms
-    # here, so it gets 8 times the steps: a measurement of seconds, not of start-up noise.
+    # 7. The tf engine (one process holding 2 replicas) against the Horovod engine (2 processes): 2 workers,
+    #    the same batch, precision and threads, measured in turn (issue 32's target: >= 0.95), at short steps
+    #    (ResNet-50 on 96 px, batch 16) and at the quickstart's (ResNet-20 on 28 px, batch 32). ResNet-20's
+    #    steps take ~50 ms here, so it gets 8 times the steps: a measurement of seconds, not of start-up
+    #    noise.
     resnet20 = ["--set", "model.name=resnet20", "--set", "data.image_size=28"]
     shapes = {
         "resnet50_96px_b16": (["--set", "data.image_size=96", "--batch-sizes", "16"], steps),
@@ -232,8 +296,13 @@ def engines_group(out, synthetic, steps, measured, rows) -> None:
             f"tf_engine_2w_{label}": [a for a, _ in pairs],
             f"horovod_engine_2w_{label}": [b for _, b in pairs],
         }
-        rows.append((f"2 workers, tf engine / Horovod engine, {label}, 1 thread each ({ENGINE_TURNS} turns)",
-                     ratio_interval(pairs), 0.95))  # fmt: skip
+        rows.append(
+            (
+                f"2 workers, tf engine / Horovod engine, {label}, 1 thread each ({ENGINE_TURNS} turns)",
+                ratio_interval(pairs),
+                0.95,
+            )
+        )
 
 
 def faults_group(out, synthetic, records, steps, measured, rows) -> None:
@@ -250,27 +319,45 @@ def faults_group(out, synthetic, records, steps, measured, rows) -> None:
     from app.core.config import RunConfig
 
     every = RunConfig().stop_check_every
-    measured |= {"resnet50_step_s_2workers_b32": step_s, "stop_agreement_s": agree_s,
-                 "checkpoint_write_s": ckpt["write_s"], "checkpoint_restore_s": ckpt["restore_s"],
-                 "checkpoint_bytes": ckpt["bytes"]}  # fmt: skip
-    rows.append((f"stop-flag agreement / ResNet-50 step, agreed every {every} updates (default)",
-                 agree_s / every / step_s, None, 0.01))  # fmt: skip
+    measured |= {
+        "resnet50_step_s_2workers_b32": step_s,
+        "stop_agreement_s": agree_s,
+        "checkpoint_write_s": ckpt["write_s"],
+        "checkpoint_restore_s": ckpt["restore_s"],
+        "checkpoint_bytes": ckpt["bytes"],
+    }
+    rows.append(
+        (
+            f"stop-flag agreement / ResNet-50 step, agreed every {every} updates (default)",
+            agree_s / every / step_s,
+            None,
+            0.01,
+        )
+    )
     rows.append(
         ("stop-flag agreement / ResNet-50 step, agreed at every update", agree_s / step_s, None, 0.01)
     )
     # 9. A mid-epoch resume at 90% of an epoch: time to its first batch, skipping before decoding (now) and
     # after (as before), alternating on the same records; the batches are checked equal.
     resume = json.loads(sh([PY, "bench/faults.py", "resume", "3", str(records)]).strip().splitlines()[-1])
-    measured |= {"resume_first_batch_s": resume["resume_first_batch_s"],
-                 "resume_first_batch_before_s": resume["resume_first_batch_before_s"]}  # fmt: skip
-    rows.append(("resume at 90% of an epoch, time to the first batch: skip before decoding / after",
-                 resume["resume_first_batch_s"] / resume["resume_first_batch_before_s"], None, 0.5))  # fmt: skip
+    measured |= {
+        "resume_first_batch_s": resume["resume_first_batch_s"],
+        "resume_first_batch_before_s": resume["resume_first_batch_before_s"],
+    }
+    rows.append(
+        (
+            "resume at 90% of an epoch, time to the first batch: skip before decoding / after",
+            resume["resume_first_batch_s"] / resume["resume_first_batch_before_s"],
+            None,
+            0.5,
+        )
+    )
 
 
 def write(out: Path, measured: dict, rows: list) -> None:
     table = ["| comparison | ratio | target | |", "|---|---|---|---|"]
-    # A target is a floor (>=), or with a 4th value a ceiling (<=). A ratio is a number, or (mean, 95% half-width)
-    # when it was measured in turns; a floor is then met when the whole interval clears it.
+    # A target is a floor (>=), or with a 4th value a ceiling (<=). A ratio is a number, or (mean, 95%
+    # half-width) when it was measured in turns; a floor is then met when the whole interval clears it.
     for name, ratio, target, *most in rows:
         ceiling = most[0] if most else None
         mean, half = ratio if isinstance(ratio, tuple) else (ratio, 0.0)
@@ -283,13 +370,24 @@ def write(out: Path, measured: dict, rows: list) -> None:
             shown = f"{mean:.2f}" + (f" ± {half:.2f}" if isinstance(ratio, tuple) else "")
         table.append(f"| {name} | {shown} | {goal} | {verdict} |")
     if "checkpoint_write_s" in measured:
-        table.append(f"\nResNet-50 checkpoint ({measured['checkpoint_bytes'] / 1e6:.0f} MB, weights + momentum): "
-                     f"written in {measured['checkpoint_write_s']:.2f} s (fsync and SHA-256 included), "
-                     f"checked and restored in {measured['checkpoint_restore_s']:.2f} s")  # fmt: skip
+        table.append(
+            f"\nResNet-50 checkpoint ({measured['checkpoint_bytes'] / 1e6:.0f} MB, weights + momentum): "
+            f"written in {measured['checkpoint_write_s']:.2f} s (fsync and SHA-256 included), "
+            f"checked and restored in {measured['checkpoint_restore_s']:.2f} s"
+        )
     text = "\n".join(table) + "\n"
     (out / "ratios.md").write_text(text)
-    (out / "raw.json").write_text(json.dumps({"images_per_s": measured, "cpu_count": os.cpu_count(),
-                                              "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2) + "\n")  # fmt: skip
+    (out / "raw.json").write_text(
+        json.dumps(
+            {
+                "images_per_s": measured,
+                "cpu_count": os.cpu_count(),
+                "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(text)
     print(f"raw numbers (images/s): {out / 'raw.json'}")
 

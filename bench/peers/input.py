@@ -1,8 +1,9 @@
 """Input-pipeline peers on the same JPEGs and cores: raw decode of the records, and Keras' ImageDataGenerator.
 
-  python bench/peers/input.py raw RECORDS_DIR BATCH STEPS [THREADS] (the input limit: parse + decode + resize;
-                                                                    THREADS: a private pool, as app's --threads)
-  python bench/peers/input.py keras RAW_TREE BATCH STEPS           (Horovod's Keras ResNet-50 example's loader)
+  python bench/peers/input.py raw RECORDS_DIR BATCH STEPS [THREADS]
+      the input limit: parse + decode + resize; THREADS: a private pool, as app's --threads
+  python bench/peers/input.py keras RAW_TREE BATCH STEPS
+      Horovod's Keras ResNet-50 example's loader
 Prints one JSON object: images/s measured like `app benchmark` (warmup excluded, windows, 95% CI).
 """
 
@@ -35,10 +36,14 @@ if kind == "raw":
     iterator = iter(ds)
 else:
     # Horovod's examples/keras/keras_imagenet_resnet50.py, its training generator verbatim.
+
     gen = tf.keras.preprocessing.image.ImageDataGenerator(
         preprocessing_function=tf.keras.applications.resnet50.preprocess_input,
-        width_shift_range=0.33, height_shift_range=0.33, zoom_range=0.5, horizontal_flip=True,
-    )  # fmt: skip
+        width_shift_range=0.33,
+        height_shift_range=0.33,
+        zoom_range=0.5,
+        horizontal_flip=True,
+    )
     iterator = iter(gen.flow_from_directory(f"{path}/train", batch_size=batch, target_size=(224, 224)))
 
 times = []
