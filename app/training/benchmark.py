@@ -146,7 +146,7 @@ def run(
         )
     world, reporter, policy = setup(cfg, max(threads))
     source = open_source(cfg.data, world.rank, world.size, cfg.run.seed)
-    model = None if pipeline_only else build_model(cfg, source.spec, world)
+    model = None if pipeline_only else build_model(cfg, source.spec, world, reporter.note)
     out = []
     planned = {b: steps_for(images, b, world.workers, n_windows) if images else steps for b in batch_sizes}
     for count, batch in [(count, batch) for count in threads for batch in batch_sizes]:

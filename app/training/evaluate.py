@@ -8,12 +8,13 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from app.core import modelref
 from app.core.config import Config
 from app.core.errors import AppError
 from app.data.pipeline import eval_dataset, input_error
 from app.data.sources import open_source
 from app.engines import engine as distributed
-from app.training import checkpoint
+from app.training import checkpoint, usermodel
 from app.training.output import write_json
 from app.training.prepare import build_model, input_threads, restore, setup
 
@@ -68,7 +69,10 @@ def evaluate_run(cfg: Config, run_dir: Path, epoch: int | None = None, threads: 
         which = f"epoch {epoch}" if epoch is not None else "any epoch"
         raise AppError(f"{run_dir}: no valid checkpoint for {which}; train first or pick another --epoch")
     source = open_source(cfg.data, world.rank, world.size, cfg.run.seed)
-    model = build_model(cfg, source.spec, world)
+    ref = modelref.parse(cfg.model.name)
+    if ref.is_users:  # the run's own copy of the model file: its checkpoints' model
+        ref = usermodel.run_copy(ref, cfg.model.name, run_dir)
+    model = build_model(cfg, source.spec, world, reporter.note, ref)
     restore(model, found[1], run_dir, label="RUN_DIR")
     # as in training: one batch for each of the process's replicas ([tf]; one under Horovod)
     dataset = eval_dataset(source, cfg.train.batch_size * world.replicas, cfg.train.eval_steps, inputs.pool)

@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import tensorflow as tf
 from rich.markup import escape
 
-from app.core import version
+from app.core import modelref, version
 from app.core.config import Config
 from app.core.errors import UsageError
+from app.core.modelref import ModelRef
 from app.data.sources import Spec
 from app.engines import engine as distributed
 from app.engines.world import RankThreads, World, threads_per_rank
-from app.training import checkpoint, models
+from app.training import checkpoint, models, usermodel
 from app.training.output import Reporter
 from app.training.schedule import make_schedule
 
@@ -113,18 +115,43 @@ def metrics(num_classes: int) -> list:
     return out
 
 
-def build_model(cfg: Config, spec: Spec, world: World):
-    """The compiled Keras model with its (engine-wrapped) SGD optimizer, variables built for restoring, all
-    created in the engine's scope."""
-    with distributed.current().model_scope():  # [dist] mirrored variables, initialised from rank 0
-        model = models.create_model(
-            cfg.model.name,
+def create_model(cfg: Config, spec: Spec, ref: ModelRef, note: Callable[[str], None]):
+    """The uncompiled model ``ref`` names (``model.name``, or the run's copy of the user's file) for
+    ``spec``'s images and classes: a built-in ResNet, or one built and checked by app.training.usermodel."""
+    if ref.is_builtin:
+        return models.create_model(
+            ref.target,
             spec.num_classes,
             spec.image_shape,
             cfg.model.weight_decay,
             cfg.model.zero_init_residual,
             spec.pixels,
         )
+    if cfg.model.zero_init_residual:
+        note(
+            f"note: model.zero_init_residual is for the built-in ResNets; {cfg.model.name} is built as it is"
+        )
+    return usermodel.create(
+        ref,
+        cfg.model.name,
+        spec.num_classes,
+        spec.image_shape,
+        cfg.model.weight_decay,
+        spec.pixels,
+        cfg.model.weights or None,
+        note,
+    )
+
+
+def build_model(
+    cfg: Config, spec: Spec, world: World, note: Callable[[str], None], ref: ModelRef | None = None
+):
+    """The compiled Keras model with its (engine-wrapped) SGD optimizer, variables built for restoring, all
+    created in the engine's scope. ``note``: where notes go (rank 0's reporter); ``ref``: the model to
+    build (``model.name`` by default)."""
+    ref = ref or modelref.parse(cfg.model.name)
+    with distributed.current().model_scope():  # [dist] mirrored variables, initialised from rank 0
+        model = create_model(cfg, spec, ref, note)
         # [dist] accumulation in the step
         model = distributed.current().prepare_model(model, cfg.train.accumulation_steps)
         sgd = tf.keras.optimizers.SGD(

@@ -16,15 +16,17 @@ from pathlib import Path
 import tensorflow as tf
 from rich.markup import escape
 
-from app.core.config import MIN_IMAGE_SIZE, Config, checkpoint_interval, dump
+from app.core import modelref
+from app.core.config import MIN_IMAGE_SIZE, Config, dump
 from app.core.errors import AppError, Preempted, UsageError
 from app.core.results import read_metrics
+from app.core.validation import checkpoint_interval
 from app.data.pipeline import eval_dataset, input_error, train_dataset
 from app.data.sources import ImagenetSource, Source, open_source
 from app.engines import engine as distributed
 from app.engines import faults
 from app.engines.world import RankThreads, World
-from app.training import checkpoint, runlock
+from app.training import checkpoint, runlock, usermodel
 from app.training.benchmark import GPU_RATE_VARIABLE, expected_gpu_rate, pipeline_rate
 from app.training.callbacks import (
     CheckpointWriter,
@@ -182,7 +184,10 @@ def train_and_evaluate(
             "the next checkpoint moves skipped ones to checkpoints/superseded/, which keeps the newest"
         )
 
-    model = build_model(cfg, spec, world)
+    ref = modelref.parse(cfg.model.name)
+    if ref.is_users:  # the run keeps the user's model file: its checkpoints belong to that one
+        ref = usermodel.keep_source(ref, cfg.model.name, run_dir, bool(found), world.is_chief, reporter.note)
+    model = build_model(cfg, spec, world, reporter.note, ref)
     if found:
         restore(model, found[1], run_dir)
         where = f"epoch {start_epoch}" + (f", step {start_step}" if start_step else "")
@@ -207,7 +212,8 @@ def train_and_evaluate(
     )
     kept = f"checkpoint {found[1]} is intact" if found else "nothing was trained yet"
     stop_if_asked(request, write, kept, run_dir)
-    fit(run, model, write, request)
+    with usermodel.user_errors(cfg.model.name):  # the user's frames, not ours
+        fit(run, model, write, request)
     # [dist] Are all replicas still identical? Every variable: the batch-norm statistics were averaged at
     # the epoch end, so they must agree too.
     spread = distributed.current().replica_spread([v.numpy() for v in model.weights])
@@ -262,7 +268,7 @@ def open_data(cfg: Config, world: World) -> Source:
     """This rank's data source, its images checked against the smallest the model accepts."""
     source = open_source(cfg.data, world.rank, world.size, cfg.run.seed)
     spec = source.spec
-    smallest = MIN_IMAGE_SIZE[cfg.model.name]
+    smallest = MIN_IMAGE_SIZE.get(cfg.model.name, 1)
     if spec.image_shape[0] < smallest:  # data.image_size 0: the dataset's own size, known only now
         raise UsageError(
             f"data.image_size: {spec.name}'s {spec.image_shape[0]} px images are smaller than "

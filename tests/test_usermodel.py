@@ -1,0 +1,231 @@
+"""A researcher's own model (``model.name`` as file.py:function, package.module:function or
+applications.<Name>): built, checked and wrapped (app.training.usermodel), its file kept by the run, and every
+bad entry point refused in one line naming the fix."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from app.core import modelref
+from app.core.errors import UsageError
+from conftest import TINY_SYNTHETIC, run_app
+
+MODEL_FILE = textwrap.dedent(
+    '''
+    import tf_keras as keras
+
+
+    def build(input_shape, num_classes):
+        """A small convolutional network: what a researcher might bring."""
+        inputs = keras.Input(shape=input_shape)
+        x = keras.layers.Conv2D(8, 3, activation="relu")(inputs)
+        x = keras.layers.BatchNormalization()(x)
+        x = keras.layers.GlobalAveragePooling2D()(x)
+        return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
+
+
+    def softmax(input_shape, num_classes):
+        inputs = keras.Input(shape=input_shape)
+        x = keras.layers.Flatten()(inputs)
+        return keras.Model(inputs, keras.layers.Dense(num_classes, activation="softmax")(x))
+
+
+    def wrong_width(input_shape, num_classes):
+        inputs = keras.Input(shape=input_shape)
+        return keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Flatten()(inputs)))
+
+
+    def wrong_input(input_shape, num_classes):
+        inputs = keras.Input(shape=(64, 64, 3))
+        return keras.Model(inputs, keras.layers.Dense(num_classes)(keras.layers.Flatten()(inputs)))
+
+
+    def not_a_model(input_shape, num_classes):
+        return "a model"
+
+
+    def raises(input_shape, num_classes):
+        return helper(input_shape)
+
+
+    def helper(shape):
+        raise ValueError(f"cannot build for {shape}")
+    '''
+)
+
+
+@pytest.fixture(scope="module")
+def user_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("user")
+    (folder / "mymodel.py").write_text(MODEL_FILE)
+    (folder / "broken.py").write_text("import tf_keras as keras\n\nvalue = undefined_name + 1\n")
+    (folder / "syntax.py").write_text("def build(input_shape, num_classes)\n    return None\n")
+    return folder
+
+
+@pytest.mark.parametrize(
+    "name, kind, target, function",
+    [
+        ("resnet50", "builtin", "resnet50", ""),
+        ("applications.MobileNetV3Small", "applications", "MobileNetV3Small", ""),
+        ("models/my net.py:build", "file", "models/my net.py", "build"),
+        ("mypkg.models:build_model", "module", "mypkg.models", "build_model"),
+    ],
+)
+def test_model_names_parse_into_their_four_forms(name, kind, target, function):
+    assert modelref.parse(name) == modelref.ModelRef(kind, target, function)
+
+
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        ("ResNet50", "unknown value 'ResNet50' (choose from resnet50, resnet18,"),
+        ("resnet51", "; did you mean 'resnet5"),
+        ("applications.", "is not applications.<Name>"),
+        ("model.py", "unknown value 'model.py'"),
+        ("model.py:", "unknown value 'model.py:'"),
+        ("pkg.mod:1build", "path/to/file.py:function or package.module:function"),
+        ("bad\nname.py:build", "unknown value 'bad\\nname.py:build'"),
+        ("", "unknown value ''"),
+    ],
+)
+def test_a_name_of_no_form_is_refused_naming_the_forms(name, words):
+    with pytest.raises(UsageError) as info:
+        modelref.parse(name)
+    assert words in str(info.value) and "\n" not in str(info.value)
+
+
+def create(name: str, folder: Path, classes: int = 10, weight_decay: float = 1e-4, pixels=None):
+    from app.core import compat  # noqa: F401 (tf_keras as keras)
+    from app.training import usermodel
+
+    notes: list[str] = []
+    ref = modelref.parse(name)
+    if ref.kind == "file":
+        ref = modelref.ModelRef("file", str(folder / ref.target), ref.function)
+    model = usermodel.create(ref, name, classes, (32, 32, 3), weight_decay, pixels, None, notes.append)
+    return model, notes
+
+
+def test_a_users_model_is_wrapped_to_take_pixels_and_give_float32_logits_with_weight_decay(user_dir):
+    import tensorflow as tf
+
+    pixels = ((120.0, 115.0, 100.0), (60.0, 60.0, 60.0))
+    model, notes = create("mymodel.py:build", user_dir, pixels=pixels)
+    assert model.input.dtype == tf.uint8 and model.output.dtype == tf.float32 and not notes
+    assert model.output.shape[-1] == 10
+    (decay,) = model.losses  # L2 on the one convolution's and the dense layer's kernels, not BN or biases
+    kernels = [v for v in model.trainable_weights if v.name.endswith("kernel:0")]
+    assert len(kernels) == 2
+    expected = 1e-4 / 2 * sum(float(tf.reduce_sum(tf.square(k))) for k in kernels)
+    assert float(decay) == pytest.approx(expected, rel=1e-5)
+    images = tf.constant(120, tf.uint8, [2, 32, 32, 3])
+    assert model(images).shape == (2, 10)
+
+
+def test_an_applications_model_builds_untrained_at_the_datas_size_with_logits(user_dir):
+    model, _ = create("applications.MobileNetV3Small", user_dir, classes=7)
+    assert model.output.shape[-1] == 7 and model.layers[-1].dtype == "float32"
+
+
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        ("mymodel.py:softmax", "ends in a softmax; scaleout's loss takes logits"),
+        ("mymodel.py:wrong_width", "the data has 10 classes: end the model with Dense(10)"),
+        ("mymodel.py:wrong_input", "takes images of shape (64, 64, 3), the data's are (32, 32, 3)"),
+        ("mymodel.py:not_a_model", "returns 'str', not a tf_keras Model"),
+        ("mymodel.py:raises", "mymodel.py:{raise_line} (helper): ValueError: cannot build for (32, 32, 3)"),
+        ("mymodel.py:missing", "missing is not a function there (it defines build, helper, not_a_model,"),
+        ("broken.py:build", "broken.py:3 (<module>): NameError: name 'undefined_name' is not defined"),
+        ("syntax.py:build", "syntax.py:1 (<module>): SyntaxError:"),
+        ("nofile.py:build", "cannot read the model file (no such file)"),
+        ("no_such_module.sub:build", "cannot find module no_such_module.sub"),
+        ("applications.MobileNetV3Smal", "did you mean applications.MobileNetV3Small"),
+    ],
+)
+def test_every_bad_entry_point_is_one_line_naming_the_users_file_and_the_fix(user_dir, name, words):
+    with pytest.raises(UsageError) as info:
+        create(name, user_dir)
+    message = str(info.value)
+    raise_line = 1 + next(i for i, line in enumerate(MODEL_FILE.splitlines()) if "raise ValueError" in line)
+    words = words.format(raise_line=raise_line)
+    assert words in message and "\n" not in message, message
+    assert "app/training" not in message  # the user's frames, never ours
+
+
+def test_a_run_keeps_its_model_file_and_a_resume_refuses_a_changed_one(tmp_path, user_dir):
+    from app.training import usermodel
+
+    source = tmp_path / "mymodel.py"
+    shutil.copy(user_dir / "mymodel.py", source)
+    ref, run, notes = modelref.ModelRef("file", str(source), "build"), tmp_path / "run", []
+    assert usermodel.keep_source(ref, "mymodel.py:build", run, False, True, notes.append) == ref
+    record = json.loads((run / "model" / "source.json").read_text())
+    assert (run / "model" / "mymodel.py").read_text() == MODEL_FILE and record["copy"] == "mymodel.py"
+    assert usermodel.keep_source(ref, "mymodel.py:build", run, True, False, notes.append) == ref
+    source.write_text(MODEL_FILE + "\n# changed\n")
+    with pytest.raises(UsageError, match="changed since this run's checkpoints were written"):
+        usermodel.keep_source(ref, "mymodel.py:build", run, True, False, notes.append)
+    source.unlink()  # elsewhere (another machine, a later `app evaluate`): the run's copy serves
+    kept = usermodel.keep_source(ref, "mymodel.py:build", run, True, False, notes.append)
+    assert kept == modelref.ModelRef("file", str(run / "model" / "mymodel.py"), "build") and notes
+    assert usermodel.run_copy(ref, "mymodel.py:build", run) == kept
+
+
+TRAINING_FAILURE = textwrap.dedent(
+    """
+
+    class BoomInTraining(keras.layers.Layer):
+        def call(self, x, training=None):
+            if training:
+                raise RuntimeError("boom in training")
+            return x
+
+
+    def boom(input_shape, num_classes):
+        inputs = keras.Input(shape=input_shape)
+        x = keras.layers.Dense(num_classes)(keras.layers.Flatten()(inputs))
+        return keras.Model(inputs, BoomInTraining()(x))
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "engine",
+    [pytest.param("horovod", marks=pytest.mark.horovod), pytest.param("tf", marks=pytest.mark.tf221)],
+)
+def test_a_users_model_trains_on_two_workers_and_a_resume_refuses_its_changed_file(tmp_path, engine):
+    source, run = tmp_path / "mymodel.py", tmp_path / "run"
+    source.write_text(MODEL_FILE)
+    model = ["--set", f"model.name={source}:build", "--epochs", "1", "--run-dir", str(run)]
+    proc = run_app(["train", *TINY_SYNTHETIC, *model, "--np", "2", "--engine", engine])
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["engine"], summary["workers"], summary["final"]["epoch"]) == (engine, 2, 1), summary
+    assert (run / "model" / "mymodel.py").read_text() == MODEL_FILE
+    assert "model.zero_init_residual is for the built-in ResNets" in proc.stdout
+    source.write_text(MODEL_FILE + "\n# changed after the run\n")
+    proc = run_app(["train", "--run-dir", str(run), "--epochs", "2"], expect=2)
+    (line,) = proc.stderr.strip().splitlines()[-1:]
+    assert "changed since this run's checkpoints were written" in line and "start a new --run-dir" in line
+
+
+@pytest.mark.slow
+def test_an_error_inside_the_model_during_training_names_the_users_line_not_ours(tmp_path):
+    source = tmp_path / "mymodel.py"
+    source.write_text(MODEL_FILE + TRAINING_FAILURE)
+    line = 1 + next(i for i, text in enumerate(source.read_text().splitlines()) if "boom in training" in text)
+    args = ["--set", f"model.name={source}:boom", "--epochs", "1", "--run-dir", str(tmp_path / "run")]
+    proc = run_app(["train", *TINY_SYNTHETIC, *args], expect=1)
+    error = [text for text in proc.stderr.splitlines() if text.startswith("Error:")]
+    assert error == [
+        f"Error: model.name {source}:boom: the model failed during training at {source}:{line} (call): "
+        "RuntimeError: boom in training"
+    ], proc.stderr
+    assert "Traceback" not in proc.stderr
