@@ -29,7 +29,7 @@ ALLOWED = {
 ONLY = {
     ("study", "engines"): {"app.engines", "app.engines.world"},  # launcher detection, no Horovod
     ("study", "training"): {"app.training", "app.training.schedule"},  # the schedule's arithmetic
-    ("reports", "engines"): {"app.engines", "app.engines.timeline"},  # reading a Horovod trace
+    ("reports", "engines"): {"app.engines", "app.engines.diagnostics.timeline"},  # reading a Horovod trace
 }
 # Functions that load TensorFlow by name (importlib): importing them counts as importing TensorFlow.
 LOADS_TENSORFLOW = {"app.core.compat.import_tensorflow", "app.core.compat._import_quietly"}

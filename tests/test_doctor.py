@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from app.engines.doctor import bandwidths, nccl_network, nccl_path, slingshot_used
+from app.engines.diagnostics.doctor import bandwidths, nccl_network, nccl_path, slingshot_used
 from conftest import run_app
 
 
@@ -145,7 +145,7 @@ def test_a_stop_signal_reports_what_it_found():
     import sys
     import time
 
-    from app.engines.local import _catches
+    from app.engines.launch.local import _catches
     from conftest import ROOT
 
     proc = subprocess.Popen(
@@ -178,7 +178,7 @@ def test_a_detail_holding_rich_markup_is_printed_as_text():
 
     from rich.console import Console
 
-    from app.engines.doctor import render
+    from app.engines.diagnostics.doctor import render
 
     out = io.StringIO()
     check = {"name": "input", "ok": True, "detail": "SCALEOUT_GPU_IMAGES_PER_S='[/]' is not a number [bold]"}
@@ -194,7 +194,7 @@ def test_a_detail_holding_rich_markup_is_printed_as_text():
 
 
 def test_the_input_row_never_ends_the_doctor_in_a_traceback():
-    from app.engines.doctor import Stopped, guarded_input_check
+    from app.engines.diagnostics.doctor import Stopped, guarded_input_check
 
     def fails():
         raise RuntimeError("sample.jpg: no such file")

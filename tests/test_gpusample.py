@@ -1,4 +1,4 @@
-"""app/engines/gpusample.py: the vendor tools' output parsed, and the sampler run against stand-ins for
+"""app/engines/diagnostics/gpusample.py: the vendor tools' output parsed, and the sampler run against stand-ins for
 nvidia-smi and rocm-smi (no GPU here) and without either."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 import os
 import time
 
-from app.engines import gpusample
-from app.engines.gpusample import GpuSampler, parse_nvidia, parse_rocm
+from app.engines.diagnostics import gpusample
+from app.engines.diagnostics.gpusample import GpuSampler, parse_nvidia, parse_rocm
 
 
 def test_nvidia_smis_csv_per_gpu_and_fields_it_cannot_read():

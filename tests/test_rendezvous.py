@@ -1,4 +1,4 @@
-"""app/engines/rendezvous.py: Slurm's task variables to Horovod's, checked against Horovod's own host assignments; the
+"""app/engines/launch/rendezvous.py: Slurm's task variables to Horovod's, checked against Horovod's own host assignments; the
 server (`app rendezvous`) for real; a rank that joins, a missing server and a missing rank, each one line."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 import pytest
 
 from app.core.errors import AppError, UsageError
-from app.engines import rendezvous
+from app.engines.launch import rendezvous
 from conftest import ROOT
 
 

@@ -21,7 +21,7 @@ from test_study import app_main
 
 from app.core import config
 from app.core.errors import Preempted, UsageError
-from app.engines import timeline
+from app.engines.diagnostics import timeline
 from app.reports import benchmarks as report
 from app.reports import scaling as scaling_report
 from app.study.executor import _record

@@ -520,7 +520,7 @@ def test_the_replicas_of_a_process_come_from_the_launcher_or_its_gpus(value, gpu
 
 
 def test_the_local_launcher_keeps_nccl_on_loopback_and_drops_an_outer_replica_count(monkeypatch):
-    from app.engines import local
+    from app.engines.launch import local
 
     seen = {}
     monkeypatch.setenv("SCALEOUT_REPLICAS", "7")

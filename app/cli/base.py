@@ -236,7 +236,7 @@ def relaunch(np_: int | None, extra: list[str] = (), engine: str = "auto") -> No
     if not np_ or np_ == 1 or joined_launcher():
         return
     from app.engines.engine import for_launch
-    from app.engines.local import launch_local
+    from app.engines.launch.local import launch_local
 
     chosen = for_launch(engine)
 

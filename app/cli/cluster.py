@@ -47,7 +47,7 @@ def doctor(megabytes, iterations, threads, np_, engine, as_json, accept_grpc):
     if megabytes > 8192:
         raise UsageError(f"--megabytes {megabytes}: at most 8192 (one allreduce buffer in memory per rank)")
     relaunch(np_, engine=engine or "auto")
-    from app.engines import doctor as doctor_stage
+    from app.engines.diagnostics import doctor as doctor_stage
 
     report = doctor_stage.run(megabytes, iterations, threads, engine or "auto", accept_grpc)
     failed = any(not c["ok"] for c in report["checks"])  # the same on every rank: the checks are gathered
@@ -233,7 +233,7 @@ def rendezvous(hosts, spec):
     job's first node, with a fresh secret in SCALEOUT_RENDEZVOUS_TOKEN (32-128 lowercase hex digits, in the
     environment of the server and of every rank); each rank joins in `hvd.init()` with
     HOROVOD_GLOO_RENDEZVOUS_ADDR and HOROVOD_GLOO_RENDEZVOUS_PORT set to what it printed, and
-    HOROVOD_CONTROLLER=gloo (see app/engines/rendezvous.py).
+    HOROVOD_CONTROLLER=gloo (see app/engines/launch/rendezvous.py).
 
     \b
     Example:
@@ -243,6 +243,6 @@ def rendezvous(hosts, spec):
                      --tasks-per-node "$SLURM_TASKS_PER_NODE" > rendezvous.txt &
       read -r port addr < rendezvous.txt   # once the file is not empty
     """
-    from app.engines import rendezvous as rendezvous_stage
+    from app.engines.launch import rendezvous as rendezvous_stage
 
     rendezvous_stage.serve(hosts.split(","), spec)

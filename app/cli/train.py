@@ -22,7 +22,7 @@ def info(as_json: bool) -> None:
       app info
       app info --json | jq .horovod
     """
-    from app.engines import info as info_stage
+    from app.engines.diagnostics import info as info_stage
 
     report = info_stage.collect()
     if as_json:

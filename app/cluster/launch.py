@@ -54,7 +54,7 @@ def _rendezvous(app: str) -> str:
 # server (app rendezvous), started here on the first node; it admits only this job's nodes, closes once every
 # rank is through, and is stopped when this script exits (also on a requeue). \
 Its secret for scaleout's own keys
-# is made fresh at each start and passed in the environment only (see app/engines/rendezvous.py).
+# is made fresh at each start and passed in the environment only (see app/engines/launch/rendezvous.py).
 SCALEOUT_RENDEZVOUS_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -dc 0-9a-f) \
 && [ -n "$SCALEOUT_RENDEZVOUS_TOKEN" ] \
 || {{ echo "Error: cannot read /dev/urandom for the rendezvous secret" >&2; exit 1; }}

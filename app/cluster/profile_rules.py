@@ -14,7 +14,7 @@ GPU_FLAG = re.compile(r"(-{1,2}[a-z][a-z0-9-]*)?")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 BIND = re.compile(r"/[A-Za-z0-9_./-]*(:/[A-Za-z0-9_./-]*)?")
 # srun --mpi=...: pmix, pmi2 or cray_shasta (HPE Cray's PMI, for Cray MPICH); none: Horovod's Gloo rendezvous
-# (app/engines/rendezvous.py).
+# (app/engines/launch/rendezvous.py).
 MPI = ("pmix", "pmi2", "cray_shasta", "none")
 # A memory request (#SBATCH --mem / --mem-per-gpu): 0 (all of a node's) or a size such as 60G.
 MEMORY = re.compile(r"0|[1-9][0-9]{0,6}[KMGT]?")

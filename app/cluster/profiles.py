@@ -1,8 +1,8 @@
 """Cluster profiles: data files (jobs/clusters/<name>.yaml) that say GPUs per node, how to request them,
 partitions and their limits, how srun wires the ranks together (``mpi``: pmix, pmi2, or none for Horovod's
-Gloo rendezvous, see app/engines/rendezvous.py), extra srun options, environment variables, container runtime
-and binds, node-local scratch. A user adds a cluster by adding a file; it is read here, every value checked
-(app.cluster.profile_schema), and a job's partition chosen from it.
+Gloo rendezvous, see app/engines/launch/rendezvous.py), extra srun options, environment variables, container
+runtime and binds, node-local scratch. A user adds a cluster by adding a file; it is read here, every value
+checked (app.cluster.profile_schema), and a job's partition chosen from it.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ documented order, and the collectives training needs (agreement, broadcast, min/
 
 Training code calls these functions and never imports Horovod itself, so a reader sees here what running on N
 workers changes; each such line is marked ``[horovod]``. Horovod is imported lazily (after app.core.compat
-made `keras` mean tf_keras). The launch (app.engines.local), the guards (app.engines.world) and the stop
-handling (app.engines.faults) need no Horovod and live beside it.
+made `keras` mean tf_keras). The launch (app.engines.launch.local), the guards (app.engines.world) and the
+stop handling (app.engines.faults) need no Horovod and live beside it.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class HorovodEngine(Engine):
 
         ``checks=False`` leaves the no-silent-fallback checks to the caller (`app doctor` reports them
         instead). ``accept_grpc`` and ``join_timeout_s`` are the tf engine's: Horovod runs no gRPC server, and
-        its own rendezvous has its time limit (app.engines.rendezvous)."""
+        its own rendezvous has its time limit (app.engines.launch.rendezvous)."""
         import tensorflow as tf
 
         h = hvd()
@@ -73,7 +73,7 @@ class HorovodEngine(Engine):
             os.environ.setdefault("HOROVOD_CYCLE_TIME", str(CPU_CYCLE_TIME_MS))
         stall_settings()  # [horovod] a stalled rank ends the job, not a 32-GPU wait
         launcher = detected_launcher() or "none"  # before join() below sets HOROVOD_RANK
-        from app.engines import rendezvous
+        from app.engines.launch import rendezvous
 
         rendezvous.join()  # [horovod] plain srun (mpi: none): Slurm's ranks to Horovod's Gloo rendezvous
         h.init()  # [horovod] join the other workers

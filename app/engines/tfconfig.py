@@ -71,7 +71,7 @@ def _port(worker: str) -> int | None:
 def slurm_config(env, hosts: list[str]) -> str:
     """TF_CONFIG of this Slurm task: one task per node of the step (its index is SLURM_NODEID, checked against
     SLURM_PROCID and the node's name), each listening on the job's port (PORT_VAR)."""
-    from app.engines.rendezvous import tasks_per_node
+    from app.engines.launch.rendezvous import tasks_per_node
 
     slurm = SlurmEnv(env)
     step, spec = slurm.tasks_per_node()

@@ -18,7 +18,7 @@ from app.core import slurm
 from app.core.errors import AppError, UsageError, brief, show
 from app.core.slurm import SlurmEnv, whole
 
-# What `app --np N --engine tf` (app.engines.local) tells the one process it starts.
+# What `app --np N --engine tf` (app.engines.launch.local) tells the one process it starts.
 LOCAL_RANK_VARS = {"rank": "SCALEOUT_RANK", "size": "SCALEOUT_SIZE"}
 # The tf engine's replicas in this process (one per local GPU, or logical CPU devices): `app --np N` and the
 # job scripts of tf-engine profiles set it; unset, one.
@@ -341,7 +341,7 @@ def collected_errors(folder: str) -> list[dict]:
     return unique
 
 
-LAUNCHED_BY_VAR = "SCALEOUT_LAUNCHED_BY"  # set by app.engines.local for its workers: "app --np"
+LAUNCHED_BY_VAR = "SCALEOUT_LAUNCHED_BY"  # set by app.engines.launch.local for its workers: "app --np"
 
 
 def resume_command(run_dir) -> str:

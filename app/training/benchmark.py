@@ -9,7 +9,7 @@ interval. One JSON line per (batch size) is appended to the results file, by ran
 With ``timeline_steps`` and several workers, that many further steps (after the measured ones, so they do not
 count) run under Horovod's timeline; the trace goes next to the results file
 (<results>.timeline/w<workers>-b<batch>-<time>.json, it opens in Perfetto) and the result line gets the shares
-of those steps' time spent in collectives and negotiation (app.engines.timeline).
+of those steps' time spent in collectives and negotiation (app.engines.diagnostics.timeline).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from pathlib import Path
 
 from app.core.errors import UsageError
 from app.core.results import fewest_steps, finite, steps_for_images
-from app.engines.gpusample import GpuSampler
-from app.engines.info import environment
+from app.engines.diagnostics.gpusample import GpuSampler
+from app.engines.diagnostics.info import environment
 
 # Student's t, two-sided 95%, for 1..30 degrees of freedom; written out to avoid a SciPy dependency.
 T95 = [
@@ -168,8 +168,9 @@ def run(
             **summarize_steps(times, waits, batch * world.workers, n_windows),
             "peak_memory_mb": peak_memory_mb(),
             "timeline": timeline,
-            "gpu_samples": gpu_samples,  # None without nvidia-smi or rocm-smi (app/engines/gpusample.py)
-            "env": environment(world),  # where it was measured (app/engines/info.py)
+            # None without nvidia-smi or rocm-smi (app/engines/diagnostics/gpusample.py)
+            "gpu_samples": gpu_samples,
+            "env": environment(world),  # where it was measured (app/engines/diagnostics/info.py)
         }
         # The wall-time of this much work on rank 0, every step (the first, which compiles, too; not the start
         # of the process): CSC's scalability test compares these.
@@ -404,7 +405,7 @@ def record_timeline(iterator, step_fn, timeline_steps: int, results: Path, world
         window = time.perf_counter() - t0
     timeline = None
     if world.is_chief:
-        from app.engines.timeline import shares
+        from app.engines.diagnostics.timeline import shares
 
         timeline = {"file": str(trace), "steps": timeline_steps, **shares(trace, window)}
     return timeline

@@ -12,7 +12,7 @@ from app.core.config import Config
 from app.core.errors import UsageError
 from app.core.results import read_metrics, summary_problem
 from app.engines import engine as distributed
-from app.engines.info import environment
+from app.engines.diagnostics.info import environment
 from app.engines.world import World
 from app.training import checkpoint
 from app.training.output import Reporter, reconcile_metrics, set_aside, write_json
@@ -104,7 +104,7 @@ def summarize(
         # max |difference| of weight fingerprints across ranks (0: in sync)
         "replica_weight_spread": spread,
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "env": environment(world),  # where it ran: GPU and driver, versions (app/engines/info.py)
+        "env": environment(world),  # where it ran: GPU and driver, versions (app/engines/diagnostics/info.py)
     }
     return write_summary(cfg, run_dir, world.rank, shape, extra)
 
@@ -180,7 +180,8 @@ def write_summary(cfg: Config, run_dir: Path, rank: int, shape: dict, extra: dic
         "mean_images_per_s": float(np.mean(rates))
         if (rates := [r["images_per_s"] for r in rows if "images_per_s" in r])
         else None,
-        **extra,  # who trained it and where: app/engines/info.py's environment, or null when rebuilt
+        # who trained it and where: app/engines/diagnostics/info.py's environment, or null when rebuilt
+        **extra,
     }
     write_json(Path(run_dir) / "summary.json", summary)
     if rows:

@@ -62,7 +62,7 @@ def resolve_precision(precision: str) -> tuple[str, str]:
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         return gpu_auto_precision(tf.config.experimental.get_device_details(gpus[0]))
-    from app.engines.info import cpu_has_avx512_bf16
+    from app.engines.diagnostics.info import cpu_has_avx512_bf16
 
     if cpu_has_avx512_bf16():
         return "mixed_bfloat16", "a CPU with AVX512_BF16"

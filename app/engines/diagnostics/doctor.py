@@ -224,7 +224,7 @@ def _run(
 ) -> dict:
     from app.core.compat import import_tensorflow
     from app.engines import engine as dist
-    from app.engines.info import horovod_build, tensorflow_build
+    from app.engines.diagnostics.info import horovod_build, tensorflow_build
 
     tf = import_tensorflow()
     hvd_build, tf_build = horovod_build(), tensorflow_build(tf)
