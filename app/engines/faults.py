@@ -12,6 +12,7 @@ import re
 import sys
 
 from app.core.errors import STALLED_EXIT_CODE, Stalled
+from app.core.files import write_atomic
 from app.engines.world import report_to_launcher, resume_command, stall_settings
 
 
@@ -75,9 +76,9 @@ def node_folder(run_dir) -> str | None:
 
 
 def _write(path: str, text: str) -> None:
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
+    """A heartbeat file, replaced whole; not fsynced: it is rewritten every few seconds, and a lost one is the
+    same as a late one."""
+    write_atomic(path, text, fsync=False)
 
 
 def _beats(text: str, size: int) -> dict[int, tuple[int, float]]:

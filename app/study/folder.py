@@ -32,7 +32,8 @@ from pathlib import Path
 from app.core import config as config_mod
 from app.core import rundir
 from app.core.errors import AppError, UsageError, brief, read_regular, show
-from app.study.files import STUDY_FILE_LIMIT, _write_atomic
+from app.core.files import write_atomic
+from app.study.files import STUDY_FILE_LIMIT
 from app.study.large_batch import StudyPlan
 from app.study.scaling import ScalingPlan
 
@@ -150,7 +151,7 @@ def prepare(folder: Path, plan: StudyPlan | ScalingPlan, cfg, command: list[str]
     made = not folder.exists()
     try:
         (folder / ("results" if plan.kind == "scaling" else "runs")).mkdir(parents=True, exist_ok=True)
-        _write_atomic(folder / "config.yaml", config_mod.dump(cfg))
+        write_atomic(folder / "config.yaml", config_mod.dump(cfg))
         meta = {
             "format": FORMAT,
             "kind": plan.kind,
@@ -158,7 +159,7 @@ def prepare(folder: Path, plan: StudyPlan | ScalingPlan, cfg, command: list[str]
             "command": command,
             "plan": plan.to_json(),
         }
-        _write_atomic(folder / "study.json", json.dumps(meta, indent=1) + "\n")
+        write_atomic(folder / "study.json", json.dumps(meta, indent=1) + "\n")
     except OSError as exc:  # a full disk or quota: a half-made folder would block the same command later
         for child in folder.iterdir() if folder.is_dir() else ():  # it was empty: all of it is ours
             shutil.rmtree(child) if child.is_dir() else child.unlink()

@@ -11,15 +11,16 @@ from pathlib import Path
 
 from app.core.config import NAME_MAX
 from app.core.errors import AppError, UsageError, show
+from app.core.files import write_atomic
 from app.core.iterables import zip_equal
-from app.study.files import _Lock, _write_atomic
+from app.study.files import _Lock
 from app.study.large_batch import StudyPlan, run_dir
 from app.study.scaling import ScalingPlan, benchmark_args, missing
 from app.study.state import ACTIVE, JOBS_FILE, read_jobs, slurm_states, todo
 
 
 def _write_jobs(folder: Path, jobs: dict[str, str]) -> None:
-    _write_atomic(Path(folder) / JOBS_FILE, json.dumps(jobs, indent=1) + "\n")
+    write_atomic(Path(folder) / JOBS_FILE, json.dumps(jobs, indent=1) + "\n")
 
 
 @dataclass(frozen=True)

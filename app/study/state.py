@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.core.errors import UsageError, read_regular
+from app.core.files import HolderLock
 from app.core.iterables import zip_equal
 from app.core.results import summary_problem
 from app.study.files import STUDY_FILE_LIMIT
@@ -48,18 +49,10 @@ def attempts(folder: Path) -> dict[str, int]:
 def running_run(folder: Path) -> str | None:
     """The run(s) an `app study` process is training right now in ``folder`` (it holds the lock; several are
     joined by commas), else None."""
-    import fcntl
-
     path = Path(folder) / ".lock"
-    try:
-        with open(path) as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return str(json.loads(f.read() or "{}").get("run") or "") or "?"
-            return None
-    except (OSError, ValueError, AttributeError):
+    if not HolderLock.is_held(path):
         return None
+    return str(HolderLock.holder(path).get("run") or "") or "?"
 
 
 def run_state(folder: Path, run: RunPlan, last_exit: int | None = None, running: bool = False) -> RunState:

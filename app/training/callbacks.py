@@ -10,12 +10,12 @@ from pathlib import Path
 import tensorflow as tf
 
 from app.core.errors import REQUEUE_EXIT_CODE, Preempted
+from app.core.files import write_atomic
 from app.engines import engine as distributed
 from app.engines import faults
 from app.engines.world import resume_command
 from app.training import checkpoint
 from app.training.evaluate import eval_step, evaluate
-from app.training.output import write_text_atomic
 from app.training.plan import Plan
 from app.training.prepare import tracked
 from app.training.schedule import Schedule
@@ -63,7 +63,7 @@ class CheckpointWriter:
             state = {**self.extra_state, "metrics": row}
             saved = checkpoint.save(self.run_dir, tracked(self.model), epoch, state, self.keep, step)
             if self.pending_config is not None:  # the resume took effect: its config is the run's now
-                write_text_atomic(self.run_dir / "config.yaml", self.pending_config)
+                write_atomic(self.run_dir / "config.yaml", self.pending_config)
                 self.pending_config = None
             return saved
 
@@ -76,7 +76,7 @@ class CheckpointWriter:
         if self.chief:
             # The checkpoint is written: if the marker cannot be, exit status 3 alone still requeues the job.
             with contextlib.suppress(OSError):
-                write_text_atomic(self.run_dir / self.STOPPED, message + "\n")
+                write_atomic(self.run_dir / self.STOPPED, message + "\n")
 
 
 def stop_message(number: float, when: str, kept: str, run_dir) -> str:

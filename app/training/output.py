@@ -10,7 +10,6 @@ import csv
 import importlib.util
 import json
 import logging
-import os
 import shutil
 import sys
 import time
@@ -21,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from app.core.errors import UsageError
+from app.core.files import write_atomic
 from app.core.results import finite, read_metrics
 
 
@@ -275,23 +275,6 @@ def append_metrics(run_dir: Path, row: dict) -> None:
         writer.writerow(row)
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically: a temporary file beside it, fsynced, then renamed over it."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)  # a full disk leaves no half-written temporary behind
-        if exc.filename is None:  # a failed write() names no file: the one that was being written
-            exc.filename = str(path)
-        raise
-
-
 def write_json(path: Path, data: dict) -> None:
     """Write JSON atomically (temporary file, then rename)."""
-    write_text_atomic(path, json.dumps(finite(data), indent=2, allow_nan=False) + "\n")
+    write_atomic(path, json.dumps(finite(data), indent=2, allow_nan=False) + "\n")

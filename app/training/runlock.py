@@ -12,30 +12,23 @@ goes on without it, with a note).
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import fcntl
-import json
 import os
 import socket
 import time
 from pathlib import Path
 
 from app.core.errors import AppError
+from app.core.files import HolderLock
 from app.core.slurm import SlurmEnv
 
 LOCK = ".lock"
-_held: list = []  # the open lock files of this process: closing one would release its lock
+_held: list[HolderLock] = []  # the locks of this process: closing one's file would release it
 
 
 def _info(path: Path) -> dict:
     """What the lock's holder wrote about itself ({} when nothing readable)."""
-    try:
-        with open(path, "rb") as f:
-            info = json.loads(f.read(4096).decode("utf-8", "replace"))
-    except (OSError, ValueError):
-        return {}
-    return info if isinstance(info, dict) else {}
+    return HolderLock.holder(path)
 
 
 def holder(path: Path) -> str:
@@ -71,11 +64,9 @@ def acquire(run_dir: Path, note=None) -> None:
     holder. ``note``: where to say that this file system has no locks (training goes on then)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK
-    f = open(path, "a+b")  # noqa: SIM115 (held open until the process ends)
     try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lock = HolderLock(path).acquire()
     except OSError as exc:
-        f.close()
         if exc.errno in (errno.EAGAIN, errno.EACCES) and (why := gone(_info(path))) and note:
             note(f"{path}: the file system still holds a lock, but {why}: going on without it")
             return
@@ -90,15 +81,6 @@ def acquire(run_dir: Path, note=None) -> None:
                 f"{path}: this file system has no locks ({exc.strerror}); make sure one training writes here"
             )
         return
-    with contextlib.suppress(OSError):  # who holds it, for the next one's message; the lock holds without it
-        f.seek(0)
-        f.truncate()
-        info = {
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "job": SlurmEnv().job_id,
-            "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
-        f.write(json.dumps(info).encode())
-        f.flush()
-    _held.append(f)
+    host, pid, job = socket.gethostname(), os.getpid(), SlurmEnv().job_id
+    lock.name_holder({"host": host, "pid": pid, "job": job, "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    _held.append(lock)

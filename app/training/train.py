@@ -19,6 +19,7 @@ from rich.markup import escape
 from app.core import modelref
 from app.core.config import MIN_IMAGE_SIZE, Config, dump
 from app.core.errors import AppError, Preempted, UsageError
+from app.core.files import write_atomic
 from app.core.results import read_metrics
 from app.core.validation import checkpoint_interval
 from app.data.pipeline import eval_dataset, input_error, train_dataset
@@ -41,7 +42,6 @@ from app.training.output import (
     Progress,
     Reporter,
     reconcile_metrics,
-    write_text_atomic,
 )
 from app.training.plan import Plan, keep_global_batch, plan, resume_step
 from app.training.prepare import build_model, input_threads, restore, set_precision, setup
@@ -366,7 +366,7 @@ def save_config(
     )
     text, pending = dump(saved), None
     if not resumed:
-        write_text_atomic(run_dir / "config.yaml", text)
+        write_atomic(run_dir / "config.yaml", text)
     elif read_text(run_dir / "config.yaml") != text:
         pending = text
     (run_dir / CheckpointWriter.STOPPED).unlink(missing_ok=True)
