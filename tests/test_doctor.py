@@ -145,7 +145,7 @@ def test_a_stop_signal_reports_what_it_found():
     import sys
     import time
 
-    from app.engines.launch.local import _catches
+    from app.core.signals import catches as _catches
     from conftest import ROOT
 
     proc = subprocess.Popen(

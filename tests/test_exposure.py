@@ -24,7 +24,7 @@ _USERS = re.compile(r"pid=([0-9]+)")
 
 def _tree(root: int) -> set[int]:
     """``root`` and every process below it, from /proc. Read here rather than with app.engines.launch.local's
-    _worker_pids, which keeps only `python -m app` processes: the check must see every process the run starts
+    app_processes, which keeps only `python -m app` processes: the check must see every process the run starts
     (horovodrun, a watcher), and not lean on the code it checks."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):

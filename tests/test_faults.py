@@ -47,7 +47,7 @@ def wait_for(proc: subprocess.Popen, text: str, timeout: float = 300) -> list[st
 
 def workers(proc: subprocess.Popen) -> dict[int, int]:
     """rank -> pid of the training processes started below ``proc`` (from their environment)."""
-    from app.engines.launch.local import _worker_pids
+    from app.core.signals import app_processes as _worker_pids
 
     out = {}
     for pid in _worker_pids(proc.pid):  # under horovodrun, or the tf engine's workers (children of app --np)

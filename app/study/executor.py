@@ -19,8 +19,10 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from app.core.errors import AppError, Preempted, show
+from app.core.signals import Deliveries
 from app.study.files import _Lock
 from app.study.state import INTERRUPTED
 
@@ -45,7 +47,11 @@ class Attempt:
 
 
 class Work(abc.ABC):
-    """What a :class:`LocalExecutor` runs and how it judges each result; the executor does the rest."""
+    """What a :class:`LocalExecutor` runs and how it judges each result; the executor does the rest.
+    ``takes_stops``: whether its processes catch SIGTERM/SIGUSR1 (then a stop waits until each has its
+    handler; else it is passed on at once)."""
+
+    takes_stops: ClassVar[bool] = True
 
     @abc.abstractmethod
     def begin(self, attempt: Attempt) -> list[list[str]]:
@@ -106,12 +112,17 @@ class LocalExecutor:
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+    # How long a process may take to install its stop handler (importing TensorFlow) before it gets a stop
+    # anyway: a signal it cannot catch ends it, and it is recorded as interrupted.
+    STOP_PATIENCE_S = 60
 
     def __init__(self, folder: Path, env: dict, echo, parallel: int = 1):
         self.folder, self.env, self.echo, self.parallel = Path(folder), env, echo, parallel
         self.signum = 0  # the first stop signal the study got
         self.children: list[subprocess.Popen] = []  # the processes a stop signal is passed to
         self.running: list[_Running] = []
+        self.deliveries = Deliveries()
+        self.patience = self.STOP_PATIENCE_S
 
     def __enter__(self) -> LocalExecutor:
         with contextlib.ExitStack() as stack:
@@ -129,6 +140,7 @@ class LocalExecutor:
         that failed. Raises Interrupted after Ctrl-C, and Preempted when the study stopped (by a signal with
         attempts left, or as one stopped)."""
         todo = _Ahead(attempts)
+        self.patience = self.STOP_PATIENCE_S if work.takes_stops else 0
         failed: list[str] = []
         stopped = False
         try:
@@ -177,22 +189,27 @@ class LocalExecutor:
         out = {"stdout": log, "stderr": subprocess.STDOUT} if log is not None else {}
         child = subprocess.Popen(argv, env=self.env, **out)
         self.children = [*(c for c in self.children if c.poll() is None), child]
-        if self.signum:  # came while it was being started
-            self._note(self.signum, None)
+        if self.signum:  # came while it was being started: this one gets it too
+            self.deliveries.note(self.signum)
+            self._deliver()
         return child
 
-    def _note(self, signum, frame) -> None:
+    def _note(self, signum, frame) -> None:  # a signal handler: it notes; _deliver passes the signal on
         self.signum = self.signum or signum
-        for child in self.children:
-            if child.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(child.pid, signum)
+        self.deliveries.note(signum)
+
+    def _deliver(self) -> None:
+        """Pass the stop signals the study got to its processes, each once it catches them (app.core.signals),
+        or to all at once after ``patience`` seconds."""
+        live = [child.pid for child in self.children if child.poll() is None]
+        self.deliveries.deliver(live, lambda got: set(live) <= got, self.patience, _send)
 
     def _wait_any(self) -> tuple[_Running, int]:
         """The first attempt whose processes have all ended, and its exit status: the first of theirs that
         is not 0, in the order they started. Polled: os.wait() would also reap processes that are not these
         (their Popen would lose its status), and a study's runs take minutes, not 0.2 s."""
         while True:
+            self._deliver()
             for running in self.running:
                 codes = [child.poll() for child in running.procs]
                 if None not in codes:
@@ -237,6 +254,13 @@ class LocalExecutor:
             with contextlib.suppress(OSError):
                 _record(self.folder, running.attempt.name, INTERRUPTED)
         return names
+
+
+def _send(signum: int, pids: list[int]) -> None:
+    """``signum`` to ``pids`` now, whether they catch it or not."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
 
 
 def _end_after_ctrl_c(child: subprocess.Popen) -> int:

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from app.core.errors import AppError, UsageError, show
 from app.study.executor import DONE, FAILED, STOPPED, Attempt, LocalExecutor, Work
@@ -221,6 +222,8 @@ class Benchmarking(Work):
     """A scaling study's parts here, one at a time: each an `app benchmark` on its workers, or an
     independent part's one-worker processes at once. Benchmarks have no clean stop: whatever a part did once
     the study got a stop signal, the study stops."""
+
+    takes_stops: ClassVar[bool] = False  # `app benchmark` has no clean stop: a stop ends it at once
 
     folder: Path
     plan: ScalingPlan

@@ -18,6 +18,7 @@ import threading
 import time
 
 from app.core.errors import REQUEUE_EXIT_CODE, AppError, UsageError
+from app.core.signals import Deliveries, app_processes
 from app.engines.world import ERROR_DIR_VAR, LAUNCHED_BY_VAR, LOCAL_RANK_VARS, REPLICAS_VAR, collected_errors
 
 
@@ -191,7 +192,7 @@ class _Forwarder:
         self.own = False
         self.group: list[int] = []
         self.ends = 0  # how many times the workers were told to end
-        self.pending: dict[int, float] = {}  # stop signal -> when it came
+        self.deliveries = Deliveries()  # stop signals, delivered to each worker once it catches them
         self.end = False
         self.wake = threading.Event()
         threading.Thread(target=self._run, daemon=True, name="scaleout-forward").start()
@@ -207,80 +208,32 @@ class _Forwarder:
 
     def _note(self, signum, frame) -> None:  # a signal handler: no locks, no threads started here
         import signal
-        import time
 
         if self.stoppable and signum in (signal.SIGUSR1, signal.SIGTERM):
-            self.pending.setdefault(signum, time.monotonic())
+            self.deliveries.note(signum)
         else:
             self.end = True
         self.wake.set()
 
+    def _late(self, signum: int, without: list[int]) -> None:
+        """Workers that never took the stop: end them (through horovodrun)."""
+        self.end = True
+
     def _run(self) -> None:
         import signal
-        import time
 
-        delivered: dict[int, set[int]] = {}
         while True:
-            self.wake.wait(0.2 if self.pending else None)
+            self.wake.wait(0.2 if self.deliveries.pending else None)
             self.wake.clear()
             if self.pid is None:
                 continue
-            pending = dict(self.pending)  # a copy: the handler may add to it meanwhile
-            for signum, since in pending.items():
-                got = delivered.setdefault(signum, set())
-                for pid in (p for root in self.group for p in _worker_pids(root, itself=self.own)):
-                    if pid not in got and _catches(pid, signum):
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(pid, signum)
-                        got.add(pid)
-                if len(got) >= self.np:
-                    self.pending.pop(signum, None)
-                elif time.monotonic() - since > self.PATIENCE_S:  # workers that never take it: end them
-                    self.pending.pop(signum, None)
-                    self.end = True
+            workers = [p for root in self.group for p in app_processes(root, itself=self.own)]
+            self.deliveries.deliver(workers, lambda got: len(got) >= self.np, self.PATIENCE_S, self._late)
             if self.end:  # a second Ctrl-C (or hang-up) kills what the first did not end
                 self.end, self.ends = False, self.ends + 1
                 for pid in self.group:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(pid, signal.SIGINT if self.ends == 1 else signal.SIGKILL)
-
-
-def _catches(pid: int, signum: int) -> bool:
-    """Whether process ``pid`` has a handler for ``signum`` (its SigCgt mask in /proc), i.e. will not die of
-    it."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            mask = next(int(ln.split()[1], 16) for ln in f if ln.startswith("SigCgt:"))
-    except (OSError, StopIteration, ValueError, IndexError):
-        return False
-    return bool(mask >> (signum - 1) & 1)
-
-
-def _worker_pids(root: int, itself: bool = False) -> list[int]:
-    """The `python -m app` processes below ``root`` (and ``root`` itself when ``itself``), read from /proc:
-    the standard library has no process tree, and this is the only place that needs one."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [root] if itself else list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        todo += children.get(pid, [])
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"-m" in argv and b"app" in argv:
-            found.append(pid)
-    return found
 
 
 # ------------------------------------------------------------------ the tf engine's own launcher `app train
