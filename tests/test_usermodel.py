@@ -229,3 +229,48 @@ def test_an_error_inside_the_model_during_training_names_the_users_line_not_ours
         "RuntimeError: boom in training"
     ], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_job_carries_the_users_model_file_checked_before_it_is_submitted(tmp_path):
+    """app submit runs where the job will (its directory): the model file must be there and, for an image
+    profile, inside what the container binds; the job's ranks get model.name as given."""
+    import subprocess
+    import sys
+
+    (tmp_path / "mymodel.py").write_text(MODEL_FILE)
+    (tmp_path / "imagenet").mkdir()
+    (tmp_path / "exp.yaml").write_text("model: {name: resnet50}\ndata: {source: imagenet}\n")
+
+    def submit(model: str) -> subprocess.CompletedProcess:
+        args = ["submit", "--cluster", "roihu", "-c", "exp.yaml", "--data-dir", "imagenet", "--gpus", "4"]
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "app",
+                *args,
+                "--account",
+                "project_1",
+                "--set",
+                f"model.name={model}",
+                "--dry-run",
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    proc = submit("mymodel.py:build")
+    assert proc.returncode == 0, proc.stderr
+    assert "SET_ARGS=(--set model.name=mymodel.py:build)" in proc.stdout
+    for model, words in [
+        ("nothere.py:build", "cannot read the model file (no such file)"),
+        ("/dev/null.py:build", "cannot read the model file"),
+    ]:
+        proc = submit(model)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and words in proc.stderr, proc.stderr
+    outside = tmp_path.parent / f"{tmp_path.name}-elsewhere.py"  # /tmp: the compute nodes' own, never bound
+    outside.write_text(MODEL_FILE)
+    proc = submit(f"{outside}:build")
+    assert proc.returncode == 2 and "is not inside what the roihu container binds" in proc.stderr, proc.stderr

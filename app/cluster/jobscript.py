@@ -26,7 +26,7 @@ from app.cluster.profile_schema import Cluster, Partition
 from app.cluster.profiles import ROOT, choose_partition, memory_request
 from app.cluster.request import JobRequest, check_request
 from app.cluster.staging import SHARED_RUN_DIR, plan_stage
-from app.core import version
+from app.core import modelref, version
 from app.core.config import Config, build
 from app.core.errors import REQUEUE_EXIT_CODE, UsageError, show
 from app.core.rundir import for_run
@@ -84,7 +84,7 @@ def render(request: JobRequest) -> Job:
         raise UsageError(tf_across_nodes(cluster, request.gpus, shape.nodes))
     if across and not request.smoke:
         request = replace(request, sets=(*request.sets, TF_CONSENT))
-    name = _job_name(request)
+    name, cfg = _job_name(request)
     gres = cluster.gpu_request.format(gpus=shape.tasks)
     stage = ""
     staged_bind: list[str] = []
@@ -96,6 +96,7 @@ def render(request: JobRequest) -> Job:
         "--resume": request.resume,
         "the run directory": request.into,
         **{f"--config {c}": c for c in request.configs},
+        **_model_file(cfg, request.resume),
     }
     check_visible(cluster, visible)
     # Every GPU of each node: node-wide settings (CPU binding per GPU) apply.
@@ -194,12 +195,21 @@ def _job_shape(request: JobRequest) -> _Shape:
     return _Shape(nodes, min(gpus, gpn), time_limit, time_s, chosen)
 
 
-def _job_name(request: JobRequest) -> str:
-    """--name, else "smoke" for --smoke, else the config's name; the config is built (or a resumed run's read)
-    and checked here."""
+def _model_file(cfg: Config | None, resume: str | None) -> dict[str, str]:
+    """The user's model file a new run's ranks import (``model.name`` path/to/file.py:function), checked to
+    exist here (the job runs in this directory); a resume builds the run's own copy when it is gone."""
+    ref = modelref.parse(cfg.model.name) if cfg is not None else None
+    if ref is None or ref.kind != "file" or resume is not None:
+        return {}
+    return {f"model.name {ref.target}:{ref.function}": str(modelref.model_file(ref))}
+
+
+def _job_name(request: JobRequest) -> tuple[str, Config | None]:
+    """--name, else "smoke" for --smoke, else the config's name; and the config, built (or a resumed run's
+    read) and checked here (None for --smoke)."""
     name, resume = request.name, request.resume
     if request.smoke:
-        return "smoke" if name is None else name
+        return ("smoke" if name is None else name), None
     if not request.configs and resume is None:
         raise UsageError(
             "--config: name at least one experiment file, e.g. -c configs/resnet50_imagenet.yaml"
@@ -220,7 +230,7 @@ def _job_name(request: JobRequest) -> str:
             )
         # a resume's own checks: conflicts with the saved config
         cfg, _ = for_run([], request.sets, options, resume, label="--resume", fresh="submit without --resume")
-    return name if name is not None else cfg.name
+    return (name if name is not None else cfg.name), cfg
 
 
 def _command(smoke: bool, task: Sequence[str] | None) -> tuple[str, str, str]:
