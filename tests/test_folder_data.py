@@ -250,6 +250,29 @@ def test_the_split_is_a_seeded_hash_of_each_path_so_reruns_and_additions_agree(t
     assert {p.removeprefix("train/") for p in validation(train_only)} == first
 
 
+def test_a_class_left_without_a_training_image_is_named():
+    from app.data.convert import Written
+    from app.data.folders import Tree, _notes
+
+    tree = Tree(
+        ["cat", "big dog"],
+        [("s/cat/1.jpg", "cat"), ("s/big dog/2.jpg", "big dog")],
+        [("s/cat/3.jpg", "cat")],
+        [],
+    )
+    lines = []
+    _notes(
+        Path("s"),
+        Path("d"),
+        tree,
+        Written({}, [("s/big dog/2.jpg", "not a decodable JPEG or PNG (x)")]),
+        lines.append,
+    )
+    assert lines[1:] == [
+        "1 class(es) without a training image, which the model cannot learn: 'big dog'; add images to them"
+    ]
+
+
 def test_default_shard_counts_follow_the_data_size():
     from app.data.folders import TRAIN_PER_SHARD, TRAIN_SHARDS, VALIDATION_PER_SHARD, VALIDATION_SHARDS
 

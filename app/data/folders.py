@@ -108,7 +108,10 @@ def _files(folder: Path) -> tuple[list[Path], list[Path]]:
 
 def _read_tree(root: Path) -> tuple[dict[str, list[Path]], list[Path]]:
     """{class name: its images} of the class folders in ``root``, and the files that are not images."""
-    entries = sorted(p for p in root.iterdir() if not p.name.startswith("."))
+    try:
+        entries = sorted(p for p in root.iterdir() if not p.name.startswith("."))
+    except OSError as exc:
+        raise UsageError(f"SRC {_q(root)}: cannot be listed ({exc.strerror}); fix its permissions") from None
     folders = [p for p in entries if p.is_dir()]
     if not folders:
         raise UsageError(
@@ -276,13 +279,21 @@ def folder_to_tfrecord(
         skip_bad=not strict,
     )
     written = write_layout(dest, layout, workers, force, seed, progress, note)
-    if tree.ignored and note:  # after the conversion: bad input stays one line
+    if note:  # after the conversion: bad input stays one line
+        _notes(src, dest, tree, written, note)
+    return written, tree
+
+
+def _notes(src: Path, dest: Path, tree: Tree, written: Written, note) -> None:
+    """One line each: the files that are not images, the images that did not decode, the classes left
+    without a training image."""
+    if tree.ignored:
         names = [_q(os.path.relpath(p, src)) for p in tree.ignored]
         note(
             f"ignored {len(names):,} file(s) that are not .jpg, .jpeg or .png images in a class folder: "
             f"{_some(names)}"
         )
-    if written.skipped and note:
+    if written.skipped:
         names = [_q(os.path.relpath(p, src)) for p, _ in sorted(written.skipped)]
         total = len(tree.train) + len(tree.validation)
         note(
@@ -290,4 +301,11 @@ def folder_to_tfrecord(
             f"{_some(names)}; why, for each, in {_q(dest / CLASS_COUNTS)} (--strict stops at the first "
             "instead)"
         )
-    return written, tree
+    bad = {path for path, _ in written.skipped}
+    taught = {c for path, c in tree.train if path not in bad}
+    untaught = [show(c) for c in tree.classes if c not in taught]
+    if untaught:
+        note(
+            f"{len(untaught):,} class(es) without a training image, which the model cannot learn: "
+            f"{_some(untaught)}; add images to them"
+        )
