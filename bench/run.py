@@ -82,7 +82,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
     parser.add_argument(
         "--only",
-        choices=["input", "training", "horovod", "engines", "faults"],
+        choices=["input", "training", "horovod", "engines", "faults", "convert"],
         help="run one group of comparisons",
     )
     a = parser.parse_args()
@@ -105,6 +105,10 @@ def main() -> None:
         engines_group(out, synthetic, steps, measured, rows)
     if a.only in (None, "faults"):
         faults_group(out, synthetic, records, steps, measured, rows)
+    if a.only in (None, "convert"):
+        from convert import convert_group  # bench/convert.py: the script's folder is first on sys.path
+
+        convert_group(out, raw_dir, sh, measured, rows, ratio_interval)
     write(out, measured, rows)
 
 

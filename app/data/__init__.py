@@ -1,6 +1,7 @@
 """data: the input stage. Dataset sources (TFDS, ImageNet TFRecords, synthetic) and per-rank sharding
-(sources), decoding and augmentation (preprocess), the tf.data pipeline (pipeline), and `app data
-imagenet-to-tfrecord`, the converter that prepares ImageNet (convert).
+(sources), decoding and augmentation (preprocess), the tf.data pipeline (pipeline), and the converters to the
+standard TFRecord layout: the shared writer and `app data imagenet-to-tfrecord` (convert, reading ilsvrc),
+`app data folder-to-tfrecord` (folders).
 
 May import: app.core, app.engines (to agree step counts across ranks). Must not import: training, cluster,
 study, reports, cli.

@@ -1,14 +1,14 @@
-"""`app data imagenet-to-tfrecord`: the raw ILSVRC-2012 tree to TFRecords in the standard layout.
+"""The standard TFRecord layout written in parallel: the writer both converters share, and `app data
+imagenet-to-tfrecord`, which gives it the raw ILSVRC-2012 tree (read by app.data.ilsvrc).
 
-Input (SRC):
-  train/<wnid>/*.JPEG                   one folder per class (labels: sorted wnids -> 1..1000)
-  val/*.JPEG + a label file             LOC_val_solution.csv (ImageId,PredictionString) or a text file with
-                                        one wnid per line in sorted image order; or val/<wnid>/*.JPEG
 Output (DEST): train-00000-of-01024 ..., validation-00000-of-00128 ..., and counts.json (examples per file)
-with the features image/encoded, image/class/label (1..1000), image/class/synset, image/height|width,
-image/format, image/filename, image/object/bbox/* (empty: boxes are optional and the crop falls back to the
-whole image). PNG and CMYK files hidden among ImageNet's JPEGs are re-encoded as RGB JPEG, and so are JPEGs
-that libjpeg decodes only with a warning ("Corrupt JPEG data: ..."), so that training never meets them.
+with the features image/encoded, image/class/label (1..K), image/class/synset (the class's name: a wnid, or a
+folder's name), image/height|width, image/format, image/filename, image/object/bbox/* (empty: boxes are
+optional and the crop falls back to the whole image). PNG, grayscale and CMYK files are re-encoded as RGB
+JPEG (training decodes JPEG only), and so are JPEGs that libjpeg decodes only with a warning ("Corrupt JPEG
+data: ..."), so that training never meets them. A :class:`Layout` may also ask for labels.txt and
+class-counts.json, and to list and skip the images that do not decode (the folder converter's); ImageNet's
+conversion stops at the first one.
 
 Shards are written in parallel processes, each to a temporary name renamed when complete; existing output is
 never overwritten without --force. Before the first shard, the names this conversion will write go into
@@ -19,7 +19,6 @@ manifest's and counts.json's names), never another file in DEST, whatever its na
 from __future__ import annotations
 
 import contextlib
-import csv
 import errno
 import json
 import os
@@ -29,75 +28,46 @@ import shutil
 import tempfile
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
-from app.core.errors import WRITE_ERRNOS, AppError, UsageError, read_regular
+from app.core.errors import WRITE_ERRNOS, AppError, UsageError, read_regular, show
+from app.data.ilsvrc import scan
 
-IMAGE_EXTENSIONS = {".jpeg", ".jpg", ".png"}
 MANIFEST = ".scaleout-convert.json"  # the files a conversion writes, listed before it writes them
 COUNTS = "counts.json"
+LABELS = "labels.txt"  # the class names in label order, one a line (the folder converter)
+CLASS_COUNTS = "class-counts.json"  # images per split and per class, and the skipped files (the same)
+EXTRAS = (LABELS, CLASS_COUNTS)
 MANIFEST_LIMIT = 64 * 2**20  # bytes of the manifest or counts.json: names of a few thousand shards
 OUTPUT_NAME = re.compile(r"(train|validation)-[0-9]{5}-of-[0-9]{5}")  # the only shard names it writes
 
 
-def _images(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
+@dataclass(frozen=True)
+class Layout:
+    """What one conversion writes into DEST: labels 1..K for ``classes`` in that order, and per split its
+    (image path, class name) items and its number of shards."""
+
+    classes: list[str]
+    train: list[tuple[str, str]]
+    validation: list[tuple[str, str]]
+    train_shards: int
+    validation_shards: int
+    labels: bool = False  # also labels.txt and class-counts.json
+    skip_bad: bool = False  # list and skip the images that do not decode (else the first one stops it)
+
+    def extras(self) -> list[str]:
+        """The files besides the shards and counts.json that this conversion writes."""
+        return list(EXTRAS) if self.labels else []
 
 
-def scan(
-    src: Path, labels_file: Path | None = None
-) -> tuple[list[str], list[tuple[str, str]], list[tuple[str, str]]]:
-    """(wnids, train [(path, wnid)], validation [(path, wnid)]) of a raw ILSVRC tree."""
-    train_dir, val_dir = src / "train", src / "val"
-    if not train_dir.is_dir():
-        raise UsageError(f"SRC {src}: no train/ folder; expected train/<wnid>/*.JPEG and val/")
-    wnids = sorted(p.name for p in train_dir.iterdir() if p.is_dir())
-    if not wnids:
-        raise UsageError(f"SRC {src}/train: no class folders (train/<wnid>/*.JPEG)")
-    images = {w: _images(train_dir / w) for w in wnids}  # each class folder listed once (1.28 M files)
-    empty = next((w for w in wnids if not images[w]), None)
-    if empty is not None:  # it would still take a label, shifting every later class's by one
-        raise UsageError(
-            f"SRC {train_dir / empty}: a class folder without images (.JPEG, .JPG or .PNG) would still take "
-            "a label; remove it or add its images"
-        )
-    train = [(str(p), w) for w in wnids for p in images[w]]
-    if not val_dir.is_dir():
-        raise UsageError(f"SRC {src}: no val/ folder")
-    if any(p.is_dir() for p in val_dir.iterdir()):
-        val = [
-            (str(p), w)
-            for w in sorted(d.name for d in val_dir.iterdir() if d.is_dir())
-            for p in _images(val_dir / w)
-        ]
-    else:
-        val = _labelled_validation(src, _images(val_dir), labels_file)
-    unknown = sorted({w for _, w in val} - set(wnids))
-    if unknown:
-        raise UsageError(f"validation labels name classes without a train/ folder: {', '.join(unknown[:5])}")
-    return wnids, train, val
+@dataclass
+class Written:
+    """What a conversion wrote: examples per shard, and the (image, why) it skipped."""
 
-
-def _labelled_validation(src: Path, images: list[Path], labels_file: Path | None) -> list[tuple[str, str]]:
-    candidates = [labels_file] if labels_file else [src / "LOC_val_solution.csv", src / "val_labels.txt"]
-    path = next((p for p in candidates if p and p.is_file()), None)
-    if path is None:
-        raise UsageError(
-            f"SRC {src}/val: images without class folders need labels; pass --labels FILE "
-            "(LOC_val_solution.csv or one wnid per line)"
-        )
-    if path.suffix == ".csv":
-        with open(path) as f:
-            rows = {r["ImageId"]: r["PredictionString"].split()[0] for r in csv.DictReader(f)}
-        missing = [p.name for p in images if p.stem not in rows]
-        if missing:
-            raise UsageError(f"--labels {path}: no label for {missing[0]} (and {len(missing) - 1} more)")
-        return [(str(p), rows[p.stem]) for p in images]
-    lines = [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
-    if len(lines) != len(images):
-        raise UsageError(f"--labels {path}: {len(lines)} labels for {len(images)} validation images")
-    return [(str(p), w) for p, w in zip(images, lines, strict=True)]
+    counts: dict[str, int]
+    skipped: list[tuple[str, str]]
 
 
 _LOG: str | None = None  # a worker's stderr, where libjpeg writes its warnings (see _quiet_worker)
@@ -133,9 +103,10 @@ def _warned_since(offset: int) -> bool:
 
 
 def _write_shard(
-    dest: str, name: str, items: list[tuple[str, str]], index: dict[str, int]
-) -> tuple[str, int, list[str]]:
-    """Write one shard (in a worker process) and return (file name, examples, the JPEGs it repaired)."""
+    dest: str, name: str, items: list[tuple[str, str]], index: dict[str, int], skip_bad: bool
+) -> tuple[str, int, list[str], list[tuple[str, str]]]:
+    """Write one shard (in a worker process) and return (file name, examples, the JPEGs it repaired, the
+    images it skipped with the reason)."""
     from app.core.compat import import_tensorflow
 
     tf = import_tensorflow()
@@ -149,10 +120,16 @@ def _write_shard(
 
     tmp = os.path.join(dest, f".{name}.tmp")
     repaired: list[str] = []
+    skipped: list[tuple[str, str]] = []
     try:
         with tf.io.TFRecordWriter(tmp) as writer:
-            for path, wnid in items:
-                writer.write(_example(tf, feature, path, wnid, index, repaired))
+            for path, label in items:
+                try:
+                    writer.write(_example(tf, feature, path, label, index, repaired))
+                except BadImage as bad:
+                    if not skip_bad:
+                        raise
+                    skipped.append((bad.path, bad.reason))
     except BaseException as exc:
         if os.path.exists(tmp):
             os.remove(tmp)  # no half-written shard is left behind, under any name
@@ -160,10 +137,10 @@ def _write_shard(
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(dest, name)) from None
         raise
     os.replace(tmp, os.path.join(dest, name))
-    return name, len(items), repaired
+    return name, len(items) - len(skipped), repaired, skipped
 
 
-def _example(tf, feature, path: str, wnid: str, index: dict[str, int], repaired: list[str]) -> bytes:
+def _example(tf, feature, path: str, label: str, index: dict[str, int], repaired: list[str]) -> bytes:
     """One image as a serialized tf.train.Example; a file that cannot be read or decoded is a BadImage."""
     try:
         data = Path(path).read_bytes()
@@ -171,10 +148,10 @@ def _example(tf, feature, path: str, wnid: str, index: dict[str, int], repaired:
         image = tf.io.decode_image(data, channels=3, expand_animations=False)
         is_rgb_jpeg = data[:3] == b"\xff\xd8\xff" and int(tf.image.extract_jpeg_shape(data)[2]) == 3
     except OSError as exc:
-        raise BadImage(f"{path}: cannot be read ({exc.strerror or exc})") from None
+        raise BadImage(path, f"cannot be read ({exc.strerror or exc})") from None
     except tf.errors.OpError as exc:
         reason = (re.sub(r"\{\{function_node [^}]*\}\}\s*", "", exc.message).splitlines() or ["?"])[0][:120]
-        raise BadImage(f"{path}: not a decodable JPEG or PNG ({reason})") from None
+        raise BadImage(path, f"not a decodable JPEG or PNG ({reason})") from None
     if is_rgb_jpeg and _warned_since(before):  # decoded with libjpeg's warning: store a clean re-encoding
         repaired.append(path)
         is_rgb_jpeg = False
@@ -185,8 +162,8 @@ def _example(tf, feature, path: str, wnid: str, index: dict[str, int], repaired:
             feature={
                 "image/encoded": feature(data),
                 "image/format": feature(b"JPEG"),
-                "image/class/label": feature(index[wnid]),
-                "image/class/synset": feature(wnid.encode()),
+                "image/class/label": feature(index[label]),
+                "image/class/synset": feature(label.encode()),
                 "image/height": feature(int(image.shape[0])),
                 "image/width": feature(int(image.shape[1])),
                 "image/filename": feature(os.path.basename(path).encode()),
@@ -199,6 +176,13 @@ def _example(tf, feature, path: str, wnid: str, index: dict[str, int], repaired:
 
 class BadImage(Exception):
     """An input image that cannot be read or decoded (picklable: it crosses from the worker processes)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(path, reason)
+        self.path, self.reason = path, reason
+
+    def __str__(self) -> str:
+        return f"{show(self.path, limit=None)}: {self.reason}"
 
 
 def convert(
@@ -213,16 +197,12 @@ def convert(
     progress=None,
     note=None,
 ) -> dict[str, int]:
-    """Convert and return {file name: examples}; ``progress(done, total)`` is called as shards finish, and
-    ``note(line)`` says which JPEGs were repaired."""
+    """Convert the raw ILSVRC tree ``src`` and return {file name: examples}; ``progress(done, total)`` is
+    called as shards finish, and ``note(line)`` says which JPEGs were repaired."""
     src, dest = Path(src), Path(dest)
     if not src.is_dir():
-        raise UsageError(f"SRC {src}: no such directory")
-    if dest.resolve() == src.resolve() or src.resolve() in dest.resolve().parents:
-        raise UsageError(
-            f"DEST {dest} is inside SRC {src}: converting again would read the output as images; "
-            "choose a DEST outside SRC"
-        )
+        raise UsageError(f"SRC {show(src, limit=None)}: no such directory")
+    refuse_dest_in_src(src, dest)
     wnids, train, val = scan(src, labels_file)
     for what, n, items in (
         ("--train-shards", train_shards, train),
@@ -230,33 +210,51 @@ def convert(
     ):
         if not 1 <= n <= len(items):
             raise UsageError(f"{what} {n}: must be between 1 and the {len(items)} images there")
-    previous = _previous_output(dest, force)
+    layout = Layout(wnids, train, val, train_shards, validation_shards)
+    return write_layout(dest, layout, workers, force, seed, progress, note).counts
+
+
+def refuse_dest_in_src(src: Path, dest: Path) -> None:
+    """A DEST in SRC would be read as images by the next conversion: refused before anything is written."""
+    if dest.resolve() == src.resolve() or src.resolve() in dest.resolve().parents:
+        raise UsageError(
+            f"DEST {show(dest, limit=None)} is inside SRC {show(src, limit=None)}: converting again would "
+            "read the output as images; choose a DEST outside SRC"
+        )
+
+
+def write_layout(
+    dest: Path, layout: Layout, workers: int = 0, force: bool = False, seed: int = 0, progress=None, note=None
+) -> Written:
+    """Write ``layout`` into ``dest`` with ``workers`` processes (0: one per CPU); ``seed`` shuffles the
+    training images among the shards. Refuses a DEST with earlier output unless ``force``."""
+    previous = _previous_output(dest, force, layout.extras())
+    train = list(layout.train)
     random.Random(seed).shuffle(train)  # every shard holds a mix of classes
-    index = {w: i + 1 for i, w in enumerate(wnids)}  # labels 1..1000, as the standard layout stores them
+    # labels 1..K, as the standard layout stores them
+    index = {c: i + 1 for i, c in enumerate(layout.classes)}
     jobs = [
         (f"{split}-{i:05d}-of-{n:05d}", items[i::n])
-        for split, n, items in (("train", train_shards, train), ("validation", validation_shards, val))
+        for split, n, items in (
+            ("train", layout.train_shards, train),
+            ("validation", layout.validation_shards, layout.validation),
+        )
         for i in range(n)
     ]
     _refuse_foreign(dest, previous | {name for name, _ in jobs})
     existed = dest.is_dir()
     had_manifest = (dest / MANIFEST).exists()
     dest.mkdir(parents=True, exist_ok=True)
-    _write_json(dest / MANIFEST, {"format": 1, "files": sorted({*previous, *(name for name, _ in jobs)})})
-    counts: dict[str, int] = {}
+    new = {*(name for name, _ in jobs), *layout.extras()}
+    _write_json(dest / MANIFEST, {"format": 1, "files": sorted(previous | new)})
+    if layout.labels:  # before the shards: no shard of this conversion is ever without its label names
+        _write_text(dest / LABELS, "".join(f"{c}\n" for c in layout.classes))
+    written = Written({}, [])
     repaired: list[str] = []
     logs = tempfile.mkdtemp(prefix="scaleout-convert-")  # the workers' stderr: libjpeg's warnings, TF's noise
     try:
-        _run_pool(
-            dest,
-            jobs,
-            index,
-            workers,
-            (counts, repaired),
-            progress,
-            (bool(previous), existed, had_manifest),
-            logs,
-        )
+        before = (bool(previous), existed, had_manifest)
+        _run_pool(dest, jobs, (index, layout), workers, (written, repaired), progress, before, logs)
     except BrokenProcessPool:  # a worker died (killed, out of memory): its own last words are in its log
         raise AppError(
             f"a converter worker died ({_last_words(logs)}); nothing of it was kept: run the same "
@@ -266,86 +264,110 @@ def convert(
         shutil.rmtree(logs, ignore_errors=True)
     if repaired and note:
         note(
-            f"{len(repaired)} JPEG(s) decoded only with libjpeg's warning (e.g. {repaired[0]}) were stored "
-            "re-encoded (quality 95), as training would have decoded them"
+            f"{len(repaired)} JPEG(s) decoded only with libjpeg's warning (e.g. "
+            f"{show(repaired[0], limit=None)}) were stored re-encoded (quality 95), as training would have "
+            "decoded them"
         )
-    _finish(dest, previous, counts)
-    return counts
+    _finish(dest, previous, written, layout)
+    return written
 
 
-def _finish(dest: Path, previous: set[str], counts: dict[str, int]) -> None:
+def class_counts(layout: Layout, skipped: list[tuple[str, str]]) -> dict:
+    """class-counts.json: images per split, per class (with its label), and the skipped images."""
+    bad = {path for path, _ in skipped}
+    per_class = {c: {"label": i + 1, "train": 0, "validation": 0} for i, c in enumerate(layout.classes)}
+    for split, items in (("train", layout.train), ("validation", layout.validation)):
+        for path, c in items:
+            per_class[c][split] += path not in bad
+    return {
+        "classes": len(layout.classes),
+        **{s: sum(n[s] for n in per_class.values()) for s in ("train", "validation")},
+        "per_class": per_class,
+        "skipped": [{"file": path, "why": why} for path, why in skipped],
+    }
+
+
+def _finish(dest: Path, previous: set[str], written: Written, layout: Layout) -> None:
     """After every shard was written: the counts and the manifest of the new layout in DEST."""
-    # --force: the old layout's shards that this conversion did not overwrite would mix into the new one.
+    counts = written.counts
+    # --force: the old layout's files that this conversion did not overwrite would mix into the new one.
     try:
-        for old in sorted(previous - set(counts)):
+        for old in sorted(previous - set(counts) - set(layout.extras())):
             (dest / old).unlink(missing_ok=True)
+        if layout.labels:
+            _write_json(dest / CLASS_COUNTS, class_counts(layout, written.skipped))
         _write_json(dest / COUNTS, dict(sorted(counts.items())))
-        _write_json(dest / MANIFEST, {"format": 1, "files": sorted(counts)})
+        _write_json(dest / MANIFEST, {"format": 1, "files": sorted({*counts, *layout.extras()})})
     except OSError as exc:
         if exc.errno not in WRITE_ERRNOS:
             raise
         raise AppError(
-            f"{exc.filename}: cannot write ({os.strerror(exc.errno)}) after every shard was written: "
-            "free some space, then run the same command with --force"
+            f"{show(exc.filename, limit=None)}: cannot write ({os.strerror(exc.errno)}) after every shard "
+            "was written: free some space, then run the same command with --force"
         ) from None
 
 
-def _run_pool(dest: Path, jobs, index, workers: int, out, progress, before: tuple, logs: str) -> None:
+def _run_pool(dest: Path, jobs, what, workers: int, out, progress, before: tuple, logs: str) -> None:
     """The shards, written by spawned (not forked) workers (each imports TensorFlow itself, which is not
-    fork-safe once loaded), whose stderr goes to files in ``logs`` (:func:`_quiet_worker`); ``out``: the
-    counts per shard and the repaired JPEGs, filled as shards finish."""
-    counts, repaired = out
-    earlier, existed, had_manifest = before
+    fork-safe once loaded), whose stderr goes to files in ``logs`` (:func:`_quiet_worker`); ``what``: the
+    labels by class name and the layout; ``out``: what was written and the repaired JPEGs, filled as shards
+    finish."""
+    written, repaired = out
+    index, layout = what
     with ProcessPoolExecutor(
         max_workers=workers or os.cpu_count(),
         mp_context=get_context("spawn"),
         initializer=_quiet_worker_in,
         initargs=(logs,),
     ) as pool:
-        futures = [pool.submit(_write_shard, str(dest), name, items, index) for name, items in jobs]
+        futures = [
+            pool.submit(_write_shard, str(dest), name, items, index, layout.skip_bad) for name, items in jobs
+        ]
         try:
             for future in as_completed(futures):
-                name, n, fixed = future.result()
-                counts[name] = n
+                name, n, fixed, skipped = future.result()
+                written.counts[name] = n
+                written.skipped += skipped
                 repaired += fixed
                 if progress:
-                    progress(len(counts), len(jobs))
+                    progress(len(written.counts), len(jobs))
         except (BadImage, OSError) as exc:  # fail fast: no new shard starts; running ones finish or clean up
             pool.shutdown(wait=True, cancel_futures=True)
-            written = [
+            done = [
                 f.result()[0] for f in futures if f.done() and not f.cancelled() and f.exception() is None
             ]
             if isinstance(exc, BadImage):
                 raise AppError(
                     f"{exc}; remove or replace it, then convert again with --force "
-                    f"({len(written)} of {len(jobs)} shards were written to {dest})"
+                    f"({len(done)} of {len(jobs)} shards were written to {show(dest, limit=None)})"
                 ) from None
-            raise _write_failed(exc, dest, written, len(jobs), (not existed, earlier, had_manifest)) from None
+            earlier, existed, had_manifest = before
+            ours = [*done, *([] if had_manifest else [MANIFEST]), *([LABELS] if layout.labels else [])]
+            raise _write_failed(exc, dest, (len(done), len(jobs)), (not existed, earlier, ours)) from None
 
 
-def _write_failed(exc: OSError, dest: Path, written: list[str], total: int, before: tuple) -> Exception:
+def _write_failed(exc: OSError, dest: Path, shards: tuple[int, int], before: tuple) -> Exception:
     """A full disk, a quota or a read-only DEST in the middle of a conversion, as one line. With no earlier
     conversion in DEST, what this one wrote is removed (and DEST, if it made it), so the same command works
     once there is room; over an earlier one (--force), the manifest lists both for the next --force."""
     if exc.errno not in WRITE_ERRNOS:
         return exc
-    created, earlier, had_manifest = before
+    created, earlier, ours = before
+    written, total = shards
     if earlier:
-        kept = (
-            f"{len(written)} of {total} new shards were written; the same command with --force replaces them"
-        )
+        kept = f"{written} of {total} new shards were written; the same command with --force replaces them"
     else:
-        for name in [*written, *([] if had_manifest else [MANIFEST])]:  # only what this conversion wrote
+        for name in ours:  # only what this conversion wrote
             with contextlib.suppress(OSError):
                 (dest / name).unlink()
         if created:
             with contextlib.suppress(OSError):
                 dest.rmdir()
-        kept = f"the {len(written)} of {total} shards written so far were removed"
+        kept = f"the {written} of {total} shards written so far were removed"
     fix = "make DEST writable" if exc.errno == errno.EROFS else "free some space (about as much as SRC holds)"
     return AppError(
-        f"DEST {dest}: {os.strerror(exc.errno)} while writing shards; {kept}; {fix}, then run the "
-        "same command again"
+        f"DEST {show(dest, limit=None)}: {os.strerror(exc.errno)} while writing shards; {kept}; {fix}, then "
+        "run the same command again"
     )
 
 
@@ -364,12 +386,14 @@ def _read_by_training(dest: Path) -> set[str]:
     return {p.name for pattern in ("train-*-of-*", "validation-*-of-*") for p in dest.glob(pattern)}
 
 
-def _previous_output(dest: Path, force: bool) -> set[str]:
-    """The shard names an earlier conversion wrote into ``dest`` (its manifest and counts.json), which only
-    --force may replace. Files it did not write are never counted, so never removed."""
+def _previous_output(dest: Path, force: bool, extras: list[str]) -> set[str]:
+    """The names an earlier conversion wrote into ``dest`` (its manifest and counts.json), which only
+    --force may replace. Files it did not write are never counted, so never removed. ``extras``: the other
+    files this conversion writes, which are in the way like its shards."""
     if not dest.is_dir():
         return set()
-    there = [*sorted(_read_by_training(dest)), *([COUNTS] if (dest / COUNTS).exists() else [])]
+    in_the_way = [COUNTS, *extras]
+    there = [*sorted(_read_by_training(dest)), *(n for n in in_the_way if (dest / n).exists())]
     listed: set[str] = set()
     for name, key in ((MANIFEST, "files"), (COUNTS, None)):
         try:
@@ -377,10 +401,12 @@ def _previous_output(dest: Path, force: bool) -> set[str]:
             names = data[key] if key else list(data)
         except (UsageError, ValueError, KeyError, TypeError, RecursionError):
             continue  # missing or damaged: then nothing of it is removed
-        listed |= {n for n in names if isinstance(n, str) and OUTPUT_NAME.fullmatch(n)}
+        listed |= {n for n in names if isinstance(n, str) and (OUTPUT_NAME.fullmatch(n) or n in EXTRAS)}
     if there and not force:
         _refuse_foreign(dest, listed)  # --force would refuse those too: the hint names the real fix first
-        raise UsageError(f"DEST {dest}: already holds {_some(there)}; pass --force to overwrite")
+        raise UsageError(
+            f"DEST {show(dest, limit=None)}: already holds {_some(there)}; pass --force to overwrite"
+        )
     return listed
 
 
@@ -390,9 +416,9 @@ def _refuse_foreign(dest: Path, ours: set[str]) -> None:
     foreign = sorted(_read_by_training(dest) - ours) if dest.is_dir() else []
     if foreign:
         raise UsageError(
-            f"DEST {dest}: {_some(foreign)} {'was' if len(foreign) == 1 else 'were'} not written by a "
-            "conversion, yet training would read it; move it out of DEST (or pick another DEST), then "
-            "convert again"
+            f"DEST {show(dest, limit=None)}: {_some(foreign)} {'was' if len(foreign) == 1 else 'were'} not "
+            "written by a conversion, yet training would read it; move it out of DEST (or pick another "
+            "DEST), then convert again"
         )
 
 
@@ -403,9 +429,14 @@ def _some(names: list[str]) -> str:
 def _write_json(path: Path, data) -> None:
     """Write ``data`` aside, then rename: a reader sees the old file or the new one, never half of one. A
     failed write leaves no temporary and names ``path``, not the temporary."""
+    _write_text(path, json.dumps(data, indent=1) + "\n")
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) aside, then rename, as :func:`_write_json`."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from app.core.errors import AppError, UsageError
+from app.core.errors import AppError, UsageError, read_regular, show
 from app.data.preprocess import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -28,6 +28,8 @@ IMAGENET_TRAIN_EXAMPLES = 1_281_167
 IMAGENET_VALIDATION_EXAMPLES = 50_000
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 COUNTS_FILE = "counts.json"  # per-file example counts, written by `app data imagenet-to-tfrecord`
+LABELS_FILE = "labels.txt"  # class names in label order, written by `app data folder-to-tfrecord`
+LABELS_LIMIT = 64 * 2**20  # bytes: a million class names
 
 
 @dataclass(frozen=True)
@@ -257,7 +259,7 @@ class ImagenetSource(Source):
         )
         self.spec = Spec(
             "imagenet",
-            cfg.num_classes or 1000,
+            num_classes(root, cfg.num_classes),
             (self.size, self.size, 3),
             n_train,
             n_eval,
@@ -294,6 +296,25 @@ class ImagenetSource(Source):
     def preprocess_eval(self, record):
         encoded, label, _ = parse_imagenet(record)
         return imagenet_eval(encoded, self.size), label
+
+
+def num_classes(root: Path, configured: int) -> int:
+    """The classes of a TFRecord folder: as many as labels.txt names when a conversion wrote one (a config's
+    data.num_classes must then agree), else data.num_classes, else ImageNet's 1000."""
+    path = root / LABELS_FILE
+    if not path.is_file():
+        return configured or 1000
+    text = read_regular(path, f"data.data_dir {show(path, limit=None)}", LABELS_LIMIT, "label file")
+    names = text.decode("utf-8", "replace").split("\n")
+    found = len(names) - (names[-1] == "")  # one name a line, the last one ended by a line break too
+    if not found:
+        raise UsageError(f"{show(path, limit=None)}: names no class; convert the folder again")
+    if configured and configured != found:
+        raise UsageError(
+            f"data.num_classes {configured} disagrees with the {found} classes of {show(path, limit=None)}; "
+            f"set data.num_classes to {found}, or to 0 to take it from labels.txt"
+        )
+    return found
 
 
 def _file_counts(root: Path, files: list[str]) -> dict[str, int]:
