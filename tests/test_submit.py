@@ -1430,7 +1430,8 @@ def test_a_path_the_container_cannot_see_is_refused_before_submission(kw, what, 
     what, path = what.format(outside.name), path.format(outside.name)
     # Roihu's container sees its binds (/users, /projappl, /scratch, /dataset), the submit directory, $HOME and
     # /tmp; a path elsewhere would fail on the compute nodes, after the queue.
-    monkeypatch.setattr(jobscript, "_job_name", lambda *a: ("exp", None))  # the config need not exist for this check
+    # The config need not exist for this check.
+    monkeypatch.setattr(jobscript, "_job_name", lambda *a: ("exp", None))
     with pytest.raises(UsageError) as err:
         render("roihu", 4, **kw)
     assert str(err.value) == (
