@@ -67,7 +67,7 @@ system-deps: ## apt packages: OpenMPI (Horovod's MPI controller), MPICH (the LUM
 	scripts/system-deps.sh
 
 data: ## make sure the quickstart's Fashion-MNIST is here (apt-get install dataset-fashion-mnist as root)
-	@scripts/data.sh $(DATA_DIR)
+	@scripts/data.sh "$(DATA_DIR)"
 
 # The tests make their own TFDS folder from Debian's Fashion-MNIST files.
 test-data:
@@ -92,7 +92,7 @@ test-tf221: $(TF221_VENV)/.installed-$(TF221_VERSION) test-data ## the tf engine
 	@! $(TF221_VENV)/bin/python -c "import horovod" 2>/dev/null || { echo "test-tf221: Horovod is in $(TF221_VENV), which must have none" >&2; exit 1; }
 	$(TF221_VENV)/bin/pytest -m "tf221 and not horovod" $(PYTEST_ARGS)
 
-lint: install ## ruff check + ruff format --check + mypy on the engine contract + hadolint on the Dockerfile
+lint: install ## ruff check + ruff format --check + mypy (engines, config, cluster) + hadolint on the Dockerfile
 	$(VENV)/bin/ruff check app tests $(wildcard bench)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/ruff format --check app tests $(wildcard bench)

@@ -53,6 +53,49 @@ MODEL_FILE = textwrap.dedent(
         return helper(input_shape)
 
 
+    def exits(input_shape, num_classes):
+        raise SystemExit(3)
+
+
+    class Subclassed(keras.Model):
+        def __init__(self, num_classes):
+            super().__init__()
+            self.flat, self.dense = keras.layers.Flatten(), keras.layers.Dense(num_classes)
+
+        def call(self, x):
+            return self.dense(self.flat(x))
+
+
+    def subclassed(input_shape, num_classes):
+        return Subclassed(num_classes)
+
+
+    def nested_softmax(input_shape, num_classes):
+        head = keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(num_classes, activation="softmax")])
+        inputs = keras.Input(shape=input_shape)
+        return keras.Model(inputs, head(inputs))
+
+
+    def lambda_softmax(input_shape, num_classes):
+        import tensorflow as tf
+
+        inputs = keras.Input(shape=input_shape)
+        x = keras.layers.Dense(num_classes)(keras.layers.Flatten()(inputs))
+        return keras.Model(inputs, keras.layers.Lambda(tf.nn.softmax)(x))
+
+
+    def two_outputs(input_shape, num_classes):
+        inputs = keras.Input(shape=input_shape)
+        x = keras.layers.Flatten()(inputs)
+        return keras.Model(inputs, [keras.layers.Dense(num_classes)(x), keras.layers.Dense(1)(x)])
+
+
+    def bad_reshape(input_shape, num_classes):
+        inputs = keras.Input(shape=input_shape)
+        x = keras.layers.Flatten()(keras.layers.Reshape((7, -1))(inputs))
+        return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
+
+
     def helper(shape):
         raise ValueError(f"cannot build for {shape}")
     '''
@@ -65,6 +108,15 @@ def user_dir(tmp_path_factory) -> Path:
     (folder / "mymodel.py").write_text(MODEL_FILE)
     (folder / "broken.py").write_text("import tf_keras as keras\n\nvalue = undefined_name + 1\n")
     (folder / "syntax.py").write_text("def build(input_shape, num_classes)\n    return None\n")
+    (folder / "script.py").write_text("import argparse\n\nargparse.ArgumentParser().parse_args(['--bad'])\n")
+    (folder / "blocks.py").write_text("WIDTH = 16\n")
+    (folder / "uses_blocks.py").write_text(
+        "import tf_keras as keras\nfrom blocks import WIDTH\n\n\n"
+        "def build(input_shape, num_classes):\n"
+        "    inputs = keras.Input(shape=input_shape)\n"
+        "    x = keras.layers.Dense(WIDTH)(keras.layers.Flatten()(inputs))\n"
+        "    return keras.Model(inputs, keras.layers.Dense(num_classes)(x))\n"
+    )
     return folder
 
 
@@ -128,6 +180,12 @@ def test_a_users_model_is_wrapped_to_take_pixels_and_give_float32_logits_with_we
     assert model(images).shape == (2, 10)
 
 
+@pytest.mark.parametrize("name", ["mymodel.py:subclassed", "uses_blocks.py:build"])
+def test_a_subclassed_model_and_a_file_importing_its_neighbours_build(user_dir, name):
+    model, _ = create(name, user_dir)
+    assert model.output.shape[-1] == 10
+
+
 def test_an_applications_model_builds_untrained_at_the_datas_size_with_logits(user_dir):
     model, _ = create("applications.MobileNetV3Small", user_dir, classes=7)
     assert model.output.shape[-1] == 7 and model.layers[-1].dtype == "float32"
@@ -141,12 +199,21 @@ def test_an_applications_model_builds_untrained_at_the_datas_size_with_logits(us
         ("mymodel.py:wrong_input", "takes images of shape (64, 64, 3), the data's are (32, 32, 3)"),
         ("mymodel.py:not_a_model", "returns 'str', not a tf_keras Model"),
         ("mymodel.py:raises", "mymodel.py:{raise_line} (helper): ValueError: cannot build for (32, 32, 3)"),
-        ("mymodel.py:missing", "missing is not a function there (it defines build, helper, not_a_model,"),
+        (
+            "mymodel.py:missing",
+            "missing is not a function there (it defines bad_reshape, build, exits, helper,",
+        ),
         ("broken.py:build", "broken.py:3 (<module>): NameError: name 'undefined_name' is not defined"),
         ("syntax.py:build", "syntax.py:1 (<module>): SyntaxError:"),
         ("nofile.py:build", "cannot read the model file (no such file)"),
-        ("no_such_module.sub:build", "cannot find module no_such_module.sub"),
+        ("no_such_module.sub:build", "no module no_such_module.sub on this Python's path"),
         ("applications.MobileNetV3Smal", "did you mean applications.MobileNetV3Small"),
+        ("mymodel.py:exits", "the model function called sys.exit(3); move script code under"),
+        ("script.py:build", "importing the model file called sys.exit(2)"),
+        ("mymodel.py:nested_softmax", "ends in a softmax"),
+        ("mymodel.py:lambda_softmax", "ends in a softmax"),
+        ("mymodel.py:two_outputs", "has 2 outputs; scaleout trains one output of class logits"),
+        ("mymodel.py:bad_reshape", "(in layer 'reshape' of type Reshape)"),
     ],
 )
 def test_every_bad_entry_point_is_one_line_naming_the_users_file_and_the_fix(user_dir, name, words):
@@ -160,22 +227,31 @@ def test_every_bad_entry_point_is_one_line_naming_the_users_file_and_the_fix(use
 
 
 def test_a_run_keeps_its_model_file_and_a_resume_refuses_a_changed_one(tmp_path, user_dir):
-    from app.training import usermodel
+    from app.training import modelcopy
 
     source = tmp_path / "mymodel.py"
     shutil.copy(user_dir / "mymodel.py", source)
     ref, run, notes = modelref.ModelRef("file", str(source), "build"), tmp_path / "run", []
-    assert usermodel.keep_source(ref, "mymodel.py:build", run, False, True, notes.append) == ref
+    assert modelcopy.resolve(ref, "mymodel.py:build", run, False, notes.append) == ref  # a new run
+    modelcopy.keep(ref, "mymodel.py:build", run)
     record = json.loads((run / "model" / "source.json").read_text())
     assert (run / "model" / "mymodel.py").read_text() == MODEL_FILE and record["copy"] == "mymodel.py"
-    assert usermodel.keep_source(ref, "mymodel.py:build", run, True, False, notes.append) == ref
+    assert modelcopy.resolve(ref, "mymodel.py:build", run, True, notes.append) == ref and not notes
     source.write_text(MODEL_FILE + "\n# changed\n")
     with pytest.raises(UsageError, match="changed since this run's checkpoints were written"):
-        usermodel.keep_source(ref, "mymodel.py:build", run, True, False, notes.append)
-    source.unlink()  # elsewhere (another machine, a later `app evaluate`): the run's copy serves
-    kept = usermodel.keep_source(ref, "mymodel.py:build", run, True, False, notes.append)
-    assert kept == modelref.ModelRef("file", str(run / "model" / "mymodel.py"), "build") and notes
-    assert usermodel.run_copy(ref, "mymodel.py:build", run) == kept
+        modelcopy.resolve(ref, "mymodel.py:build", run, True, notes.append)
+    copy = modelref.ModelRef("file", str(run / "model" / "mymodel.py"), "build")
+    assert modelcopy.for_evaluation(ref, "mymodel.py:build", run, notes.append) == copy  # its checkpoints'
+    source.unlink()  # elsewhere (another machine): the run's copy serves
+    assert modelcopy.resolve(ref, "mymodel.py:build", run, True, notes.append) == copy and notes
+
+
+def test_a_missing_package_is_one_line_where_training_meets_it(tmp_path):
+    from app.training import modelcopy
+
+    ref = modelref.parse("no_such_package.models:build")
+    with pytest.raises(UsageError, match="no module no_such_package.models on this Python's path"):
+        modelcopy.keep(ref, "no_such_package.models:build", tmp_path)
 
 
 TRAINING_FAILURE = textwrap.dedent(
@@ -229,6 +305,10 @@ def test_an_error_inside_the_model_during_training_names_the_users_line_not_ours
         "RuntimeError: boom in training"
     ], proc.stderr
     assert "Traceback" not in proc.stderr
+    refused = tmp_path / "refused"  # a model refused before training leaves nothing in its run directory
+    args = ["--set", f"model.name={source}:softmax", "--epochs", "1", "--run-dir", str(refused)]
+    proc = run_app(["train", *TINY_SYNTHETIC, *args], expect=2)
+    assert "ends in a softmax" in proc.stderr and not (refused / "model").exists()
 
 
 def test_a_job_carries_the_users_model_file_checked_before_it_is_submitted(tmp_path):

@@ -1,8 +1,9 @@
 """What ``model.name`` names: a built-in ResNet, a ``tf_keras.applications`` model, or a researcher's own
 model as ``path/to/file.py:function`` or ``package.module:function``.
 
-Parsed and checked here without importing anything (login nodes check only that a model file exists);
-app.training.usermodel imports and builds the model where training runs.
+Parsed here without importing anything; :func:`model_file` checks that a model file is there (`app submit`
+does on the login node, before a job is submitted); app.training.usermodel builds the model where training
+runs.
 """
 
 from __future__ import annotations

@@ -109,9 +109,8 @@ class SlurmEnv:
         when Slurm gave it none."""
         for var in GPU_VARS:
             value = self.env.get(var, "").strip()
-            if value and not (
-                var == "SLURM_GPUS_ON_NODE" and value == "0"
-            ):  # a count; the others list indices
+            # SLURM_GPUS_ON_NODE is a count; the others list indices.
+            if value and not (var == "SLURM_GPUS_ON_NODE" and value == "0"):
                 return f"{var}={value}"
         return None
 

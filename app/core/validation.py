@@ -28,9 +28,9 @@ from app.core.schema import (
 )
 
 
-def _check_model(m: ModelConfig, d: DataConfig, need: Callable[[bool, str, str], None]) -> None:
-    """``model.name`` in any of its forms (parsed only: a model file is looked for where it is used),
-    ``model.weights``, and the smallest image a built-in ResNet takes."""
+def _check_model(m: ModelConfig, need: Callable[[bool, str, str], None]) -> None:
+    """``model.name`` in any of its forms (parsed only: a model file is looked for where it is used) and
+    ``model.weights``."""
     ref = modelref.parse(m.name)
     need(
         not m.weights or ref.kind == "applications",
@@ -39,9 +39,13 @@ def _check_model(m: ModelConfig, d: DataConfig, need: Callable[[bool, str, str],
         "its own weights (drop model.weights)",
     )
     need(m.weights.isprintable(), "model.weights", f"{brief(m.weights)} is not a file name")
-    smallest = MIN_IMAGE_SIZE.get(m.name, 1)
+
+
+def _check_image_size(m: ModelConfig, d: DataConfig, need: Callable[[bool, str, str], None]) -> None:
+    """The smallest image a built-in ResNet takes (a model of the user's says so itself when it is built)."""
+    smallest = MIN_IMAGE_SIZE.get(m.name)
     need(
-        d.image_size == 0 or d.image_size >= smallest,
+        smallest is None or d.image_size == 0 or d.image_size >= smallest,
         "data.image_size",
         f"{m.name} needs images of at least {smallest} px, got {d.image_size}; "
         f"use >= {smallest}, or 0 for the dataset's own size",
@@ -72,7 +76,7 @@ def validate(cfg: Config, origins: dict[str, str] | None = None) -> None:
         "or pass --set name=NAME",
     )
     one_of(d.source, SOURCES, "data.source")
-    _check_model(m, d, need)
+    _check_model(m, need)
     one_of(m.precision, PRECISIONS, "model.precision")
     one_of(t.schedule, SCHEDULES, "train.schedule")
     one_of(t.warmup, WARMUPS, "train.warmup")
@@ -102,6 +106,7 @@ def validate(cfg: Config, origins: dict[str, str] | None = None) -> None:
     need(m.weight_decay >= 0, "model.weight_decay", f"must be >= 0, got {m.weight_decay}")
     need(0 <= m.label_smoothing < 1, "model.label_smoothing", f"must be in [0, 1), got {m.label_smoothing}")
     need(d.image_size >= 0, "data.image_size", f"must be >= 0, got {d.image_size}")
+    _check_image_size(m, d, need)
     need(d.num_classes >= 0, "data.num_classes", f"must be >= 0, got {d.num_classes}")
     need(d.shuffle_buffer >= 1, "data.shuffle_buffer", f"must be >= 1, got {d.shuffle_buffer}")
     need(d.synthetic_examples > 0, "data.synthetic_examples", f"must be > 0, got {d.synthetic_examples}")

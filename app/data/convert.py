@@ -33,6 +33,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from app.core.errors import WRITE_ERRNOS, AppError, UsageError, read_regular, show
+from app.core.files import write_atomic
 from app.data.ilsvrc import scan
 
 MANIFEST = ".scaleout-convert.json"  # the files a conversion writes, listed before it writes them
@@ -248,7 +249,7 @@ def write_layout(
     new = {*(name for name, _ in jobs), *layout.extras()}
     _write_json(dest / MANIFEST, {"format": 1, "files": sorted(previous | new)})
     if layout.labels:  # before the shards: no shard of this conversion is ever without its label names
-        _write_text(dest / LABELS, "".join(f"{c}\n" for c in layout.classes))
+        write_atomic(dest / LABELS, "".join(f"{c}\n" for c in layout.classes))
     written = Written({}, [])
     repaired: list[str] = []
     logs = tempfile.mkdtemp(prefix="scaleout-convert-")  # the workers' stderr: libjpeg's warnings, TF's noise
@@ -427,18 +428,5 @@ def _some(names: list[str]) -> str:
 
 
 def _write_json(path: Path, data) -> None:
-    """Write ``data`` aside, then rename: a reader sees the old file or the new one, never half of one. A
-    failed write leaves no temporary and names ``path``, not the temporary."""
-    _write_text(path, json.dumps(data, indent=1) + "\n")
-
-
-def _write_text(path: Path, text: str) -> None:
-    """Write ``text`` (UTF-8) aside, then rename, as :func:`_write_json`."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        exc.filename = str(path)
-        raise
+    """Write ``data`` atomically (app.core.files): a reader sees the old file or the new one."""
+    write_atomic(path, json.dumps(data, indent=1) + "\n")

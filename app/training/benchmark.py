@@ -138,6 +138,7 @@ def run(
     from app.data.sources import open_source
     from app.engines import engine as distributed
     from app.training.prepare import build_model, input_threads, setup
+    from app.training.usercode import user_errors
 
     synthetic = cfg.data.source == "synthetic"
     if pipeline_only and synthetic:
@@ -157,7 +158,8 @@ def run(
             None if model is None else distributed.current().train_step_function(model, cfg.model.jit_compile)
         )
         iterator = iter(ds if model is None else distributed.current().distribute_dataset(ds))
-        times, waits, gpu_samples = measure(iterator, step_fn, steps, world)
+        with user_errors(cfg.model.name, "a benchmark"):  # the user's frames, not ours
+            times, waits, gpu_samples = measure(iterator, step_fn, steps, world)
         timeline = None
         if timeline_steps and world.size == 1 and world.is_chief and batch == batch_sizes[0]:
             reporter.note("--timeline: one worker runs no collectives; nothing to record")

@@ -14,9 +14,10 @@ from app.core.errors import AppError
 from app.data.pipeline import eval_dataset, input_error
 from app.data.sources import open_source
 from app.engines import engine as distributed
-from app.training import checkpoint, usermodel
+from app.training import checkpoint, modelcopy
 from app.training.output import write_json
 from app.training.prepare import build_model, input_threads, restore, setup
+from app.training.usercode import user_errors
 
 
 def eval_step(model, num_classes: int):
@@ -71,13 +72,14 @@ def evaluate_run(cfg: Config, run_dir: Path, epoch: int | None = None, threads: 
     source = open_source(cfg.data, world.rank, world.size, cfg.run.seed)
     ref = modelref.parse(cfg.model.name)
     if ref.is_users:  # the run's own copy of the model file: its checkpoints' model
-        ref = usermodel.run_copy(ref, cfg.model.name, run_dir)
+        ref = modelcopy.for_evaluation(ref, cfg.model.name, run_dir, reporter.note)
     model = build_model(cfg, source.spec, world, reporter.note, ref)
     restore(model, found[1], run_dir, label="RUN_DIR")
     # as in training: one batch for each of the process's replicas ([tf]; one under Horovod)
     dataset = eval_dataset(source, cfg.train.batch_size * world.replicas, cfg.train.eval_steps, inputs.pool)
     try:
-        scores = evaluate(model, dataset, source.spec.num_classes)
+        with user_errors(cfg.model.name, "evaluation"):  # the user's frames, not ours
+            scores = evaluate(model, dataset, source.spec.num_classes)
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as exc:
         raise input_error(source, exc, evaluation=True) from None
     step = int(checkpoint.read_state(found[1]).get("step", 0))

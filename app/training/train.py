@@ -27,7 +27,7 @@ from app.data.sources import ImagenetSource, Source, open_source
 from app.engines import engine as distributed
 from app.engines import faults
 from app.engines.world import RankThreads, World
-from app.training import checkpoint, runlock, usermodel
+from app.training import checkpoint, modelcopy, runlock
 from app.training.benchmark import GPU_RATE_VARIABLE, expected_gpu_rate, pipeline_rate
 from app.training.callbacks import (
     CheckpointWriter,
@@ -46,6 +46,7 @@ from app.training.output import (
 from app.training.plan import Plan, keep_global_batch, plan, resume_step
 from app.training.prepare import build_model, input_threads, restore, set_precision, setup
 from app.training.schedule import Schedule, make_schedule
+from app.training.usercode import user_errors
 
 
 def delivers(rate: float | None, inputs: RankThreads) -> str:
@@ -185,9 +186,11 @@ def train_and_evaluate(
         )
 
     ref = modelref.parse(cfg.model.name)
-    if ref.is_users:  # the run keeps the user's model file: its checkpoints belong to that one
-        ref = usermodel.keep_source(ref, cfg.model.name, run_dir, bool(found), world.is_chief, reporter.note)
+    if ref.is_users:  # a resume builds the model file its checkpoints belong to
+        ref = modelcopy.resolve(ref, cfg.model.name, run_dir, bool(found), reporter.note)
     model = build_model(cfg, spec, world, reporter.note, ref)
+    if ref.is_users and world.is_chief and not (found and modelcopy.kept(run_dir, cfg.model.name)):
+        modelcopy.keep(ref, cfg.model.name, run_dir)  # the model built: the run keeps its file
     if found:
         restore(model, found[1], run_dir)
         where = f"epoch {start_epoch}" + (f", step {start_step}" if start_step else "")
@@ -212,7 +215,7 @@ def train_and_evaluate(
     )
     kept = f"checkpoint {found[1]} is intact" if found else "nothing was trained yet"
     stop_if_asked(request, write, kept, run_dir)
-    with usermodel.user_errors(cfg.model.name):  # the user's frames, not ours
+    with user_errors(cfg.model.name, "training"):  # the user's frames, not ours
         fit(run, model, write, request)
     # [dist] Are all replicas still identical? Every variable: the batch-norm statistics were averaged at
     # the epoch end, so they must agree too.
