@@ -40,7 +40,8 @@ def main() -> None:
                 crop = photo.crop((x, y, x + side, y + side)).resize((96, 96), Image.BICUBIC)
                 crop.save(folder / f"{name}_{i:04d}.jpg", quality=90)
     print(
-        f"{args.dest}: {len(CLASSES)} classes, {args.per_class} training and {args.val} validation images each"
+        f"{args.dest}: {len(CLASSES)} classes, {args.per_class} training and {args.val} validation images "
+        "each"
     )
 
 

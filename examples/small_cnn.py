@@ -14,7 +14,7 @@ def build(input_shape, num_classes):
     x = inputs
     for filters in (32, 64, 128):
         x = keras.layers.Conv2D(filters, 3, padding="same", use_bias=False)(x)
-        x = keras.layers.BatchNormalization()(x)
+        x = keras.layers.BatchNormalization(momentum=0.9)(x)
         x = keras.layers.ReLU()(x)
         x = keras.layers.MaxPool2D()(x)
     x = keras.layers.GlobalAveragePooling2D()(x)
