@@ -82,7 +82,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
     parser.add_argument(
         "--only",
-        choices=["input", "training", "horovod", "engines", "faults", "convert"],
+        choices=["input", "training", "horovod", "engines", "faults", "convert", "entry"],
         help="run one group of comparisons",
     )
     a = parser.parse_args()
@@ -109,6 +109,10 @@ def main() -> None:
         from convert import convert_group  # bench/convert.py: the script's folder is first on sys.path
 
         convert_group(out, raw_dir, sh, measured, rows, ratio_interval)
+    if a.only in (None, "entry"):
+        from entry import entry_group  # bench/entry.py
+
+        entry_group(out, synthetic, steps, measured, rows, app_benchmark, ips, ratio_interval)
     write(out, measured, rows)
 
 
