@@ -96,9 +96,12 @@ class _IntBoundsRandom(random.Random):
 
 
 def _seed_generator_takes_float_bounds() -> None:
-    """Python 3.12: tf_keras 2.16-2.18 fail to build any layer after ``set_random_seed`` (tf_keras draws each
-    initializer's seed with ``generator.randint(1, 1e9)``, and 3.12's ``randrange`` refuses floats). The
-    generator ``set_random_seed`` makes becomes one that converts the bounds: the same numbers as on 3.11."""
+    """Let tf_keras 2.16-2.18 build layers after ``set_random_seed`` on Python 3.12.
+
+    tf_keras draws each initializer's seed with ``generator.randint(1, 1e9)``, and 3.12's ``randrange``
+    refuses floats, so no layer builds after ``set_random_seed``. The generator ``set_random_seed`` makes
+    becomes one that converts the bounds: the same numbers as on 3.11.
+    """
     if sys.version_info < (3, 12):
         return
     tf_utils = importlib.import_module("tf_keras.src.utils.tf_utils")

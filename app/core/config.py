@@ -1,10 +1,10 @@
-"""A config resolved: YAML files and ``--set key=value`` overrides applied to the schema (app.core.schema),
-then validated (app.core.validation).
+"""A config resolved: YAML files and ``--set key=value`` overrides applied to the schema, then validated.
 
-Precedence, lowest first: schema defaults < ``--config FILE`` (repeatable, in order; a file may name a
-``base:`` file it extends) < ``--set key=value`` < explicit CLI options (which Click also reads from ``APP_*``
-environment variables). The resolved config is written to ``<run_dir>/config.yaml`` and a run is resumed
-from it. Unknown keys are errors that suggest the nearest valid key; every value is type- and range-checked.
+The schema is app.core.schema and the range checks app.core.validation. Precedence, lowest first: schema
+defaults < ``--config FILE`` (repeatable, in order; a file may name a ``base:`` file it extends) <
+``--set key=value`` < explicit CLI options (which Click also reads from ``APP_*`` environment variables). The
+resolved config is written to ``<run_dir>/config.yaml`` and a run is resumed from it. Unknown keys are errors
+that suggest the nearest valid key; every value is type- and range-checked.
 """
 
 from __future__ import annotations
@@ -234,8 +234,17 @@ def build(
 ) -> Config:
     """Resolve a config: defaults < ``base`` (a saved run) < files < ``--set`` < CLI options; then validate.
 
-    ``origins`` names where an option's value came from when the user may not know (an APP_* environment
-    variable), for the range errors of ``validate``.
+    Args:
+        config_files: the ``--config`` files, applied in order (each after its ``base:`` chain).
+        sets: the ``--set key=value`` items.
+        options: config values of the command's own options by key; None values were not given.
+        base: a saved run's flat values, applied first.
+        base_where: how errors name ``base``.
+        origins: where an option's value came from when the user may not know (an APP_* environment
+            variable), by key, for the range errors of ``validate``.
+
+    Raises:
+        UsageError: an unknown key, a value of the wrong type or out of range, a file that cannot be read.
     """
     cfg = Config()
     origins = dict(origins or {})

@@ -32,14 +32,18 @@ SHOWN_RAW = re.compile(r"[A-Za-z0-9_.,:/@=+-]+")  # shown without quotes (no spa
 
 
 def one_line(message: str) -> str:
-    """``message`` with line breaks, escape sequences and other control characters escaped (``\\n``,
-    ``\\x1b``), so that it stays one line and prints as it reads."""
+    """``message`` with its control characters escaped, so that it stays one line and prints as it reads.
+
+    Line breaks, escape sequences and the other control characters become ``\\n``, ``\\x1b`` and so on.
+    """
     return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in str(message))
 
 
 class _Repr(reprlib.Repr):
-    """reprlib with small limits: a value is quoted in bounded time and space, whatever it holds (a nested
-    YAML alias that expands to gigabytes, a 5000-digit integer)."""
+    """reprlib with small limits: a value is quoted in bounded time and space, whatever it holds.
+
+    For example a nested YAML alias that expands to gigabytes, or a 5000-digit integer.
+    """
 
     def __init__(self) -> None:
         super().__init__()
@@ -66,8 +70,11 @@ def brief(value: object, limit: int = BRIEF) -> str:
 
 
 def show(value: object, limit: int | None = BRIEF) -> str:
-    """``value`` for an error line: plain when harmless (letters, digits, ``._,:/@=+-``), else :func:`brief`.
-    ``limit=None`` keeps a path whole (its repr when not plain): the user needs all of it to find the file."""
+    """``value`` for an error line: plain when harmless, else quoted by :func:`brief`.
+
+    Harmless is letters, digits and ``._,:/@=+-`` only, in at most ``limit`` characters. ``limit=None`` keeps
+    a path whole (its repr when not plain): the user needs all of it to find the file.
+    """
     plain = isinstance(value, (str, int, float, os.PathLike))  # not containers: their str() is unbounded
     text = (os.fspath(value) if isinstance(value, os.PathLike) else str(value)) if plain else None
     if text is not None and (limit is None or len(text) <= limit) and SHOWN_RAW.fullmatch(text):
@@ -86,9 +93,18 @@ def size_text(n: int) -> str:
 
 
 def read_regular(path: str | os.PathLike, label: str, limit: int, kind: str = "file") -> bytes:
-    """The bytes of the regular file ``path``, or one :class:`UsageError` line starting with ``label``:
-    missing, a directory, a device, FIFO or socket (which never end or block: /dev/zero, a named pipe),
-    unreadable, or larger than ``limit`` bytes. ``kind`` names what was expected ("YAML file")."""
+    """The bytes of the regular file ``path``, read in one piece.
+
+    Args:
+        path: the user-named file.
+        label: how messages name the file; each starts with it.
+        limit: the largest size accepted, in bytes.
+        kind: what was expected, for messages ("YAML file").
+
+    Raises:
+        UsageError: one line starting with ``label`` when the file is missing, a directory, a device, FIFO or
+            socket (which never end or block: /dev/zero, a named pipe), unreadable, or larger than ``limit``.
+    """
     try:  # O_NONBLOCK: opening a FIFO must not wait for a writer
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
@@ -120,9 +136,14 @@ WRITE_ERRNOS = (*NO_ROOM_ERRNOS, errno.EROFS)  # the writes a user fixes by free
 
 
 def write_failure(exc: OSError) -> AppError | None:
-    """A full disk, an exhausted quota or a read-only file system met while writing, as one line naming the
-    file and the fix (every writer leaves its earlier files whole: temporaries, then renames); None for any
-    other failure, which is not the user's to fix this way."""
+    """A full disk, an exhausted quota or a read-only file system met while writing, as one line.
+
+    The line names the file and the fix (every writer leaves its earlier files whole: temporaries, then
+    renames).
+
+    Returns:
+        The :class:`AppError` to raise; None for any other failure, which is not the user's to fix this way.
+    """
     if exc.errno not in WRITE_ERRNOS:
         return None
     where = f"{show(exc.filename, limit=None)}: " if exc.filename else ""

@@ -1,5 +1,6 @@
-"""Files that many processes share, written so that none of them ever sees half of one: atomic writes
-(:func:`write_atomic`) and an exclusive lock whose file names its holder (:class:`HolderLock`).
+"""Files that many processes share, written so that none of them ever sees half of one.
+
+Atomic writes (:func:`write_atomic`) and an exclusive lock whose file names its holder (:class:`HolderLock`).
 
 Written here rather than taken from a library: both are a few lines over ``os.replace`` and ``fcntl.flock``,
 and what matters is the exact behaviour on failure (no temporary left behind, the failed file named, the
@@ -15,9 +16,16 @@ from pathlib import Path
 
 
 def write_atomic(path: Path | str, data: str | bytes, fsync: bool = True) -> None:
-    """Write ``data`` to ``path`` atomically: a temporary file beside it (fsynced unless ``fsync`` is false,
-    for files rewritten every few seconds), then renamed over it. On failure the old file is intact, no
-    temporary is left, and the ``OSError`` names ``path``."""
+    """Write ``data`` to ``path`` atomically: a temporary file beside it, then renamed over it.
+
+    Args:
+        path: the file to write.
+        data: its new content (text is written as UTF-8).
+        fsync: fsync the temporary before the rename; false for files rewritten every few seconds.
+
+    Raises:
+        OSError: naming ``path``; the old file is intact and no temporary is left.
+    """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
@@ -39,17 +47,23 @@ def write_atomic(path: Path | str, data: str | bytes, fsync: bool = True) -> Non
 
 
 class HolderLock:
-    """An exclusive ``flock`` on ``path``, taken without waiting, whose file says who holds it (a JSON object
-    the holder writes with :meth:`name_holder`). The kernel releases it when its holder dies, however it dies;
-    it is held as long as this object's file is open."""
+    """An exclusive ``flock`` on ``path``, taken without waiting, whose file says who holds it.
+
+    The holder writes a JSON object about itself with :meth:`name_holder`. The kernel releases the lock when
+    its holder dies, however it dies; it is held as long as this object's file is open.
+    """
 
     def __init__(self, path: Path | str):
         self.path = Path(path)
         self.file = None
 
     def acquire(self) -> HolderLock:
-        """Take the lock, or raise the ``OSError`` of ``flock``: ``BlockingIOError`` (EAGAIN) when another
-        process holds it; ENOLCK or EOPNOTSUPP on a file system without locks."""
+        """Take the lock and return this object.
+
+        Raises:
+            OSError: ``flock``'s: ``BlockingIOError`` (EAGAIN) when another process holds it; ENOLCK or
+                EOPNOTSUPP on a file system without locks.
+        """
         import fcntl
 
         f = open(self.path, "a+b")  # noqa: SIM115 (held open as long as the lock is)
@@ -62,8 +76,10 @@ class HolderLock:
         return self
 
     def name_holder(self, info: dict) -> None:
-        """Replace what the lock file says about its holder (for the next one's message); the lock holds
-        whether or not that can be written."""
+        """Replace what the lock file says about its holder (for the next one's message).
+
+        The lock holds whether or not that can be written.
+        """
         if self.file is None:
             return
         with contextlib.suppress(OSError):

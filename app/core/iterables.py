@@ -1,5 +1,6 @@
-"""What the login-node commands need of Python 3.10 and later, written for Python 3.9: a login node's system
-Python (Roihu's is 3.9) runs `app submit`, `app study ... --cluster` and the reports.
+"""What the login-node commands need of Python 3.10 and later, written for Python 3.9.
+
+A login node's system Python (Roihu's is 3.9) runs `app submit`, `app study ... --cluster` and the reports.
 
 Hand-written rather than taken from more_itertools: two small functions do not justify a dependency on every
 login node.

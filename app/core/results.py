@@ -1,5 +1,7 @@
-"""Reading what runs and benchmarks leave behind: JSON-lines files (a torn last line from an interrupted write
-is skipped with a note), a run's per-epoch metrics, and the rule that keeps every written number valid JSON.
+"""Reading what runs and benchmarks leave behind, and the rule that keeps every written number valid JSON.
+
+JSON-lines files (a torn last line from an interrupted write is skipped with a note) and a run's per-epoch
+metrics.
 
 The one place both sides use: training appends metrics and checks them on resume, reports read them. Also the
 rule of `app benchmark --images`, which the scaling study plans with.
@@ -22,8 +24,12 @@ def note_to_stderr(message: str) -> None:
 
 
 def read_text(path: Path, kind: str = "JSON-lines file") -> str:
-    """A text file's contents, or one line naming it when it cannot be read, is not a regular file (/dev/zero
-    or a FIFO never ends), is larger than ``READ_LIMIT`` or is not text."""
+    """A text file's contents.
+
+    Raises:
+        UsageError: one line naming the file when it cannot be read, is not a regular file (/dev/zero or a
+            FIFO never ends), is larger than ``READ_LIMIT`` or is not text.
+    """
     data = read_regular(path, str(path), READ_LIMIT, kind)
     try:
         return data.decode("utf-8")
@@ -32,8 +38,11 @@ def read_text(path: Path, kind: str = "JSON-lines file") -> str:
 
 
 def summary_problem(run_dir: Path) -> str | None:
-    """None when ``run_dir``'s summary.json (written when a run finishes) is a readable JSON object, else why
-    not: "missing", or one line naming the damage."""
+    """Why ``run_dir``'s summary.json (written when a run finishes) is not a readable JSON object, or None.
+
+    Returns:
+        None when it is one; else "missing", or one line naming the damage.
+    """
     path = Path(run_dir) / "summary.json"
     if not path.exists():
         return "missing"
@@ -47,8 +56,20 @@ def summary_problem(run_dir: Path) -> str | None:
 
 
 def parse_json(text: str, where: str, fix: str) -> object:
-    """``json.loads`` for valid JSON that Python refuses: a number of thousands of digits, nesting deeper
-    than the interpreter's stack; one line naming ``where`` (file and line) instead."""
+    """``json.loads``, with one line naming ``where`` for valid JSON that Python refuses.
+
+    Python refuses, for example, a number of thousands of digits, or nesting deeper than the interpreter's
+    stack.
+
+    Args:
+        text: the JSON text.
+        where: the file and line, for the message.
+        fix: what to do, for the message.
+
+    Raises:
+        json.JSONDecodeError: ``text`` is not JSON.
+        UsageError: valid JSON that Python cannot read.
+    """
     try:
         return json.loads(text)
     except json.JSONDecodeError:
@@ -62,9 +83,21 @@ def parse_json(text: str, where: str, fix: str) -> object:
 def json_lines(
     path: Path, what: str, note, skip_bad: bool = False, bad: list | None = None
 ) -> list[tuple[int, object]]:
-    """(line number, value) of every non-empty line. A last line cut short (no newline after it, not JSON)
-    is what an interrupted write leaves: it is skipped with a note. Any other bad line is an error (with
-    ``skip_bad``, skipped with a note too, and kept as (line number, text) in ``bad`` when given)."""
+    """(line number, value) of every non-empty line of a JSON-lines file.
+
+    A last line cut short (no newline after it, not JSON) is what an interrupted write leaves: it is skipped
+    with a note. Any other bad line is an error, or, with ``skip_bad``, skipped with a note too.
+
+    Args:
+        path: the file.
+        what: what each line must be, for messages ("one epoch's metrics").
+        note: called with each note; None prints it to stderr.
+        skip_bad: skip bad lines with a note instead of failing.
+        bad: where the skipped lines go, as (line number, text).
+
+    Raises:
+        UsageError: a bad line (without ``skip_bad``), or a file that cannot be read.
+    """
     text = read_text(path, f"JSON-lines file (at most {size_text(READ_LIMIT)})")
     lines = text.splitlines()
     last = max((n for n, line in enumerate(lines, 1) if line.strip()), default=0)
@@ -135,8 +168,11 @@ MAX_EPOCH = 10**6
 
 
 def row_problem(row: object) -> str | None:
-    """Why ``row`` is not one epoch's metrics (no epoch number, a value that is no number or out of range), or
-    None. Null values are absent metrics, not wrong ones."""
+    """Why ``row`` is not one epoch's metrics, or None.
+
+    No epoch number, or a value that is no number or out of range. Null values are absent metrics, not wrong
+    ones.
+    """
     if not isinstance(row, dict) or not is_positive_int(row.get("epoch")):
         return "not an epoch's metrics (no epoch number)"
     if row["epoch"] > MAX_EPOCH:
@@ -180,8 +216,10 @@ def read_metrics(run_dir: Path, note=None, damaged: list | None = None) -> list[
 
 
 def finite(value):
-    """``value`` with every NaN or infinite float (nested in dicts and lists) replaced by None: JSON has no
-    NaN, and ``json.dumps(..., allow_nan=False)`` then guarantees every line stays valid JSON."""
+    """``value`` with every NaN or infinite float (nested in dicts and lists) replaced by None.
+
+    JSON has no NaN, and ``json.dumps(..., allow_nan=False)`` then guarantees every line stays valid JSON.
+    """
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):

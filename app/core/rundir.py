@@ -1,5 +1,8 @@
-"""A run's directory: its default name, resuming from the config.yaml saved in it (conflicts named), and the
-check that it can be written before TensorFlow starts."""
+"""A run's directory: its default name, resuming from the config.yaml saved in it, and its write check.
+
+A resume with another config names the conflicting keys; the directory is checked for writing before
+TensorFlow starts.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +19,7 @@ FRESH = "start a new --run-dir"  # how `app train` starts over; `app submit --re
 # Keys that may differ between a run's saved config and a resume of it: they do not change what is learned
 # so far (longer training, other logging, data moved to another disk).
 # train.engine: both engines train the same steps and their checkpoints hold the same variables
-# (docs/engines.md); train.tf_*: the tf engine's consent to its gRPC server across hosts and its join
-# deadline.
+# (docs/engines.md); train.tf_*: the tf engine's consent to its gRPC server across hosts, its join deadline.
 RESUMABLE_CHANGES = (
     # the precision too: a resume that would train in another policy than the checkpoint's is refused
     # anyway (app.training.train.resume_config), and naming the checkpoint's own is how a resume on other
@@ -47,9 +49,11 @@ def conflicts(saved: Config, given: Config) -> list[str]:
 
 
 def load_saved(path: str | Path, fresh: str = FRESH) -> dict[str, object]:
-    """A run's saved ``config.yaml`` as flat values. It was written whole, so anything less (unreadable,
-    empty, not YAML, sections missing) is an error: resuming on defaults would silently train something
-    else."""
+    """A run's saved ``config.yaml`` as flat values.
+
+    It was written whole, so anything less (unreadable, empty, not YAML, sections missing) is an error:
+    resuming on defaults would silently train something else.
+    """
     path = Path(path)
     fix = f"restore it, or {fresh}"
     tree = parse_yaml(read_text(path, f"{path} (the run's saved config)"), str(path))
@@ -86,8 +90,24 @@ def for_run(
 
     The saved config is the base; files, ``--set`` and options may only change what does not alter what was
     learned so far (``RESUMABLE_CHANGES``), anything else is a conflict that names the keys. A saved config
-    that cannot be read whole is an error, never a fall back to defaults. ``label`` and ``fresh`` name the
-    option and the way to start over in messages (``app submit --resume`` has no --run-dir).
+    that cannot be read whole is an error, never a fall back to defaults.
+
+    Args:
+        config_files: the ``--config`` files, in order.
+        sets: the ``--set key=value`` items.
+        options: config values from the command's own options, by key.
+        run_dir: the run directory given, or None for :func:`default_run_dir`.
+        origins: where each option's value came from, for messages (an ``APP_*`` variable).
+        label: the option that names the run directory in messages (``app submit --resume`` has no
+            --run-dir).
+        fresh: how to start over, in messages.
+
+    Returns:
+        The resolved config and the run directory.
+
+    Raises:
+        UsageError: a conflict with the saved config, a saved config that cannot be read whole, or a run
+            directory that is not a directory or cannot be written.
     """
     if run_dir and Path(run_dir).exists() and not Path(run_dir).is_dir():
         raise UsageError(f"{label} {show(run_dir)}: exists and is not a directory; pass a run directory")
@@ -113,8 +133,21 @@ PROBE_BYTES = 65536  # what the probe writes: more than a config.yaml, so a disk
 
 
 def check_writable(run_dir: Path, label: str, fix: str | None = None, option: str = "--run-dir") -> None:
-    """Fail in one line, before TensorFlow starts, when ``run_dir`` cannot be created or written: a file in
-    its way, a read-only mount, /proc. Probed with a temporary file in the deepest folder that exists."""
+    """Fail in one line, before TensorFlow starts, when ``run_dir`` cannot be created or written.
+
+    For example a file in its way, a read-only mount, /proc. Probed with a temporary file in the deepest
+    folder that exists.
+
+    Args:
+        run_dir: the run directory (it may not exist yet).
+        label: how messages name it.
+        fix: what to do instead, for messages (default: pass another --run-dir).
+        option: the option named by the fix for a full disk.
+
+    Raises:
+        AppError: no room on the disk (a runtime failure, not a bad --run-dir).
+        UsageError: anything else that keeps it from being written.
+    """
     import tempfile
 
     probe = Path(run_dir)

@@ -1,6 +1,8 @@
-"""The experiment's schema: the typed dataclasses of a config (data, model, train, run) with their defaults,
-and the values and limits the checks (app.core.validation) hold them to. Loading a config from files and
-``--set`` is app.core.config's."""
+"""The experiment's schema: the typed dataclasses of a config (data, model, train, run) with their defaults.
+
+Also the values and limits the checks (app.core.validation) hold them to. Loading a config from files and
+``--set`` is app.core.config's.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Stop signals passed on to other processes once each of them can take them: what `app train --np N` does
-for its workers and what `app study` does for its runs.
+"""Stop signals passed on to other processes once each of them can take them.
+
+`app train --np N` passes them on to its workers, and `app study` to its runs.
 
 A process that has not installed its handler yet (still importing TensorFlow) would die of a SIGTERM or
 SIGUSR1 instead of checkpointing. So a signal handler only notes the signal (:meth:`Deliveries.note`), and a
@@ -17,8 +18,10 @@ from collections.abc import Callable
 
 
 def catches(pid: int, signum: int) -> bool:
-    """Whether process ``pid`` has a handler for ``signum`` (its SigCgt mask in /proc), i.e. will not die of
-    it."""
+    """Whether process ``pid`` has a handler for ``signum``, i.e. will not die of it.
+
+    Read from its SigCgt mask in /proc.
+    """
     try:
         with open(f"/proc/{pid}/status") as f:
             mask = next(int(ln.split()[1], 16) for ln in f if ln.startswith("SigCgt:"))
@@ -71,9 +74,18 @@ class Deliveries:
         patience: float,
         late: Callable[[int, list[int]], None],
     ) -> None:
-        """Send each pending signal to the ``targets`` that catch it and do not have it yet. A signal is
-        settled when ``done`` says of the processes that have it, or, after ``patience`` seconds, handed to
-        ``late`` with the targets still without it (which then decides: send it anyway, or end them)."""
+        """Send each pending signal to the ``targets`` that catch it and do not have it yet.
+
+        A signal is settled when ``done`` says so of the processes that have it, or, after ``patience``
+        seconds, handed to ``late``.
+
+        Args:
+            targets: the processes to deliver to.
+            done: given the processes that have a signal, whether it is settled.
+            patience: seconds after the signal came before it goes to ``late``.
+            late: called with the signal and the targets still without it; it decides: send it anyway, or
+                end them.
+        """
         for signum, since in dict(self.pending).items():  # a copy: the handler may add to it meanwhile
             got = self.delivered.setdefault(signum, set())
             for pid in targets:

@@ -1,5 +1,7 @@
-"""What Slurm tells a process about its job, its step and its task: the one module that reads ``SLURM_*``
-variables (as Lightning's ``SLURMEnvironment``). Everything else asks a :class:`SlurmEnv`.
+"""What Slurm tells a process about its job, its step and its task.
+
+The one module that reads ``SLURM_*`` variables (as Lightning's ``SLURMEnvironment``); everything else asks a
+:class:`SlurmEnv`.
 
 A Slurm batch script is a task too (``SLURM_PROCID`` is set there) but not a step: only ``srun`` sets the
 ``SLURM_STEP_*`` variables, and a step's own values win over the job's where both exist.
@@ -105,8 +107,10 @@ class SlurmEnv:
         return str(self.env[CPUS_PER_TASK]) if CPUS_PER_TASK in self.env else None
 
     def gpus(self) -> str | None:
-        """``VAR=value`` of Slurm's GPU allocation of this process (step, job, then the node's count), or None
-        when Slurm gave it none."""
+        """``VAR=value`` of Slurm's GPU allocation of this process, or None when Slurm gave it none.
+
+        The step's allocation first, then the job's, then the node's count.
+        """
         for var in GPU_VARS:
             value = self.env.get(var, "").strip()
             # SLURM_GPUS_ON_NODE is a count; the others list indices.

@@ -1,5 +1,8 @@
-"""The range checks of a resolved config (:func:`validate`, run by app.core.config.build), each naming the
-field, and ``run.checkpoint_every`` converted once (:func:`checkpoint_interval`)."""
+"""The range checks of a resolved config, each naming the field.
+
+:func:`validate` is run by app.core.config.build; ``run.checkpoint_every`` is converted once, by
+:func:`checkpoint_interval`.
+"""
 
 from __future__ import annotations
 
@@ -29,8 +32,10 @@ from app.core.schema import (
 
 
 def _check_model(m: ModelConfig, need: Callable[[bool, str, str], None]) -> None:
-    """``model.name`` in any of its forms (parsed only: a model file is looked for where it is used) and
-    ``model.weights``."""
+    """Check ``model.name`` and ``model.weights``.
+
+    ``model.name`` is checked in any of its forms, parsed only: a model file is looked for where it is used.
+    """
     ref = modelref.parse(m.name)
     need(
         not m.weights or ref.kind == "applications",
@@ -53,8 +58,15 @@ def _check_image_size(m: ModelConfig, d: DataConfig, need: Callable[[bool, str, 
 
 
 def validate(cfg: Config, origins: dict[str, str] | None = None) -> None:
-    """Range checks naming the field (and ``origins[field]``, e.g. an environment variable, when given).
-    Types, and that floats are finite, were checked when the values were applied."""
+    """Check the ranges of ``cfg``'s values; types, and that floats are finite, were checked when applied.
+
+    Args:
+        cfg: the resolved config.
+        origins: where a field's value came from, by key (e.g. an environment variable), named in its error.
+
+    Raises:
+        UsageError: one line naming the first field out of range.
+    """
     d, m, t, r = cfg.data, cfg.model, cfg.train, cfg.run
     origins = origins or {}
 
@@ -127,8 +139,13 @@ def validate(cfg: Config, origins: dict[str, str] | None = None) -> None:
 
 
 def checkpoint_interval(value: str) -> tuple[str, float] | None:
-    """``run.checkpoint_every`` as ("seconds", s) or ("steps", n), or None when empty. Converted once,
-    here."""
+    """``run.checkpoint_every`` as ("seconds", s) or ("steps", n), or None when empty.
+
+    Converted once, here.
+
+    Raises:
+        UsageError: neither a duration nor a number of steps; the message names the accepted forms.
+    """
     text = str(value).strip()
     if not text:
         return None

@@ -1,5 +1,7 @@
-"""Which scaleout this is: its version and a digest of its source, so that a job can tell when the scaleout in
-its image is not the checkout that rendered its script (a login node's clone updated, the image not rebuilt).
+"""Which scaleout this is: its version and a digest of its source.
+
+A job compares them to tell when the scaleout in its image is not the checkout that rendered its script (a
+login node's clone updated, the image not rebuilt).
 
 The digest is over the code itself (every ``app/**/*.py``, by relative path and content), not a git revision:
 an image built from a .def or a Dockerfile holds no .git, and a checkout with uncommitted edits is not the
@@ -19,8 +21,11 @@ RENDERED_BY = "SCALEOUT_RENDERED_BY"
 
 
 def source_digest(package: Path = PACKAGE) -> str:
-    """The first 12 hex digits of a SHA-256 over the package's Python files (sorted relative path, NUL,
-    content, NUL); "unreadable" when a file cannot be read."""
+    """The first 12 hex digits of a SHA-256 over the package's Python files.
+
+    Each file adds its relative path, NUL, its content and NUL, in path order. Returns "unreadable" when a
+    file cannot be read.
+    """
     digest = hashlib.sha256()
     try:
         for path in sorted(package.rglob("*.py")):
@@ -38,8 +43,14 @@ def identity() -> str:
 
 
 def mismatch(rendered_by: str | None) -> str | None:
-    """One line when the job script was rendered by another scaleout than this one (``rendered_by``: the
-    SCALEOUT_RENDERED_BY value); None when they match or the script recorded nothing."""
+    """Say in one line when the job script was rendered by another scaleout than this one.
+
+    Args:
+        rendered_by: the job script's SCALEOUT_RENDERED_BY value (``"<version> <digest>"``).
+
+    Returns:
+        The line (what differs and how to fix it); None when they match or the script recorded nothing.
+    """
     if not rendered_by:
         return None
     # One printable line, whatever the environment held.

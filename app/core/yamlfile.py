@@ -1,5 +1,7 @@
-"""Experiment files as YAML: a bounded read of the file, and PyYAML's safe loader and dumper with YAML 1.2
-numbers and no aliases; invalid files are one-line errors naming the file and line."""
+"""Experiment files as YAML: a bounded read, and PyYAML's safe loader and dumper with YAML 1.2 numbers.
+
+The loader allows no aliases; invalid files are one-line errors naming the file and line.
+"""
 
 from __future__ import annotations
 
@@ -29,8 +31,11 @@ class Refused(yaml.MarkedYAMLError):
 
 
 class ConfigLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` with YAML 1.2 numbers (``INT_12``, ``FLOAT_12``) and no aliases: ``*a`` can make a
-    600-byte file a structure of gigabytes (and is never needed in an experiment file)."""
+    """``yaml.SafeLoader`` with YAML 1.2 numbers (``INT_12``, ``FLOAT_12``) and no aliases.
+
+    An alias (``*a``) can make a 600-byte file a structure of gigabytes, and is never needed in an experiment
+    file.
+    """
 
     yaml_implicit_resolvers = {
         first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_INT, _FLOAT, _TIMESTAMP)]
@@ -91,8 +96,10 @@ ConfigLoader.add_constructor(_FLOAT, ConfigLoader.construct_float12)
 
 
 class ConfigDumper(yaml.SafeDumper):
-    """``yaml.SafeDumper`` that also quotes the strings YAML 1.2 reads as numbers ("1e-3"), so that a saved
-    config.yaml reads back the same with :class:`ConfigLoader` and with ``yaml.safe_load``."""
+    """``yaml.SafeDumper`` that also quotes the strings YAML 1.2 reads as numbers ("1e-3").
+
+    So a saved config.yaml reads back the same with :class:`ConfigLoader` and with ``yaml.safe_load``.
+    """
 
 
 ConfigDumper.add_implicit_resolver(_INT, INT_12, list("-+0123456789"))
@@ -100,8 +107,11 @@ ConfigDumper.add_implicit_resolver(_FLOAT, FLOAT_12, list("-+.0123456789"))
 
 
 def parse_yaml(text: str, label: str) -> object:
-    """``text`` read by :class:`ConfigLoader`, or one line naming ``label`` (and the line) for invalid YAML
-    or YAML a config may not hold."""
+    """``text`` read by :class:`ConfigLoader`.
+
+    Raises:
+        UsageError: one line naming ``label`` (and the line) for invalid YAML or YAML a config may not hold.
+    """
     try:
         return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 (a SafeLoader)
     except Refused as exc:
@@ -122,8 +132,12 @@ def parse_yaml(text: str, label: str) -> object:
 
 
 def read_text(path: Path, label: str) -> str:
-    """A YAML file's contents; one line naming ``label`` when it cannot be read, is not a regular file (a
-    device or FIFO never ends), is larger than ``CONFIG_FILE_LIMIT`` or is not UTF-8 text."""
+    """A YAML file's contents.
+
+    Raises:
+        UsageError: one line naming ``label`` when the file cannot be read, is not a regular file (a device
+            or FIFO never ends), is larger than ``CONFIG_FILE_LIMIT`` or is not UTF-8 text.
+    """
     data = read_regular(path, label, CONFIG_FILE_LIMIT, "YAML file")
     try:
         return data.decode("utf-8-sig")
