@@ -1,5 +1,8 @@
-"""Where one worker computes, the same under both engines: one GPU per local rank (memory grown, not grabbed),
-or on CPU-only workers the node's cores shared among its local workers instead of oversubscribed."""
+"""Where one worker computes, the same under both engines.
+
+One GPU per local rank (memory grown, not grabbed), or on CPU-only workers the node's cores shared among its
+local workers instead of oversubscribed.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +10,16 @@ import os
 
 
 def place(gpus: list, local_rank: int, local_size: int, threads: int = 0) -> None:
-    """Pin this process to GPU ``local_rank`` of ``gpus``, or give it its share of the CPU threads
-    (``threads`` when given). Before any TensorFlow op runs."""
+    """Pin this process to GPU ``local_rank`` of ``gpus``, or give it its share of the CPU threads.
+
+    Call it before any TensorFlow op runs.
+
+    Args:
+        gpus: the physical GPUs this process sees; empty on a CPU-only worker.
+        local_rank: this worker's index on its node.
+        local_size: the workers on this node, which share its cores.
+        threads: the CPU threads of this worker; 0 for the node's cores divided among its workers.
+    """
     import tensorflow as tf
 
     if gpus:
@@ -22,9 +33,19 @@ def place(gpus: list, local_rank: int, local_size: int, threads: int = 0) -> Non
 
 
 def place_replicas(gpus: list, replicas: int, threads: int = 0) -> None:
-    """The tf engine's process holds ``replicas`` replicas: the first ``replicas`` GPUs (memory grown), or as
-    many logical devices on the CPU (for CPU runs and tests), which share this process's threads. Before any
-    TensorFlow op runs."""
+    """Give the tf engine's process its ``replicas`` replicas: GPUs, or logical devices on the CPU.
+
+    The first ``replicas`` GPUs (memory grown), or as many logical devices on the CPU (for CPU runs and
+    tests), which share this process's threads. Call it before any TensorFlow op runs.
+
+    Args:
+        gpus: the physical GPUs this process sees; empty on a CPU-only host.
+        replicas: the replicas this process holds.
+        threads: the CPU threads per replica (``--threads`` counts per worker); 0 for automatic.
+
+    Raises:
+        UsageError: fewer GPUs than ``replicas``.
+    """
     import tensorflow as tf
 
     from app.core.errors import UsageError

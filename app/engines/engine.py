@@ -1,5 +1,4 @@
-"""The one interface training code calls for everything distribution adds, and the choice of the engine behind
-it.
+"""The one interface training code calls for everything distribution adds, and the choice of its engine.
 
 Two engines implement :class:`Engine`, one module each:
 
@@ -72,13 +71,20 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def distributed_optimizer(self, optimizer, accumulation_steps: int = 1, fp16_allreduce: bool = False):
-        """``optimizer`` whose updates use the gradients averaged over the workers (and the accumulated
-        passes)."""
+        """``optimizer`` whose updates use the gradients averaged over the workers and accumulated passes.
+
+        Args:
+            optimizer: the Keras optimizer to wrap.
+            accumulation_steps: backward passes accumulated into each update.
+            fp16_allreduce: send the gradients as float16 (Horovod only; the tf engine refuses it).
+        """
 
     @abc.abstractmethod
     def prepare_model(self, model, accumulation_steps: int = 1):
-        """The model that accumulates ``accumulation_steps`` backward passes per update, where the engine does
-        so."""
+        """The model that accumulates ``accumulation_steps`` backward passes per update.
+
+        Where the engine's optimizer accumulates instead (Horovod's), ``model`` as it is.
+        """
 
     @abc.abstractmethod
     def first_callbacks(self) -> list:
@@ -88,7 +94,15 @@ class Engine(abc.ABC):
     def schedule_callback(
         self, initial_lr: float, multiplier, start_epoch: float, end_epoch: float | None, steps_per_epoch: int
     ):
-        """The per-batch callback setting lr = initial_lr x multiplier(epoch + batch / steps_per_epoch)."""
+        """The per-batch callback setting lr = initial_lr x multiplier(epoch + batch / steps_per_epoch).
+
+        Args:
+            initial_lr: the learning rate the multiplier scales.
+            multiplier: the schedule, from a fractional epoch to a factor of ``initial_lr``.
+            start_epoch: the first epoch the callback acts in.
+            end_epoch: the epoch it stops acting at; None for the end of training.
+            steps_per_epoch: the steps of one epoch, to make the epoch fractional.
+        """
 
     @abc.abstractmethod
     def average_model_state(self, model) -> None:
@@ -101,8 +115,10 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def local_function(self, fn: Callable) -> Callable:
-        """``fn`` (which returns sums over its batch) compiled to run on this process's replicas, no
-        collective."""
+        """``fn`` compiled to run on this process's replicas, with no collective.
+
+        ``fn`` returns sums over its batch.
+        """
 
     @abc.abstractmethod
     def train_step_function(self, model, jit_compile: bool = False) -> Callable:
@@ -110,8 +126,11 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def save_checkpoint(self, trackable, save: Callable[[], T]) -> T | None:
-        """Who writes a checkpoint: every rank calls this at the same point, with ``trackable`` (the model's
-        ``tf.train.Checkpoint``) and ``save``, which writes it and the run's files into the run directory.
+        """Who writes a checkpoint: every rank calls this at the same point, and the engine decides.
+
+        Args:
+            trackable: the model's ``tf.train.Checkpoint``.
+            save: writes it and the run's files into the run directory.
 
         Returns:
             ``save()``'s result on the rank that writes (rank 0); None on every other rank, which writes
@@ -120,8 +139,11 @@ class Engine(abc.ABC):
         """
 
     def restore_checkpoint(self, read: Callable[[], None]) -> None:
-        """Who reads a checkpoint on a resume: every rank runs ``read`` (which loads it into the model from
-        the shared file system); the first callbacks then start every replica from the same state."""
+        """Who reads a checkpoint on a resume: every rank runs ``read``.
+
+        ``read`` loads it into the model from the shared file system; the first callbacks then start every
+        replica from the same state.
+        """
         read()
 
     @abc.abstractmethod
@@ -159,8 +181,10 @@ class Engine(abc.ABC):
 
     # -- built on the above
     def agree(self, flags: Sequence[float]) -> list[float]:
-        """The largest of every rank's flags, elementwise: all ranks take the same decision (stop, checkpoint)
-        at the same step. Also a barrier."""
+        """The largest of every rank's flags, elementwise; also a barrier.
+
+        So all ranks take the same decision (stop, checkpoint) at the same step.
+        """
         return [float(v) for v in self.all_reduce(list(flags), "max")]
 
     def barrier(self) -> None:
@@ -168,8 +192,10 @@ class Engine(abc.ABC):
         self.agree([0.0])
 
     def average_state_callback(self):
-        """A Keras callback averaging the batch-norm statistics (:meth:`average_model_state`) at each epoch
-        end; it must come before evaluation and checkpointing."""
+        """A Keras callback averaging the batch-norm statistics at each epoch end.
+
+        It calls :meth:`average_model_state`, and must come before evaluation and checkpointing.
+        """
         import tensorflow as tf
 
         engine = self
@@ -181,11 +207,12 @@ class Engine(abc.ABC):
         return AverageModelState()
 
     def replica_spread(self, weights: list) -> float:
-        """The largest difference between any two ranks' weights, from per-tensor fingerprints (sums and
-        largest magnitudes, gathered once at the end of training).
+        """The largest difference between any two ranks' weights, from per-tensor fingerprints.
 
-        Data parallelism means every replica holds the same weights; anything above float noise here means a
-        broadcast or an all-reduce went wrong."""
+        The fingerprints (sums and largest magnitudes) are gathered once, at the end of training. Data
+        parallelism means every replica holds the same weights; anything above float noise here means a
+        broadcast or an all-reduce went wrong.
+        """
         import numpy as np
 
         fingerprint = np.array(
@@ -218,14 +245,15 @@ def horovod_imports() -> str | None:
 
 
 def installed_guess() -> str:
-    """``auto``'s answer without importing anything (for a launcher deciding what to start): horovod where a
-    Horovod package is installed, else tf. The workers decide for certain (:func:`resolve`)."""
+    """``auto``'s answer without importing anything, for a launcher deciding what to start.
+
+    Horovod where a Horovod package is installed, else tf. The workers decide for certain (:func:`resolve`).
+    """
     return "horovod" if importlib.util.find_spec("horovod") is not None else "tf"
 
 
 def for_launch(name: str) -> str:
-    """The engine a launcher starts for ``name``: ``auto`` by :func:`installed_guess`, else ``name``
-    itself."""
+    """The engine a launcher starts for ``name``: ``auto`` as :func:`installed_guess` says, else ``name``."""
     return installed_guess() if name == "auto" else name
 
 
@@ -251,8 +279,11 @@ def use(name: str) -> Engine:
 
 
 def current() -> Engine:
-    """The engine in use: the one :func:`use` chose, else the installed default without checking that Horovod
-    imports (tools and tests that call an engine without a config)."""
+    """The engine in use: the one :func:`use` chose, else the installed default.
+
+    The default is taken without checking that Horovod imports (for tools and tests that call an engine
+    without a config).
+    """
     global _current
     if _current is None:
         _current = _instance(installed_guess())

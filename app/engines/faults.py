@@ -1,5 +1,7 @@
-"""Long runs on a cluster: a stop signal noted and acted on at an agreed step (:class:`StopRequest`), and a
-watchdog that ends a job whose ranks stopped making progress, naming them (:class:`Watchdog`).
+"""Long runs on a cluster: stop signals acted on at an agreed step, and a watchdog for stalled ranks.
+
+A stop signal is noted and acted on at an agreed step (:class:`StopRequest`); a watchdog ends a job whose
+ranks stopped making progress, naming them (:class:`Watchdog`).
 
 The agreement itself is a collective (the engine's agree, app.engines.engine); the rest needs no Horovod.
 """
@@ -17,9 +19,12 @@ from app.engines.world import report_to_launcher, resume_command, stall_settings
 
 
 class StopRequest:
-    """Notes SIGUSR1 (Slurm's --signal ahead of the time limit) and SIGTERM (scancel, preemption, a container
-    stop) instead of dying. The handler only records the signal, so a second one while a checkpoint is being
-    written changes nothing; training acts on it at the next agreed step (the engine's ``agree``)."""
+    """Notes SIGUSR1 and SIGTERM instead of dying; training acts on them at the next agreed step.
+
+    SIGUSR1 is Slurm's --signal ahead of the time limit; SIGTERM comes from scancel, a preemption or a
+    container stop. The handler only records the signal, so a second one while a checkpoint is being written
+    changes nothing; training acts on it at the next agreed step (the engine's ``agree``).
+    """
 
     SIGNALS = ("SIGUSR1", "SIGTERM")
 
@@ -55,9 +60,12 @@ HEARTBEAT = re.compile(r"(rank|node)-([0-9]{1,9})")  # what readers take from th
 
 
 def node_folder(run_dir) -> str | None:
-    """A folder on this node, the same for every rank of the run here: ``/dev/shm`` (memory), else the temp
-    folder (a Slurm job's own on most sites). Named by user and run directory; used only when it is a real
-    folder of this user that nobody else can write (``/dev/shm`` is shared by every user of the node)."""
+    """A folder on this node, the same for every rank of the run here, or None when there is none to use.
+
+    ``/dev/shm`` (memory), else the temp folder (a Slurm job's own on most sites). Named by user and run
+    directory; used only when it is a real folder of this user that nobody else can write (``/dev/shm`` is
+    shared by every user of the node).
+    """
     import hashlib
     import stat
     import tempfile
@@ -76,8 +84,10 @@ def node_folder(run_dir) -> str | None:
 
 
 def _write(path: str, text: str) -> None:
-    """A heartbeat file, replaced whole; not fsynced: it is rewritten every few seconds, and a lost one is the
-    same as a late one."""
+    """A heartbeat file, replaced whole.
+
+    Not fsynced: it is rewritten every few seconds, and a lost one is the same as a late one.
+    """
     write_atomic(path, text, fsync=False)
 
 
@@ -96,7 +106,7 @@ def _beats(text: str, size: int) -> dict[int, tuple[int, float]]:
 
 
 class Watchdog:
-    """[horovod] Ends a job that stopped making progress, and names the ranks at fault.
+    """Ends a job that stopped making progress, and names the ranks at fault; under either engine.
 
     Horovod's stall inspector only sees ranks that still take part in its coordination. A rank that is
     stopped (SIGSTOP, a frozen node) or stuck in a system call blocks the others inside a collective: for
@@ -118,6 +128,13 @@ class Watchdog:
     (the reporter is stopped, or ``/dev/shm`` is not shared between the node's ranks) writes its own
     ``.heartbeat/rank-<rank>`` instead. So a stopped reporter is named alone, and its node's other ranks
     still count as alive. Readers take the newest line for each rank.
+
+    Args:
+        run_dir: the run directory; the shared heartbeats go to its ``.heartbeat`` folder.
+        rank: this rank.
+        size: the number of ranks.
+        timeout: seconds without a step before the job ends; None for HOROVOD_STALL_SHUTDOWN_TIME_SECONDS.
+        local_rank: this rank's index on its node; None to write to the shared folder only.
     """
 
     def __init__(
@@ -259,11 +276,17 @@ class Watchdog:
             os._exit(STALLED_EXIT_CODE)
 
     def stalled(self, exc: BaseException) -> Stalled | None:
-        """After a collective failed on this rank (Horovod shut down, as Gloo does when a peer stops answering
-        within ``HOROVOD_GLOO_TIMEOUT_SECONDS``): a :class:`Stalled` naming the ranks that stopped beating,
-        waiting up to five beats for a stopped rank's last heartbeat to age; None when every rank still beats
-        (then the failure is not a stall and its own error stands). The traceback goes to
-        ``<run_dir>/tracebacks/rank-<rank>.txt``."""
+        """After a collective failed on this rank: a :class:`Stalled` naming the ranks that stopped beating.
+
+        The engine says when a collective failed (``failed_collective``): Horovod shut down, as Gloo does when
+        a peer stops answering within ``HOROVOD_GLOO_TIMEOUT_SECONDS``, or MWMS's words for a peer that left.
+        This waits up to five beats for a stopped rank's last heartbeat to age. The traceback goes to
+        ``<run_dir>/tracebacks/rank-<rank>.txt``.
+
+        Returns:
+            The error to raise; None when every rank still beats (then the failure is not a stall and its own
+            error stands).
+        """
         import time
         import traceback
 

@@ -1,8 +1,11 @@
-"""The Horovod engine: init and device pinning, the distributed optimizer, Horovod's callbacks in their
-documented order, and the collectives training needs (agreement, broadcast, min/sum, state averaging).
+"""The Horovod engine, :class:`HorovodEngine`: Horovod's implementation of app.engines.engine.Engine.
 
-Training code calls these functions and never imports Horovod itself, so a reader sees here what running on N
-workers changes; each such line is marked ``[horovod]``. Horovod is imported lazily (after app.core.compat
+Init and device pinning, the distributed optimizer, Horovod's callbacks in their documented order, and the
+collectives (all-reduce, all-gather, broadcast, the model state averaged).
+
+Training code calls these methods on the engine in use (app.engines.engine.current()) and never imports
+Horovod itself, so a reader sees here what running on N workers changes; each such line is marked
+``[horovod]``. Horovod is imported lazily (after app.core.compat
 made `keras` mean tf_keras). The launch (app.engines.launch.local), the guards (app.engines.world) and the
 stop handling (app.engines.faults) need no Horovod and live beside it.
 """
@@ -59,7 +62,8 @@ class HorovodEngine(Engine):
 
         ``checks=False`` leaves the no-silent-fallback checks to the caller (`app doctor` reports them
         instead). ``accept_grpc`` and ``join_timeout_s`` are the tf engine's: Horovod runs no gRPC server, and
-        its own rendezvous has its time limit (app.engines.launch.rendezvous)."""
+        its own rendezvous has its time limit (app.engines.launch.rendezvous).
+        """
         import tensorflow as tf
 
         h = hvd()
@@ -68,8 +72,7 @@ class HorovodEngine(Engine):
             # [horovod] Horovod's coordination loop runs every HOROVOD_CYCLE_TIME ms (default 1), each cycle a
             # round-trip between the ranks. Where workers share the CPU cores they compute on, that takes ~25%
             # of a core from each (measured: 2 workers on 2 cores reached 0.70 of two independent processes at
-            # 1 ms, 0.97 at 20 ms, ResNet-50 batch 32). Steps there take seconds, so 20 ms of extra latency is
-            # nothing.
+            # 1 ms, 0.97 at 20 ms, ResNet-50 batch 32). Steps there take seconds: 20 ms more is nothing.
             os.environ.setdefault("HOROVOD_CYCLE_TIME", str(CPU_CYCLE_TIME_MS))
         stall_settings()  # [horovod] a stalled rank ends the job, not a 32-GPU wait
         launcher = detected_launcher() or "none"  # before join() below sets HOROVOD_RANK
@@ -133,8 +136,10 @@ class HorovodEngine(Engine):
         return save() if hvd().rank() == 0 else None
 
     def failed_collective(self, exc: BaseException) -> bool:
-        """[horovod] Horovod's word that a collective could not complete: a peer failed or stopped
-        answering."""
+        """[horovod] Whether ``exc`` is Horovod's word that a collective could not complete.
+
+        Horovod says so when a peer failed or stopped answering.
+        """
         return "Horovod has been shut down" in str(exc)
 
     def first_callbacks(self) -> list:
@@ -165,13 +170,13 @@ class HorovodEngine(Engine):
         )
 
     def average_model_state(self, model) -> None:
-        """[horovod] Average the non-trainable variables (batch-norm moving means and variances) over all
-        ranks.
+        """[horovod] Average the non-trainable variables over all ranks.
 
-        Horovod averages gradients, so trainable weights stay identical, but each rank's batch-norm statistics
-        follow its own batches. Called at every epoch end before evaluation and checkpointing: every rank then
-        evaluates the very model rank 0 saves, and the statistics reflect all workers' data (as on one GPU
-        with the global batch), not rank 0's share alone. One grouped allreduce per epoch.
+        They are the batch-norm moving means and variances. Horovod averages gradients, so trainable weights
+        stay identical, but each rank's batch-norm statistics follow its own batches. Called at every epoch
+        end before evaluation and checkpointing: every rank then evaluates the very model rank 0 saves, and
+        the statistics reflect all workers' data (as on one GPU with the global batch), not rank 0's share
+        alone. One grouped allreduce per epoch.
         """
         h = _hvd_tf()
         variables = [v for v in model.non_trainable_variables if v.dtype.is_floating]
@@ -187,14 +192,16 @@ class HorovodEngine(Engine):
         return obj if _single(h) else h.broadcast_object(obj, root_rank=root)
 
     def enable_timeline(self) -> None:
-        """[horovod] Let :func:`recording_timeline` start Horovod's timeline later; only before
-        :func:`init`."""
+        """[horovod] Let :meth:`recording_timeline` start Horovod's timeline later; only before init."""
         os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"
 
     @contextlib.contextmanager
     def recording_timeline(self, path: Path):
-        """[horovod] Horovod's timeline of what runs inside, written to rank 0's ``path`` (Horovod's
-        coordinator writes it; every rank takes part). Needs :func:`enable_timeline` before :func:`init`."""
+        """[horovod] Horovod's timeline of what runs inside, written to rank 0's ``path``.
+
+        Horovod's coordinator writes it; every rank takes part. Needs :meth:`enable_timeline` before
+        :meth:`init`. Yields the path every rank agreed on (rank 0's).
+        """
         h = hvd()
         path = Path(self.broadcast(str(path)))
         h.start_timeline(str(path))
@@ -204,8 +211,10 @@ class HorovodEngine(Engine):
             h.stop_timeline()
 
     def sum_tensor(self, tensor, name: str):
-        """[horovod] ``tensor`` summed over all ranks (`app doctor`'s timed allreduce); ``name``: Horovod's op
-        name."""
+        """[horovod] ``tensor`` summed over all ranks (`app doctor`'s timed allreduce).
+
+        ``name`` is Horovod's name for the op.
+        """
         h = _hvd_tf()
         return h.allreduce(tensor, op=h.Sum, name=name)
 

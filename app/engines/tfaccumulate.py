@@ -1,6 +1,9 @@
-"""[tf] The tf engine's gradient accumulation: a Keras model whose training step adds up
-``accumulation_steps`` micro-batches' gradients and updates once, as Horovod's ``backward_passes_per_step``
-does. Split from app.engines.tfdist, which makes the model one (``prepare_model``)."""
+"""[tf] The tf engine's gradient accumulation: a Keras model that updates once per N micro-batches.
+
+Its training step adds up ``accumulation_steps`` micro-batches' gradients and updates once, as Horovod's
+``backward_passes_per_step`` does. Split from app.engines.tfdist, which makes the model one
+(``prepare_model``).
+"""
 
 from __future__ import annotations
 
@@ -12,8 +15,10 @@ def _tf():
 
 
 class _Sums:
-    """The accumulated gradients, out of Keras's sight: a plain object (not tracked, so never in a checkpoint,
-    and never read across ranks), holding one local variable per trainable weight."""
+    """The accumulated gradients, out of Keras's sight: one local variable per trainable weight.
+
+    A plain object: not tracked, so never in a checkpoint, and never read across ranks.
+    """
 
     def __init__(self, variables):
         tf = _tf()
@@ -25,9 +30,11 @@ class _Sums:
 
 
 def accumulating_class():
-    """The Keras model class whose training step accumulates ``accumulation_steps`` backward passes per
-    update, as Horovod's ``backward_passes_per_step`` does: the mean of the micro-batches' gradients, then one
-    update (all-reduced across the ranks)."""
+    """The Keras model class whose training step accumulates ``accumulation_steps`` passes per update.
+
+    As Horovod's ``backward_passes_per_step`` does: the mean of the micro-batches' gradients, then one update
+    (all-reduced across the ranks).
+    """
     tf = _tf()
 
     class AccumulatingModel(tf.keras.Model):
@@ -57,8 +64,10 @@ def accumulating_class():
             return self.compute_metrics(x, y, y_pred, None)
 
         def make_train_function(self, force=False):
-            """Two compiled steps, accumulate and accumulate-then-update, chosen per batch in Python: the
-            update all-reduces, and MWMS allows no collective inside a tf.cond."""
+            """Two compiled steps, accumulate and accumulate-then-update, chosen per batch in Python.
+
+            The update all-reduces, and MWMS allows no collective inside a tf.cond.
+            """
             if self.train_function is not None and not force:
                 return self.train_function
             if getattr(self, "_sums", None) is None:

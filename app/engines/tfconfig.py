@@ -1,6 +1,7 @@
-"""The tf engine's cluster across hosts: ``TF_CONFIG`` for MultiWorkerMirroredStrategy, one worker per host,
-from Slurm's variables (one task per node) or, inside such an srun step, as the user set it; and who this
-process is in it. A run on one host has none: its one process holds every replica (app.engines.tfdist).
+"""The tf engine's cluster across hosts: ``TF_CONFIG`` for MultiWorkerMirroredStrategy, one worker per host.
+
+Built from Slurm's variables (one task per node) or, inside such an srun step, as the user set it; and who
+this process is in it. A run on one host has none: its one process holds every replica (app.engines.tfdist).
 
 No TensorFlow here: the job scripts' checks and the tests use it. TensorFlow's own SlurmClusterResolver is not
 used: it runs `scontrol` (absent inside most containers), gives every task one fixed port (8888: anyone
@@ -31,8 +32,11 @@ def _config(workers: list[str], index: int) -> str:
 
 
 def read_config(env) -> tuple[list[str], int] | None:
-    """(worker addresses, this task's index) from TF_CONFIG, or None when it is unset; bad ones in one
-    line."""
+    """(worker addresses, this task's index) from TF_CONFIG in ``env``, or None when it is unset.
+
+    Raises:
+        UsageError: a TF_CONFIG that is not a cluster of workers with this task's index in it.
+    """
     raw = env.get(TF_CONFIG, "").strip()
     if not raw:
         return None
@@ -69,8 +73,18 @@ def _port(worker: str) -> int | None:
 
 
 def slurm_config(env, hosts: list[str]) -> str:
-    """TF_CONFIG of this Slurm task: one task per node of the step (its index is SLURM_NODEID, checked against
-    SLURM_PROCID and the node's name), each listening on the job's port (PORT_VAR)."""
+    """TF_CONFIG of this Slurm task: one task per node of the step, each listening on the job's port.
+
+    The task's index is SLURM_NODEID, checked against SLURM_PROCID and the node's name; the port is
+    PORT_VAR's.
+
+    Args:
+        env: the task's environment.
+        hosts: the step's nodes, in Slurm's order (:func:`slurm_hosts`).
+
+    Raises:
+        AppError: the step is not one task per node of ``hosts``, or the port is missing or out of range.
+    """
     from app.engines.launch.rendezvous import tasks_per_node
 
     slurm = SlurmEnv(env)
@@ -121,9 +135,14 @@ def check_one_per_host(workers: list[str]) -> None:
 
 
 def expand_hosts(nodelist: str) -> list[str]:
-    """Slurm's compressed node list (``gpu[001-003,007],login1``, ``a[1-2]b[3-4]``) as host names, in Slurm's
-    order. Written here: the step's node list is in the environment, but `scontrol show hostnames` is often
-    not in the container. One line naming the list when it is not one."""
+    """Slurm's compressed node list (``gpu[001-003,007],login1``, ``a[1-2]b[3-4]``) as host names, in order.
+
+    Written here: the step's node list is in the environment, but `scontrol show hostnames` is often not in
+    the container.
+
+    Raises:
+        AppError: one line naming the list when it is not one.
+    """
     hosts, part, depth = [], "", 0
     for ch in nodelist.strip() + ",":
         depth += (ch == "[") - (ch == "]")
@@ -140,8 +159,10 @@ def expand_hosts(nodelist: str) -> list[str]:
 
 
 def _expand_one(part: str, nodelist: str) -> list[str]:
-    """One host pattern: its first [ranges] expanded, the rest recursively (Slurm's order: the last varies
-    fastest)."""
+    """One host pattern: its first [ranges] expanded, the rest recursively.
+
+    In Slurm's order: the last range varies fastest.
+    """
     if not part or "]" in part.partition("[")[0]:
         raise AppError(f"node list {nodelist!r}: not Slurm's node list (such as gpu[001-003,007],login1)")
     if "[" not in part:
@@ -170,9 +191,15 @@ def slurm_hosts(env) -> list[str]:
 
 
 def cluster(env) -> tuple[list[str], int] | None:
-    """(workers, this task's index) of the tf engine here: TF_CONFIG when set, else built from a Slurm step of
-    more than one task (and put in ``env``, os.environ, where MultiWorkerMirroredStrategy reads it), else None
-    (one worker)."""
+    """(workers, this task's index) of the tf engine here, or None for one worker.
+
+    TF_CONFIG when set, else built from a Slurm step of more than one task and put in ``env`` (os.environ,
+    where MultiWorkerMirroredStrategy reads it).
+
+    Raises:
+        UsageError: a TF_CONFIG that is bad, or does not match the srun step this process is in.
+        AppError: a Slurm step the tf engine cannot run across (see :func:`slurm_config`).
+    """
     found = read_config(env)
     slurm = SlurmEnv(env)
     tasks = slurm.step_tasks

@@ -1,10 +1,12 @@
-"""The tf engine: TensorFlow's own distribution strategies with tf_keras, behind the same functions as
-app.engines.horovod, for the sites' TensorFlow modules (2.16-2.21) where no Horovod is built.
+"""The tf engine, :class:`TfEngine`: TensorFlow's own distribution strategies with tf_keras.
+
+It implements the same contract as the Horovod engine (app.engines.engine.Engine), for the sites' TensorFlow
+modules (2.16-2.21) where no Horovod is built.
 
 One process per host holds all of that host's replicas (one per GPU; logical CPU devices on CPUs) under
 MirroredStrategy, which needs no server; only a run across hosts uses MultiWorkerMirroredStrategy (MWMS),
 whose gRPC server listens on every interface with no authentication, and only with the user's consent
-(:func:`init`). What it does differently from Horovod, each line marked ``[tf]``:
+(:meth:`TfEngine.init`). What it does differently from Horovod, each line marked ``[tf]``:
 
 - The model, optimizer and metrics are created inside the strategy's scope; the strategy gives every replica
   the first one's initial values as it creates the variables (no broadcast callback), and Keras reports
@@ -15,8 +17,9 @@ whose gRPC server listens on every interface with no authentication, and only wi
   accumulation is a Python-level choice between two compiled steps (:class:`AccumulatingModel`).
 - Batch-norm statistics are sync-on-read variables: across hosts, reading one outside a replica is a
   collective. So there every process writes each checkpoint (rank 0 into the run, the others into a temporary
-  folder that is removed), and evaluation splits each batch over the replicas (:func:`local_function`).
-- The collectives scaleout needs itself (agree, min, sum, objects) are between processes: one eager
+  folder that is removed), and evaluation splits each batch over the replicas
+  (:meth:`TfEngine.local_function`).
+- The collectives scaleout needs itself (all-reduce, all-gather, broadcast) are between processes: one eager
   ``strategy.run`` each around an all-reduce of float64 rows (exact for the integers and bytes they carry), to
   which each process's first replica gives its values; an all-gather inside a tf.function fails on MWMS
   ("destinations can not be empty", TF 2.18).
@@ -70,8 +73,14 @@ MAX_REPLICAS = 256  # per process: more GPUs than any node has, and logical CPU 
 
 
 def replicas_from_env(env, gpus: int) -> int:
-    """This process's replicas as `app --np` or the job script set them (REPLICAS_VAR), else one per GPU it
-    sees (a user's own `srun --ntasks-per-node=1`), else 1."""
+    """This process's replicas: as `app --np` or the job script set them, else one per GPU it sees, else 1.
+
+    The launchers set REPLICAS_VAR in ``env``; without it (a user's own `srun --ntasks-per-node=1`) there is
+    one replica per GPU of the ``gpus`` this process sees.
+
+    Raises:
+        UsageError: REPLICAS_VAR is not a whole number from 1 to ``MAX_REPLICAS``.
+    """
     value = env.get(REPLICAS_VAR, "").strip()
     if not value:
         return max(1, gpus)
@@ -85,8 +94,7 @@ def replicas_from_env(env, gpus: int) -> int:
 
 
 class TfEngine(Engine):
-    """TensorFlow's own strategies: one process per host holding its replicas, MWMS across hosts (with
-    consent)."""
+    """TensorFlow's own strategies: one process per host holding its replicas, MWMS across hosts."""
 
     name = "tf"
 
@@ -95,16 +103,17 @@ class TfEngine(Engine):
         self._rank, self._size, self._replicas = 0, 1, 1  # this process among the processes (one per host)
 
     def strategy(self):
-        """The strategy training runs under: Mirrored over several replicas, MWMS across hosts, else the
-        default."""
+        """The strategy in use: Mirrored over several replicas, MWMS across hosts, else the default."""
         return self._strategy if self._strategy is not None else _tf().distribute.get_strategy()
 
     def init(
         self, threads: int = 0, checks: bool = True, accept_grpc: bool = False, join_timeout_s: float = 600.0
     ) -> World:
-        """Start this host's process: its replicas (one per GPU, or logical CPU devices) under
-        MirroredStrategy, and across hosts (TF_CONFIG, one worker per host) MultiWorkerMirroredStrategy, only
-        with ``accept_grpc``, its peers awaited for at most ``join_timeout_s``.
+        """Start this host's process: its replicas under MirroredStrategy, or MWMS across hosts.
+
+        The replicas are one per GPU, or logical CPU devices. Across hosts (TF_CONFIG, one worker per host)
+        MultiWorkerMirroredStrategy starts only with ``accept_grpc``, and its peers are awaited for at most
+        ``join_timeout_s``.
 
         Why one process per host: TensorFlow's gRPC server, which MultiWorkerMirroredStrategy needs between
         processes, listens on every interface and has no option to bind to loopback (grpc_server_lib binds
@@ -113,8 +122,7 @@ class TfEngine(Engine):
         consent.
         """
         tf = _tf()
-        # One task per node: a one-task srun step is srun's all the same (a job script's, or `srun app
-        # train`).
+        # One task per node: a one-task srun step is srun's all the same (a job script's, `srun app train`).
         launcher = detected_launcher() or ("srun" if SlurmEnv().in_step else "none")
         if launcher not in ("none", "local", "srun"):
             raise UsageError(
@@ -135,15 +143,13 @@ class TfEngine(Engine):
             self._check_across_hosts(workers, accept_grpc, bool(gpus))
         devices.place_replicas(gpus, self._replicas, threads)
         # scaleout's own collectives are rare (a stop check every few updates, the batch-norm average at each
-        # epoch's end) and run eagerly on purpose: TensorFlow's warning about eager overhead on each of them
-        # is dropped.
+        # epoch's end) and run eagerly on purpose: TensorFlow's warning about their eager overhead is dropped.
         tf.get_logger().addFilter(
             lambda record: "eagerly has significant overhead" not in record.getMessage()
         )
         if self._size == 1:
             # One host: NCCL's (RCCL's) bootstrap sockets on loopback too, whatever the profile names for the
-            # network (NCCL_SOCKET_IFNAME selects its bootstrap interface; by default the first that is not
-            # lo).
+            # network (NCCL_SOCKET_IFNAME selects its bootstrap interface; by default the first not lo).
             os.environ["NCCL_SOCKET_IFNAME"] = "lo"
         if self._size > 1:
             self._join(tf, bool(gpus), workers, join_timeout_s)
@@ -159,8 +165,10 @@ class TfEngine(Engine):
         return World(self._rank, self._size, 0, 1, len(set(hosts)), launcher, controller, self._replicas)
 
     def _check_across_hosts(self, workers: list[str], accept_grpc: bool, gpus: bool) -> None:
-        """[tf] One worker per host, the user's consent to MWMS's gRPC server, one CPU replica per CPU
-        host."""
+        """[tf] Refuse what MWMS cannot run across hosts safely.
+
+        One worker per host, the user's consent to MWMS's gRPC server, one CPU replica per CPU host.
+        """
         tfconfig.check_one_per_host(workers)
         if not accept_grpc:
             raise UsageError(
@@ -175,8 +183,7 @@ class TfEngine(Engine):
             )
 
     def _join(self, tf, gpus: bool, workers: list[str], join_timeout_s: float) -> None:
-        """[tf] MultiWorkerMirroredStrategy across the hosts (app.engines.tfjoin), said in the log by rank
-        0."""
+        """[tf] Join MultiWorkerMirroredStrategy across the hosts (app.engines.tfjoin); rank 0 logs it."""
         self._strategy = tfjoin.join(tf, gpus, workers, self._rank, join_timeout_s)
         if self._strategy.num_replicas_in_sync != self._size * self._replicas:  # every host holds as many
             raise AppError(
@@ -194,31 +201,35 @@ class TfEngine(Engine):
             )
 
     def _strategy_here(self, tf, gpus: bool) -> None:
-        """[tf] MirroredStrategy over this process's replicas: no server, no port; NCCL between GPUs (RCCL on
-        ROCm), one device's reduction between logical CPU devices."""
+        """[tf] MirroredStrategy over this process's replicas: no server, no port.
+
+        NCCL between GPUs (RCCL on ROCm), one device's reduction between logical CPU devices.
+        """
         kind = "GPU" if gpus else "CPU"
         devices_here = [d.name for d in tf.config.list_logical_devices(kind)][: self._replicas]
         self._strategy = tf.distribute.MirroredStrategy(devices=devices_here)
 
     def model_scope(self):
-        """[tf] The strategy's scope: variables created in it are mirrored on every rank, initialised from
-        rank 0."""
+        """[tf] The strategy's scope: variables created in it are mirrored on every rank, from rank 0's."""
         return self.strategy().scope()
 
     def distributed_optimizer(self, optimizer, accumulation_steps: int = 1, fp16_allreduce: bool = False):
         """[tf] The optimizer itself: under MWMS, Keras all-reduces the gradients in ``apply_gradients``."""
-        if fp16_allreduce:  # train.engine auto that became tf here (config.validate refuses an explicit tf)
+        # train.engine auto that became tf here (app.core.validation refuses an explicit tf)
+        if fp16_allreduce:
             raise UsageError(f"train.fp16_allreduce: {FP16_ON_TF}")
         return optimizer
 
     def prepare_model(self, model, accumulation_steps: int = 1):
-        """[tf] ``model`` as an :class:`AccumulatingModel` when it accumulates backward passes (call inside
-        :func:`model_scope`, before compile); the same layers and weights, so checkpoints stay
+        """[tf] ``model`` as an :class:`AccumulatingModel` when it accumulates backward passes.
+
+        Call it inside :meth:`model_scope`, before compile. The same layers and weights, so checkpoints stay
         interchangeable.
 
         Its per-batch logs are rank 0's replica's: Keras's metrics are already summed over the ranks, and
         tf_keras's default for multi-worker MWMS ("auto": "sum") would add them up once more (twice the loss
-        and accuracy on 2 workers, measured) at the cost of one more all-reduce per step."""
+        and accuracy on 2 workers, measured) at the cost of one more all-reduce per step.
+        """
         if accumulation_steps > 1:
             wrapped = accumulating_class()(inputs=model.inputs, outputs=model.outputs, name=model.name)
             wrapped.accumulation_steps = accumulation_steps
@@ -227,8 +238,10 @@ class TfEngine(Engine):
         return model
 
     def distribute_dataset(self, dataset):
-        """[tf] This process's own shard, batched for all its replicas, as the strategy feeds it: each batch
-        split into one per replica (consecutive slices, in replica order), no auto-sharding."""
+        """[tf] This process's own shard, batched for all its replicas, as the strategy feeds it.
+
+        Each batch is split into one per replica (consecutive slices, in replica order); no auto-sharding.
+        """
         if self._strategy is None:
             return dataset
         if self._replicas > 1:
@@ -237,11 +250,13 @@ class TfEngine(Engine):
         return self._strategy.distribute_datasets_from_function(lambda context: dataset)
 
     def local_function(self, fn):
-        """[tf] ``fn``, which returns sums over its batch, on this process's replicas: each batch split
-        between them (consecutive slices, one per replica, an empty one when the batch is smaller) and their
-        sums added. No collective: each replica reads its own batch-norm statistics (outside a replica each
-        read would be one, and ranks evaluating different numbers of batches would hang), and every local
-        device does its share."""
+        """[tf] ``fn``, which returns sums over its batch, on this process's replicas, their sums added.
+
+        Each batch is split between them (consecutive slices, one per replica, an empty one when the batch is
+        smaller). No collective: each replica reads its own batch-norm statistics (outside a replica each read
+        would be one, and ranks evaluating different numbers of batches would hang), and every local device
+        does its share.
+        """
         tf = _tf()
         if self._strategy is None:  # one replica, one device
             return tf.function(fn)
@@ -267,9 +282,11 @@ class TfEngine(Engine):
         return summed
 
     def train_step_function(self, model, jit_compile: bool = False):
-        """[tf] One training step on a batch outside model.fit (`app benchmark`): the model's step in this
-        rank's replica (where its update all-reduces), compiled as Keras compiles it (XLA inside the replica).
-        An :class:`AccumulatingModel` alternates its two steps, as in training."""
+        """[tf] One training step on a batch outside model.fit (`app benchmark`).
+
+        The model's step in this rank's replica (where its update all-reduces), compiled as Keras compiles it
+        (XLA inside the replica). An :class:`AccumulatingModel` alternates its two steps, as in training.
+        """
         tf = _tf()
         accumulation = getattr(model, "accumulation_steps", 1)
         if accumulation > 1:
@@ -295,8 +312,11 @@ class TfEngine(Engine):
         return step
 
     def save_checkpoint(self, trackable, save: Callable[[], T]) -> T | None:
-        """[tf] Rank 0 writes. Across hosts, writing reads the sync-on-read variables (batch-norm statistics),
-        a collective: every other rank writes the same checkpoint into a temporary folder, removed at once."""
+        """[tf] Rank 0 writes; across hosts the other ranks write too, into a temporary folder.
+
+        Across hosts, writing reads the sync-on-read variables (batch-norm statistics), a collective: every
+        other rank writes the same checkpoint into a temporary folder, removed at once.
+        """
         if self._rank == 0:
             return save()
         if self._size > 1:
@@ -319,16 +339,20 @@ class TfEngine(Engine):
         )
 
     def first_callbacks(self) -> list:
-        """[tf] None: MWMS created every variable with rank 0's value, and Keras's metrics are sums over the
-        ranks."""
+        """[tf] None: the strategy needs no callback before the others.
+
+        MWMS created every variable with rank 0's value, and Keras's metrics are sums over the ranks.
+        """
         return []
 
     def schedule_callback(
         self, initial_lr: float, multiplier, start_epoch: float, end_epoch: float | None, steps_per_epoch: int
     ):
-        """[tf] lr = initial_lr * multiplier(epoch + batch / steps_per_epoch) before every batch: what
-        Horovod's LearningRateScheduleCallback does with staircase off (the Horovod engine's), written out
-        here since the tf engine has no Horovod."""
+        """[tf] lr = initial_lr * multiplier(epoch + batch / steps_per_epoch), set before every batch.
+
+        What Horovod's LearningRateScheduleCallback does with staircase off (the Horovod engine's), written
+        out here since the tf engine has no Horovod.
+        """
         tf: Any = _tf()
 
         class Schedule(tf.keras.callbacks.Callback):
@@ -348,8 +372,10 @@ class TfEngine(Engine):
         return Schedule()
 
     def _sum(self, values: np.ndarray) -> np.ndarray:
-        """``values`` (float64) summed elementwise over the processes: one eager all-reduce in which each
-        process's first replica gives its values and its other replicas zeros."""
+        """``values`` (float64) summed elementwise over the processes, in one eager all-reduce.
+
+        Each process's first replica gives its values and its other replicas zeros.
+        """
         if self._size == 1:
             return values
         tf = _tf()
@@ -362,24 +388,29 @@ class TfEngine(Engine):
         return self.sum_tensor(self._strategy.experimental_distribute_values_from_function(own)).numpy()
 
     def _sum_rows(self, row: np.ndarray) -> np.ndarray:
-        """Every rank's ``row`` (float64, the same length on every rank), stacked in rank order: one
-        all-reduce of a (ranks x length) matrix holding this rank's row in its own line (for short rows:
-        flags, a step count)."""
+        """Every rank's ``row`` (float64, the same length on every rank), stacked in rank order.
+
+        One all-reduce of a (ranks x length) matrix holding this rank's row in its own line (for short rows:
+        flags, a step count).
+        """
         rows = np.zeros((self._size, row.size), np.float64)
         rows[self._rank] = row
         return self._sum(rows)
 
     def sum_tensor(self, tensor, name: str = ""):
-        """[tf] ``tensor`` summed over every replica of every process (each replica gives it, or its own value
-        of a distributed one), by the strategy's all-reduce on its device (`app doctor`'s timed one)."""
+        """[tf] ``tensor`` summed over every replica of every process, by the strategy's all-reduce.
+
+        Each replica gives it, or its own value of a distributed one; the all-reduce runs on its device (`app
+        doctor`'s timed one).
+        """
         if self._strategy is None:
             return tensor
         tf = _tf()
 
         def total(value):
-            # Each replica's own copy on its device: the same tensor given to several replicas of one process
-            # is taken for one mirrored value, which a SUM leaves as it is (measured: 1 + 1 = 1 on 2 CPU
-            # replicas).
+            # Each replica's own copy on its device: the same tensor given to several replicas of one
+            # process is taken for one mirrored value, which a SUM leaves as it is (measured: 1 + 1 = 1
+            # on 2 CPU replicas).
             return tf.distribute.get_replica_context().all_reduce(
                 tf.distribute.ReduceOp.SUM, tf.identity(value)
             )
@@ -387,8 +418,7 @@ class TfEngine(Engine):
         return self._strategy.experimental_local_results(self._strategy.run(total, args=(tensor,)))[0]
 
     def all_reduce(self, values, op: str = "sum"):
-        """[tf] ``values`` reduced elementwise over the ranks: a sum directly, a min or max over every rank's
-        row."""
+        """[tf] ``values`` reduced elementwise over the ranks: a sum directly, a min or max over all rows."""
         values = np.asarray(values, np.float64).reshape(-1)
         if op == "sum":
             return self._sum(values)
@@ -396,8 +426,7 @@ class TfEngine(Engine):
         return rows.min(axis=0) if op == "min" else rows.max(axis=0)
 
     def all_gather(self, obj) -> list:
-        """[tf] Every rank's (picklable) object, in rank order: lengths first, then the bytes, as float64
-        rows."""
+        """[tf] Every rank's (picklable) object, in rank order: lengths first, then bytes, as float64 rows."""
         if self._size == 1:
             return [obj]
         data = np.frombuffer(pickle.dumps(obj), np.uint8)
@@ -405,27 +434,29 @@ class TfEngine(Engine):
         padded = np.zeros(int(lengths.max()), np.float64)
         padded[: data.size] = data
         rows = self._sum_rows(padded)
-        # The bytes come from this job's own ranks, over its own connections (as Horovod's broadcast_object's
-        # do).
+        # The bytes come from this job's own ranks, over its own connections (as Horovod's broadcast_object).
         return [pickle.loads(rows[r, :n].astype(np.uint8).tobytes()) for r, n in enumerate(lengths)]  # noqa: S301
 
     def broadcast(self, obj, root: int = 0):
-        """[tf] Rank ``root``'s object on every rank: its length, then its bytes, each one all-reduce in which
-        the other ranks add zeros (the size of the object, whatever the number of ranks)."""
+        """[tf] Rank ``root``'s object on every rank: its length, then its bytes, in one all-reduce each.
+
+        The other ranks add zeros, so each all-reduce is the size of the object, whatever the number of ranks.
+        """
         if self._size == 1:
             return obj
         data = np.frombuffer(pickle.dumps(obj), np.uint8) if self._rank == root else np.zeros(0, np.uint8)
         (length,) = self._sum(np.asarray([data.size], np.float64)).astype(int)
         padded = np.zeros(length, np.float64)
         padded[: data.size] = data
-        # The bytes come from this job's own rank, over its own connections (as Horovod's broadcast_object's
-        # do).
+        # The bytes come from this job's own rank, over its own connections (as Horovod's broadcast_object).
         return pickle.loads(self._sum(padded).astype(np.uint8).tobytes())  # noqa: S301
 
     def average_model_state(self, model) -> None:
-        """[tf] The batch-norm statistics averaged over every replica, in one all-reduce inside each replica
-        (where its own values are read and written): every replica then holds, evaluates and saves the
-        same."""
+        """[tf] Average the batch-norm statistics over every replica, in one all-reduce inside each replica.
+
+        Inside a replica its own values are read and written; every replica then holds, evaluates and saves
+        the same.
+        """
         tf = _tf()
         variables = [v for v in model.non_trainable_variables if v.dtype.is_floating]
         if self._strategy is None or not variables:

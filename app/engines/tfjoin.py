@@ -1,5 +1,4 @@
-"""[tf] Joining the tf engine's workers across hosts: MultiWorkerMirroredStrategy's start, bounded in time and
-ended by a stop signal.
+"""[tf] The start of MultiWorkerMirroredStrategy across hosts, bounded in time and ended by a stop signal.
 
 TensorFlow waits in C++ until every worker has come, for ever, holding Python's GIL (a Python thread does not
 run meanwhile: measured on TensorFlow 2.18), and its coordination service installs its own SIGTERM handler,
@@ -94,11 +93,25 @@ STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
 
 
 def join(tf, gpus: bool, workers: list[str], rank: int, timeout_s: float):
-    """The MultiWorkerMirroredStrategy of ``workers`` (this process is ``rank``; its server listens on its
-    port on every interface): NCCL between GPUs (TensorFlow-ROCm's NCCL path is RCCL on AMD GPUs),
-    TensorFlow's ring over gRPC on CPUs. At most ``timeout_s`` to join; a stop signal to the step, or SIGINT
-    or SIGUSR1 to this process alone, ends the wait with status 3 (SIGTERM to this process alone is
-    TensorFlow's: its handler takes it)."""
+    """Start the MultiWorkerMirroredStrategy of ``workers``, waiting at most ``timeout_s`` for them to join.
+
+    NCCL between GPUs (TensorFlow-ROCm's NCCL path is RCCL on AMD GPUs), TensorFlow's ring over gRPC on CPUs.
+    A stop signal to the step, or SIGINT or SIGUSR1 to this process alone, ends the wait with status 3
+    (SIGTERM to this process alone is TensorFlow's: its handler takes it).
+
+    Args:
+        tf: the ``tensorflow`` module.
+        gpus: whether this host's replicas are GPUs.
+        workers: every worker's ``host:port``, in rank order.
+        rank: this process's index in ``workers``; its server listens on its port on every interface.
+        timeout_s: how long to wait for the peers before the watcher ends this process, naming them.
+
+    Returns:
+        The strategy, every worker joined.
+
+    Raises:
+        AppError: this worker's server could not start (its port taken, most likely).
+    """
     comm = tf.distribute.experimental.CommunicationImplementation
     options = tf.distribute.experimental.CommunicationOptions(implementation=comm.NCCL if gpus else comm.RING)
     handlers = {s: signal.getsignal(s) for s in (*STOPS, signal.SIGQUIT)}
@@ -134,16 +147,18 @@ def join(tf, gpus: bool, workers: list[str], rank: int, timeout_s: float):
         for number, handler in handlers.items():
             signal.signal(number, signal.SIG_DFL if handler is None else handler)
     if reported:
-        # A stop the watcher saw as the join ended, handed to the stop handler now in place: as SIGTERM, which
-        # it records, whatever it was (SIGHUP's default would end the process, SIGINT raise
-        # KeyboardInterrupt).
+        # A stop the watcher saw as the join ended, handed to the stop handler now in place, as SIGTERM (which
+        # it records) whatever it was: SIGHUP's default would end the process, SIGINT raise KeyboardInterrupt.
         os.kill(os.getpid(), signal.SIGTERM)
     return strategy
 
 
 def _watch(workers: list[str], rank: int, timeout_s: float, wakeup: int) -> subprocess.Popen:
-    """The watcher process (see _WATCHER), started with the stop signals blocked (it unblocks them once its
-    handlers are in place: none is lost meanwhile); the peers reach it on its standard input."""
+    """Start the watcher process (see _WATCHER); the peers reach it on its standard input.
+
+    It starts with the stop signals blocked and unblocks them once its handlers are in place: none is lost
+    meanwhile.
+    """
     held = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
     try:
         watcher = subprocess.Popen(
@@ -163,9 +178,11 @@ def _watch(workers: list[str], rank: int, timeout_s: float, wakeup: int) -> subp
 
 
 def _exit_on_sigquit() -> None:
-    """SIGQUIT (signal 3) ends this process at once with status 3, the stopped status (REQUEUE_EXIT_CODE):
+    """Make SIGQUIT (signal 3) end this process at once with status 3, the stopped status (REQUEUE_EXIT_CODE).
+
     libc's ``_exit``, async-signal-safe, is the handler, so no Python code (which the GIL would hold back)
-    runs."""
+    runs.
+    """
     import ctypes
 
     # The status is the signal's number (3 on Linux); elsewhere the watcher's SIGKILL ends it.
@@ -178,8 +195,8 @@ def _exit_on_sigquit() -> None:
 
 
 # MultiWorkerMirroredStrategy's start-up lines from C++ (absl logging, which TF_CPP_MIN_LOG_LEVEL does not
-# reach): absl's notice, the worker's gRPC server and its connection to the coordination service (three lines
-# a worker).
+# reach): absl's notice, the worker's gRPC server and its connection to the coordination service (three
+# lines a worker).
 _START_NOISE = re.compile(
     r"^I[0-9]{4} .*(grpc_server_lib|coordination_service)|All log messages before absl::InitializeLog"
 )
@@ -187,10 +204,11 @@ _START_NOISE = re.compile(
 
 @contextlib.contextmanager
 def _start_up_lines_dropped():
-    """Standard error into a file while the strategy starts, then every line but its start-up notices written
-    out. A file, not a pipe: TensorFlow writes while it holds the GIL, and nothing may block it. A worker
-    ended by its watcher inside loses these lines, never the watcher's own (its standard error is the
-    job's)."""
+    """Standard error into a file while the strategy starts, then every line but its start-up notices.
+
+    A file, not a pipe: TensorFlow writes while it holds the GIL, and nothing may block it. A worker ended by
+    its watcher inside loses these lines, never the watcher's own (its standard error is the job's).
+    """
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as capture:

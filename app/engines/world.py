@@ -1,7 +1,8 @@
-"""Who this process is among the workers, and the guards that no silent fallback passes: which launcher
-started it (horovodrun, mpirun, srun, PMIx), how many processes the launcher started against how many joined,
-GPUs allocated against GPUs seen, how many CPU threads a rank takes (--threads, SLURM_CPUS_PER_TASK or its
-share of the node), and the errors workers leave for `app --np`.
+"""Who this process is among the workers, and the guards that no silent fallback passes.
+
+Which launcher started it (horovodrun, mpirun, srun, PMIx), how many processes the launcher started against
+how many joined, GPUs allocated against GPUs seen, how many CPU threads a rank takes (--threads,
+SLURM_CPUS_PER_TASK or its share of the node), and the errors workers leave for `app --np`.
 
 Reads only the environment and the device files: no Horovod or TensorFlow here, so the CLI and the login-node
 commands may use it.
@@ -35,13 +36,19 @@ LAUNCHER_RANK_VARS = {
 
 
 # Horovod's stall inspector: warn (naming the ranks that did not submit a tensor) after 60 s, shut down after
-# 600 s. The shutdown time also bounds scaleout's own watchdog (see Watchdog). Both stay overridable.
+# 600 s, both overridable. The shutdown time also bounds scaleout's watchdog (app.engines.faults.Watchdog).
 STALL_DEFAULTS = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "60", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "600"}
 
 
 def stall_settings() -> dict[str, int]:
-    """Horovod's stall times from the environment (scaleout's defaults where unset or empty), checked: Horovod
-    reads them with strtol, so '90.5' would silently be 90 and 'abc' 0 there."""
+    """Horovod's stall times from the environment (scaleout's defaults where unset or empty), checked.
+
+    Horovod reads them with strtol, so '90.5' would silently be 90 and 'abc' 0 there. The values are written
+    back to the environment for Horovod.
+
+    Raises:
+        UsageError: a time that is not whole seconds.
+    """
     out = {}
     for var, default in STALL_DEFAULTS.items():
         value = os.environ.get(var, "").strip() or default
@@ -98,7 +105,16 @@ def launched_size(env) -> tuple[str, int] | None:
 
 
 def check_world_size(size: int, env, engine: str = "horovod") -> None:
-    """Refuse a job whose launcher started N processes that did not join one job of N under ``engine``."""
+    """Refuse a job whose launcher started N processes that did not join one job of N under ``engine``.
+
+    Args:
+        size: the processes that joined.
+        env: the environment, where the launcher announced how many it started.
+        engine: the engine that joined them ("horovod" or "tf"), for the message.
+
+    Raises:
+        AppError: the numbers differ, naming the likely cause.
+    """
     launched = launched_size(env)
     if launched is None or launched[1] == size:
         return
@@ -143,8 +159,20 @@ def allocated_gpus(env, device_nodes) -> str | None:
 
 
 def check_gpus_seen(gpus_seen: int, env, device_nodes, build: dict) -> None:
-    """Refuse to train on the CPU where GPUs are this process's: TensorFlow sees none, but a Slurm job was
-    given some, or a workstation has some and nothing hides them."""
+    """Refuse to train on the CPU where GPUs are this process's.
+
+    That is, TensorFlow sees none, but a Slurm job was given some, or a workstation has some and nothing hides
+    them. Setting ``SCALEOUT_ALLOW_CPU=1`` allows it.
+
+    Args:
+        gpus_seen: the GPUs TensorFlow sees.
+        env: the environment (CUDA/ROCm masks, Slurm's allocation).
+        device_nodes: the GPU device files here (:func:`gpu_device_nodes`).
+        build: TensorFlow's build info (``tf.sysconfig.get_build_info()``), to tell a CPU-only build.
+
+    Raises:
+        AppError: GPUs are there but unseen, with the likely cause and the fix.
+    """
     allocated = allocated_gpus(env, device_nodes)
     if gpus_seen or allocated is None or env.get(ALLOW_CPU_VAR) == "1":
         return
@@ -171,8 +199,11 @@ def check_gpus_seen(gpus_seen: int, env, device_nodes, build: dict) -> None:
 
 
 def gpu_device_nodes() -> list[str]:
-    """The GPU device files here; where there are none but nvidia-smi lists GPUs (WSL2, whose GPUs are behind
-    /dev/dxg), those, as "nvidia-smi: N GPU(s)"."""
+    """The GPU device files here, or the GPUs nvidia-smi lists where there are none.
+
+    Where there are no device files but nvidia-smi lists GPUs (WSL2, whose GPUs are behind /dev/dxg), one
+    entry saying how many it lists.
+    """
     import glob
     import shutil
     import subprocess
@@ -227,17 +258,23 @@ def detected_launcher() -> str | None:
 
 
 def joined_launcher() -> str | None:
-    """The launcher whose other processes this one joins: one was detected and it started more than this
-    process. Inside an interactive `srun --pty bash` (a one-task step: PMIX_RANK is set, the step has one
-    task) there is none, so `--np N` starts N local workers there, as on a workstation."""
+    """The launcher whose other processes this one joins, or None.
+
+    One was detected and it started more than this process. Inside an interactive `srun --pty bash` (a
+    one-task step: PMIX_RANK is set, the step has one task) there is none, so `--np N` starts N local workers
+    there, as on a workstation.
+    """
     launcher = detected_launcher()
     launched = launched_size(os.environ)
     return launcher if launcher and (launched is None or launched[1] > 1) else None
 
 
 def _srun_step_tasks() -> int:
-    """Tasks of the srun step this process is in: 0 in a batch script (SLURM_PROCID is set there too, but
-    only srun sets SLURM_STEP_NUM_TASKS), so `app train --np N` in a batch script launches its N workers."""
+    """Tasks of the srun step this process is in; 0 in a batch script.
+
+    SLURM_PROCID is set in a batch script too, but only srun sets SLURM_STEP_NUM_TASKS, so `app train --np N`
+    in a batch script launches its N workers.
+    """
     return SlurmEnv().step_tasks
 
 
@@ -255,15 +292,14 @@ CPUS_PER_TASK_VAR = slurm.CPUS_PER_TASK
 
 @dataclass(frozen=True)
 class RankThreads:
-    """How many CPU threads one rank takes, where that number came from, and a note when a value was
-    ignored."""
+    """How many CPU threads one rank takes, where that number came from, and a note when one was ignored."""
 
     count: int
     source: str
     note: str | None = None
     # Whether tf.data gets a private pool of ``count`` threads (--threads, SLURM_CPUS_PER_TASK), or keeps
-    # TensorFlow's shared pool, sized by the machine (the fallback: as before these were chosen, so a
-    # workstation's pipeline is unchanged).
+    # TensorFlow's shared pool, sized by the machine (the fallback, so a workstation's pipeline keeps
+    # TensorFlow's own sizing).
     private: bool = True
 
     @property
@@ -275,12 +311,20 @@ class RankThreads:
 def threads_per_rank(
     threads: int, env, cpu_count: int | None, local_size: int, launcher: str = "none"
 ) -> RankThreads:
-    """The CPU threads of one rank: ``threads`` (--threads) when given, else SLURM_CPUS_PER_TASK when it is a
-    whole number from 1 to this node's ``cpu_count`` CPUs (anything else is ignored with a note), else the
-    node's CPUs shared among its ``local_size`` workers.
+    """The CPU threads of one rank: --threads, else SLURM_CPUS_PER_TASK, else its share of the node.
 
-    Under horovodrun (`app --np N` inside a Slurm task) the local workers share their one task's CPUs, so
-    SLURM_CPUS_PER_TASK is divided among them; srun's and mpirun's ranks are each a task of their own."""
+    SLURM_CPUS_PER_TASK counts when it is a whole number from 1 to this node's ``cpu_count`` CPUs; anything
+    else is ignored with a note. Under horovodrun (`app --np N` inside a Slurm task) the local workers share
+    their one task's CPUs, so SLURM_CPUS_PER_TASK is divided among them; srun's and mpirun's ranks are each a
+    task of their own.
+
+    Args:
+        threads: ``--threads``; 0 when not given.
+        env: the environment (SLURM_CPUS_PER_TASK).
+        cpu_count: this node's CPUs (None when unknown: 1).
+        local_size: the workers on this node.
+        launcher: the launcher that started this process (:func:`detected_launcher`, or "none").
+    """
     if threads > 0:
         return RankThreads(threads, "--threads")
     cpus = cpu_count or 1
@@ -306,12 +350,15 @@ def threads_per_rank(
     return RankThreads(fallback.count, fallback.source, f"{problem}; ignored, using {fallback.source}", False)
 
 
-ERROR_DIR_VAR = "SCALEOUT_ERROR_DIR"  # set by launch_local: where its workers leave their error lines
+# set by app.engines.launch.local: where its workers leave their error lines
+ERROR_DIR_VAR = "SCALEOUT_ERROR_DIR"
 
 
 def report_to_launcher(rank: int, code: int, message: str) -> bool:
-    """Under `app --np`, leave this worker's error for the launching process, which prints each different
-    message once (rank 0's first) and exits with its status; True when it was left there."""
+    """Under `app --np`, leave this worker's error for the launching process; True when it was left there.
+
+    The launching process prints each different message once (rank 0's first) and exits with its status.
+    """
     folder = os.environ.get(ERROR_DIR_VAR)
     if not folder:
         return False
@@ -345,8 +392,11 @@ LAUNCHED_BY_VAR = "SCALEOUT_LAUNCHED_BY"  # set by app.engines.launch.local for 
 
 
 def resume_command(run_dir) -> str:
-    """The command that continues the training in ``run_dir`` as it was started: `app train --np N` when
-    `app --np N` started it, the same launcher with the same number of processes when another one did."""
+    """The command that continues the training in ``run_dir`` as it was started.
+
+    `app train --np N` when `app --np N` started it; the same launcher with the same number of processes when
+    another one did.
+    """
     import shlex
 
     command = f"app train --run-dir {shlex.quote(str(run_dir))}"

@@ -3,11 +3,12 @@
 Run it the way training runs (``srun app doctor`` inside a job, ``app submit --smoke``, or ``app doctor --np
 2`` on a workstation). Every rank checks itself, rank 0 prints one table and a verdict:
 
-1. build: TensorFlow's build (CUDA, ROCm or CPU only) and Horovod's (TensorFlow ops, controllers, NCCL/RCCL);
+1. build: TensorFlow's build (CUDA, ROCm or CPU only) and the engine's: Horovod's (TensorFlow ops,
+   controllers, NCCL/RCCL), or the tf engine's strategy;
 2. devices: the GPUs TensorFlow sees on each rank against what the job was given (the same check that stops
    `app train` from training on the CPU of a GPU allocation);
-3. world: Horovod's size against the launcher's task count (the check that stops N one-worker trainings), the
-   nodes and ranks per node as Horovod sees them;
+3. world: the engine's size against the launcher's task count (the check that stops N one-worker trainings),
+   the nodes and ranks per node as the engine sees them;
 4. allreduce: one buffer of ``--megabytes`` (100 MB is about ResNet-50's float32 gradients) summed across the
    ranks, checked element by element, timed over ``--iterations`` after two warm-up rounds, reported as
    algorithm and bus bandwidth the way nccl-tests do (bus = algorithm x 2(n-1)/n, comparable across n);
@@ -15,8 +16,8 @@ Run it the way training runs (``srun app doctor`` inside a job, ``app submit --s
    plugin), the plugin it loaded, the libfabric provider and the interfaces, read from NCCL's own log, which
    this command turns on (NCCL_DEBUG=INFO into a temporary file) unless NCCL_DEBUG is already set; when the
    job asks for Slingshot (NCCL_SOCKET_IFNAME=hsn..., LUMI's profile) and the log shows another path, a
-   problem; without NCCL the allreduce goes through Horovod's CPU operations. The controller (MPI or Gloo) is
-   in 3.
+   problem; without NCCL the allreduce goes through Horovod's CPU operations (or TensorFlow's own reduction
+   under the tf engine). The controller (MPI or Gloo) is in 3.
 
 A failed check exits with status 1 after the table, naming the first problem and what to check.
 """
@@ -95,8 +96,11 @@ def nccl_network(folder: str | None) -> str | None:
 
 
 def nccl_path(folder: str | None) -> dict:
-    """What NCCL/RCCL's log says of the path under the network: the plugin it loaded, the libfabric provider
-    (cxi is Slingshot-11's), the interfaces or devices its transport uses; empty where the log is silent."""
+    """What NCCL/RCCL's log says of the path under the network; empty where the log is silent.
+
+    The plugin it loaded, the libfabric provider (cxi is Slingshot-11's), the interfaces or devices its
+    transport uses.
+    """
     out: dict = {}
     for line in _nccl_lines(folder):
         if (m := _PLUGIN.search(line)) and "plugin" not in out:
@@ -109,10 +113,12 @@ def nccl_path(folder: str | None) -> dict:
 
 
 def slingshot_used(path: dict) -> tuple[bool | None, str]:
-    """Whether the log shows Slingshot's RDMA carrying the gradients, and how: libfabric's cxi provider (the
-    OFI plugin on Slingshot-11) is; another provider, or RCCL's socket transport, is not, even over the hsn
-    interfaces (TCP over Slingshot, without RDMA: what RCCL falls back to when the plugin does not load, and
-    what NCCL_SOCKET_IFNAME=hsn... alone gives). (None, "") when the log shows no path."""
+    """Whether the log shows Slingshot's RDMA carrying the gradients, and how; (None, "") with no path shown.
+
+    Libfabric's cxi provider (the OFI plugin on Slingshot-11) is; another provider, or RCCL's socket
+    transport, is not, even over the hsn interfaces (TCP over Slingshot, without RDMA: what RCCL falls back to
+    when the plugin does not load, and what NCCL_SOCKET_IFNAME=hsn... alone gives).
+    """
     if "provider" in path:
         if path["provider"].lower() == "cxi":
             return True, "RDMA through libfabric's cxi provider"
@@ -124,8 +130,7 @@ def slingshot_used(path: dict) -> tuple[bool | None, str]:
 
 
 def bandwidths(nbytes: int, seconds: float, size: int) -> tuple[float, float]:
-    """(algorithm, bus) bandwidth in GB/s of an allreduce of ``nbytes`` that took ``seconds`` on ``size``
-    ranks."""
+    """(algorithm, bus) bandwidth in GB/s of an allreduce of ``nbytes`` in ``seconds`` on ``size`` ranks."""
     if seconds <= 0:
         return float("nan"), float("nan")
     algorithm = nbytes / seconds / 1e9
@@ -137,9 +142,11 @@ class Stopped(Exception):
 
 
 def _stop_on_signals() -> None:
-    """SIGUSR1/SIGTERM (a smoke job's time limit, scancel) end the checks with what they found so far, instead
-    of a silent exit 138 or 143. Python runs the handler between bytecodes: a hung collective ends only at
-    Slurm's SIGKILL."""
+    """Make SIGUSR1/SIGTERM end the checks with what they found so far, not a silent exit 138 or 143.
+
+    They come from a smoke job's time limit or scancel. Python runs the handler between bytecodes: a hung
+    collective ends only at Slurm's SIGKILL.
+    """
     import signal
 
     def stop(signum, frame):
@@ -152,9 +159,18 @@ def _stop_on_signals() -> None:
 def run(
     megabytes: float, iterations: int, threads: int = 0, engine: str = "auto", accept_grpc: bool = False
 ) -> dict:
-    """Every check through ``engine`` (train.engine's values), the same on every rank (each rank's part is
-    gathered), for rank 0 to print. Stopped by a signal, this rank's checks so far and a ``stopped`` row
-    (``report["stopped"]``: nothing was gathered)."""
+    """Every check through ``engine`` (train.engine's values), the same on every rank, for rank 0 to print.
+
+    Each rank's part is gathered. Stopped by a signal, the report holds this rank's checks so far and a
+    ``stopped`` row (``report["stopped"]``: nothing was gathered).
+
+    Args:
+        megabytes: the size of the timed allreduce's buffer.
+        iterations: the timed allreduces, after two warm-up rounds.
+        threads: CPU threads per worker (0: automatic), as for training.
+        engine: auto, horovod or tf.
+        accept_grpc: the tf engine across hosts: consent to its unauthenticated gRPC server.
+    """
     from app.core.compat import import_tensorflow
     from app.engines import engine as dist
 
@@ -194,9 +210,12 @@ def run(
 
 
 def guarded_input_check(report: dict, measure) -> dict:
-    """Rank 0's input row, made by ``measure()`` (app.training.benchmark.input_check, passed in by the CLI:
-    engines import no training code): never a failure, and a stop signal or an error while it measures becomes
-    its detail instead of a traceback that would leave the other ranks waiting in :func:`finish`."""
+    """Rank 0's input row, made by ``measure()``: never a failure.
+
+    ``measure`` is app.training.benchmark.input_check, passed in by the CLI (engines import no training code).
+    A stop signal or an error while it measures becomes its detail instead of a traceback that would leave the
+    other ranks waiting in :func:`finish`.
+    """
     try:
         return measure()
     except Stopped as exc:
@@ -207,8 +226,10 @@ def guarded_input_check(report: dict, measure) -> dict:
 
 
 def finish(failed: bool) -> None:
-    """Every rank waits here until rank 0 has printed, then all exit with the same status: a rank that left
-    first with status 1 would make srun --kill-on-bad-exit end rank 0 before its table."""
+    """Every rank waits here until rank 0 has printed, then all exit with the same status.
+
+    A rank that left first with status 1 would make srun --kill-on-bad-exit end rank 0 before its table.
+    """
     from app.engines import engine as dist
 
     dist.current().all_gather(failed)
@@ -253,8 +274,11 @@ def _run(
 
 
 def check_build(tf, hvd_build: dict, tf_build: dict, world) -> Check:
-    """1. TensorFlow's and the engine's builds: under Horovod, Horovod importable with NCCL/RCCL for a GPU
-    build (the tf engine's collectives are TensorFlow's own); the same on every rank."""
+    """1. TensorFlow's and the engine's builds, the same on every rank.
+
+    Under Horovod, Horovod importable with NCCL/RCCL for a GPU build (the tf engine's collectives are
+    TensorFlow's own).
+    """
     from app.engines import engine as dist
 
     gpu_build = tf_build["cuda"] or tf_build["rocm"]
@@ -325,7 +349,7 @@ def check_devices(ranks: list[dict]) -> Check:
 
 
 def check_world(ranks: list[dict], world) -> Check:
-    """3. Horovod's size against the launcher's task count, and the world as Horovod sees it."""
+    """3. The engine's size against the launcher's task count, and the world as the engine sees it."""
     bad = next((r for r in ranks if r["world_problem"]), None)
     launched = launched_size(os.environ)
     replicas = f" x {world.replicas} replicas" if world.replicas > 1 else ""
@@ -342,8 +366,11 @@ def check_world(ranks: list[dict], world) -> Check:
 
 
 def check_allreduce(tf, world, gpus: list[str], megabytes: float, iterations: int) -> tuple[dict, Check]:
-    """4. One buffer of ``megabytes`` summed across the ranks, checked element by element and timed: the
-    measurement (bytes, seconds of the slowest rank, algorithm and bus bandwidth) and its check."""
+    """4. One buffer of ``megabytes`` summed across the ranks, checked element by element and timed.
+
+    Returns:
+        The measurement (bytes, seconds of the slowest rank, algorithm and bus bandwidth) and its check.
+    """
     from app.engines import engine as dist
 
     # The allreduce: every rank contributes rank + 1, so every element must be n(n+1)/2 afterwards.
@@ -382,10 +409,12 @@ def check_allreduce(tf, world, gpus: list[str], megabytes: float, iterations: in
 def check_transport(
     network: str | None, hvd_build: dict, gpus: list[str], world, path: dict | None = None
 ) -> Check:
-    """5. The path gradients take: NCCL/RCCL and the network its log named (its plugin, libfabric provider and
-    interfaces), or Horovod's CPU operations; the same network on every rank; and where the job asks for
-    Slingshot (NCCL_SOCKET_IFNAME names hsn interfaces, as the LUMI profile does), that Slingshot carries
-    it."""
+    """5. The path gradients take, the same network on every rank.
+
+    NCCL/RCCL and the network its log named (its plugin, libfabric provider and interfaces), or Horovod's CPU
+    operations (TensorFlow's ring or local reduction under the tf engine); and where the job asks for
+    Slingshot (NCCL_SOCKET_IFNAME names hsn interfaces, as the LUMI profile does), that Slingshot carries it.
+    """
     from app.engines import engine as dist
 
     path = path or {}

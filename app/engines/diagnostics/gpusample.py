@@ -1,15 +1,20 @@
-"""GPU utilization and memory sampled while a benchmark runs, with the vendor's own tool (CSC's gpularge
-application asks for GPU utilization during the run): `nvidia-smi` on NVIDIA nodes, `rocm-smi` on AMD ones,
-polled from a background thread about once a second by the first rank of a node, for the GPUs the job was
-given there (CUDA_/ROCR_/HIP_VISIBLE_DEVICES); only the samples taken during the measured steps (after the
-warm-up) count. Without either tool (a CPU machine, this development machine) nothing is sampled and the
-report says so.
+"""GPU utilization and memory sampled while a benchmark runs, with the vendor's own tool.
+
+CSC's gpularge application asks for GPU utilization during the run. `nvidia-smi` on NVIDIA nodes, `rocm-smi`
+on AMD ones, polled from a background thread about once a second by the first rank of a node, for the GPUs
+the job was given there (CUDA_/ROCR_/HIP_VISIBLE_DEVICES); only the samples taken during the measured steps
+(after the warm-up) count. Without either tool (a CPU machine, this development machine) nothing is sampled
+and the report says so.
 
 Written by hand, not with NVML or amdsmi bindings: those are not in the images, and the tools are on every
-GPU node. The formats parsed: nvidia-smi's `--query-gpu=utilization.gpu,memory.used --format=csv,noheader,
-nounits` (one line per GPU, "91, 60000": percent and MiB; "[N/A]" where a field is not supported) and
-rocm-smi's `--showuse --showmeminfo vram --json` ({"card0": {"GPU use (%)": "91", "VRAM Total Used Memory
-(B)": "1234"}}). Checked against the tools' documentation and a stand-in here; never run on a GPU.
+GPU node. The formats parsed:
+
+- nvidia-smi's `--query-gpu=utilization.gpu,memory.used --format=csv,noheader,nounits`: one line per GPU,
+  "91, 60000" (percent and MiB), "[N/A]" where a field is not supported;
+- rocm-smi's `--showuse --showmeminfo vram --json`:
+  ``{"card0": {"GPU use (%)": "91", "VRAM Total Used Memory (B)": "1234"}}``.
+
+Checked against the tools' documentation and a stand-in here; never run on a GPU.
 """
 
 from __future__ import annotations
@@ -43,8 +48,10 @@ def _gpu(util: float | None, mib: float | None) -> tuple[float, float] | None:
 
 
 def parse_nvidia(text: str) -> list[tuple[float, float]]:
-    """(utilization %, memory MiB) per GPU from nvidia-smi's CSV lines; GPUs with a field it cannot read are
-    left out."""
+    """(utilization %, memory MiB) per GPU from nvidia-smi's CSV lines.
+
+    GPUs with a field that cannot be read are left out.
+    """
     out = []
     for line in text.splitlines():
         fields = line.split(",")
@@ -73,8 +80,11 @@ def parse_rocm(text: str) -> list[tuple[float, float]]:
 
 
 def visible_gpus(env) -> list[str]:
-    """The GPU indices this job may use (CUDA_VISIBLE_DEVICES, else ROCR_ or HIP_VISIBLE_DEVICES, as Slurm
-    sets them), so that a node shared with other jobs is sampled for this job's GPUs only; [] for all."""
+    """The GPU indices this job may use; [] for all.
+
+    CUDA_VISIBLE_DEVICES, else ROCR_ or HIP_VISIBLE_DEVICES, as Slurm sets them, so that a node shared with
+    other jobs is sampled for this job's GPUs only.
+    """
     for name in ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"):
         value = env.get(name, "")
         if re.fullmatch(r"[0-9]{1,4}(,[0-9]{1,4}){0,63}", value):
@@ -83,9 +93,11 @@ def visible_gpus(env) -> list[str]:
 
 
 class GpuSampler:
-    """``with GpuSampler() as s: ...`` samples while the block runs; ``s.result()`` then gives the mean
-    utilization and the peak memory over the samples (the mean and the max over the node's GPUs at each), or
-    None when no tool was there or it never answered."""
+    """Samples the GPUs while a ``with GpuSampler() as s:`` block runs.
+
+    ``s.result()`` then gives the mean utilization and the peak memory over the samples (the mean and the max
+    over the node's GPUs at each), or None when no tool was there or it never answered.
+    """
 
     def __init__(self, interval: float = INTERVAL_S, enabled: bool = True, env=None):
         self.interval = interval
@@ -138,8 +150,11 @@ class GpuSampler:
             self._thread.join(timeout=TIMEOUT_S + self.interval)
 
     def result(self, since: float | None = None) -> dict | None:
-        """The samples taken from ``since`` (a time.perf_counter(): the measured steps' start, so that the
-        warm-up's compilation does not count) on: mean utilization, peak memory; None without any."""
+        """Mean utilization and peak memory of the samples taken from ``since`` on; None without any.
+
+        ``since`` is a time.perf_counter(): the measured steps' start, so that the warm-up's compilation does
+        not count.
+        """
         samples = [gpus for at, gpus in self.samples if since is None or at >= since]
         if not samples:
             return None

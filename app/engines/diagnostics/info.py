@@ -1,5 +1,7 @@
-"""`app info`: what this environment can do (versions, Horovod build, the engine auto picks, GPUs, launchers
-on PATH)."""
+"""`app info`: what this environment can do.
+
+The versions, Horovod's build, the engine auto picks, the GPUs, and the launchers on PATH.
+"""
 
 from __future__ import annotations
 
@@ -45,8 +47,11 @@ def horovod_build() -> dict:
 
 
 def gpu_driver() -> str | None:
-    """The GPU driver's version: NVIDIA's kernel module (/proc/driver/nvidia/version), else AMD's amdgpu
-    module (/sys/module/amdgpu/version, present with ROCm's DKMS driver); None without either."""
+    """The GPU driver's version, NVIDIA's or AMD's; None without either.
+
+    NVIDIA's kernel module (/proc/driver/nvidia/version), else AMD's amdgpu module
+    (/sys/module/amdgpu/version, present with ROCm's DKMS driver).
+    """
     try:
         with open("/proc/driver/nvidia/version", errors="replace") as f:
             m = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9][0-9.]*)", f.read(4096))
@@ -65,8 +70,11 @@ def gpu_driver() -> str | None:
 
 
 def environment(world) -> dict:
-    """Where a measurement or a training run was made: the machine, the GPU with its driver, the software's
-    versions (scaleout's with its source digest, app/core/version.py), the launcher and the Slurm job."""
+    """Where a measurement or a training run was made, for ``world`` (an app.engines.world.World).
+
+    The machine, the GPU with its driver, the software's versions (scaleout's with its source digest,
+    app/core/version.py), the launcher and the Slurm job.
+    """
     import tensorflow as tf
 
     from app.core.version import source_digest
@@ -150,8 +158,10 @@ TF_PACKAGES = ("tensorflow", "tensorflow-cpu", "tensorflow-rocm", "tensorflow-in
 
 
 def tensorflow_packages() -> list[str]:
-    """The TensorFlow distributions installed here (``make install TF=cpu|gpu`` leaves exactly one): two
-    would overwrite each other's files in one ``tensorflow`` folder."""
+    """The TensorFlow distributions installed here; ``make install TF=cpu|gpu`` leaves exactly one.
+
+    Two would overwrite each other's files in one ``tensorflow`` folder.
+    """
     from importlib import metadata
 
     found = []
@@ -175,8 +185,10 @@ def tensorflow_build(tf) -> dict:
 
 
 def cpu_has_avx512_bf16() -> bool:
-    """True when the CPU does bfloat16 arithmetic natively (where mixed_bfloat16 was 1.65x float32 in `make
-    bench` here)."""
+    """True when the CPU does bfloat16 arithmetic natively.
+
+    There mixed_bfloat16 was 1.65x float32 in `make bench` here.
+    """
     try:
         with open("/proc/cpuinfo") as f:
             return any(line.startswith("flags") and "avx512_bf16" in line.split() for line in f)

@@ -1,6 +1,8 @@
-"""Where a step's time goes, from Horovod's timeline: the share with a collective (allreduce) in flight, the
-share with only a negotiation open (from a tensor's submission until every rank has submitted it; it
-overlaps the backward pass and includes Horovod's coordination cycle), and the rest, compute only.
+"""Where a step's time goes, from Horovod's timeline: collectives, negotiations, and compute.
+
+The share with a collective (allreduce) in flight, the share with only a negotiation open (from a tensor's
+submission until every rank has submitted it; it overlaps the backward pass and includes Horovod's
+coordination cycle), and the rest, compute only.
 
 `app benchmark --timeline` records Horovod's timeline (HOROVOD_TIMELINE=DYNAMIC, then hvd.start_timeline /
 stop_timeline around a few measured steps) into a Chrome trace file that Perfetto (ui.perfetto.dev) and
@@ -23,8 +25,14 @@ READ_LIMIT = 256 * 2**20  # bytes: a few steps of ResNet-50 are a few MB
 
 
 def load_events(path: Path) -> list[dict]:
-    """The trace's events. A file Horovod did not close (the run was killed) lacks its final bracket: read
-    up to the last complete event. One line naming the file when it is not a trace."""
+    """The trace's events, up to the last complete one.
+
+    A file Horovod did not close (the run was killed) lacks its final bracket: it is read up to the last
+    complete event.
+
+    Raises:
+        UsageError: one line naming the file when it is not a trace.
+    """
     text = read_regular(path, str(path), READ_LIMIT, "Horovod timeline").decode("utf-8", "replace").strip()
     for attempt in (text, text.rstrip(",") + "]", text[: text.rfind("}") + 1] + "]"):
         try:
@@ -47,8 +55,11 @@ def _union(intervals: list[tuple[float, float]]) -> float:
 
 
 def intervals(events: list[dict]) -> dict[str, list[tuple[float, float]]]:
-    """Top-level activities per kind ("negotiation", "collective"), in microseconds; nested parts are inside
-    their collective and not counted twice. An activity left open (the trace ended) is dropped."""
+    """Top-level activities per kind ("negotiation", "collective"), as (start, end) in microseconds.
+
+    Nested parts are inside their collective and not counted twice. An activity left open (the trace ended)
+    is dropped.
+    """
     stacks: dict[object, list[tuple[str, float]]] = {}
     found: dict[str, list[tuple[float, float]]] = {"negotiation": [], "collective": []}
     for e in events:
@@ -67,8 +78,11 @@ def intervals(events: list[dict]) -> dict[str, list[tuple[float, float]]]:
 
 
 def shares(path: Path, window_s: float) -> dict:
-    """Seconds and fractions of ``window_s`` (the wall time of the recorded steps) with a collective in
-    flight and with a negotiation under way (outside collectives); the rest is compute (and input)."""
+    """The seconds and fractions of ``window_s`` with a collective in flight or a negotiation under way.
+
+    ``window_s`` is the wall time of the recorded steps; negotiations count outside collectives only; the rest
+    is compute (and input).
+    """
     events = load_events(path)
     found = intervals(events)
     collective = _union(found["collective"]) / 1e6

@@ -1,7 +1,9 @@
-"""`--np N`: N local workers, through ``horovodrun --gloo`` with its rendezvous on loopback (the Horovod
-engine), or one process holding N replicas (the tf engine), with their signals, output and errors handled so
-that they behave as one command (one error line, Ctrl-C and a stop signal reaching every worker, nothing left
-running when the launcher dies). Nothing either starts listens beyond loopback.
+"""`--np N`: N local workers that behave as one command, under either engine.
+
+Through ``horovodrun --gloo`` with its rendezvous on loopback (the Horovod engine), or one process holding N
+replicas (the tf engine), with their signals, output and errors handled so that they behave as one command
+(one error line, Ctrl-C and a stop signal reaching every worker, nothing left running when the launcher
+dies). Nothing either starts listens beyond loopback.
 """
 
 from __future__ import annotations
@@ -23,7 +25,12 @@ from app.engines.world import ERROR_DIR_VAR, LAUNCHED_BY_VAR, LOCAL_RANK_VARS, R
 
 
 def launch_local(np: int, argv: list[str], engine: str = "horovod") -> int:
-    """Run ``app <argv>`` as ``np`` local workers of ``engine`` and return their exit status."""
+    """Run ``app <argv>`` as ``np`` local workers of ``engine`` and return their exit status.
+
+    Raises:
+        UsageError: ``np`` below 1.
+        AppError: the Horovod engine without horovodrun.
+    """
     if np < 1:
         raise UsageError(f"--np {np}: must be >= 1")
     if engine == "tf":
@@ -45,8 +52,7 @@ def launch_local(np: int, argv: list[str], engine: str = "horovod") -> int:
 def _with_errors(np: int, run) -> int:
     """``run(env)``'s exit status, the workers' own error lines printed once each (rank 0's first)."""
     with tempfile.TemporaryDirectory(prefix="scaleout-errors-") as errors:
-        # An outer launcher's identity of this one process (a one-task srun step's PMIx rank) is not the
-        # workers'.
+        # An outer launcher's identity of this process (a one-task srun step's PMIx rank) is not the workers'.
         outer = ("PMIX_", "OMPI_COMM_WORLD_", "PMI_RANK", "PMI_SIZE", "TF_CONFIG", REPLICAS_VAR)
         env = {k: v for k, v in os.environ.items() if not k.startswith(outer)}
         # One machine: NCCL's bootstrap sockets (GPU runs of either engine) on loopback, as everything else.
@@ -174,12 +180,15 @@ class _signals_held:
 
 
 class _Forwarder:
-    """The launcher's signal handling. SIGUSR1/SIGTERM for `app train` go to its workers, which stop cleanly
-    at an agreed step (exit 3), never to horovodrun, which would kill them; one that comes before every
-    worker can take it (still starting) is delivered as soon as it can, by one thread that retries until all
-    ``np`` workers have it, or for 5 minutes (then the workers are ended through horovodrun). Ctrl-C,
-    SIGHUP and SIGQUIT, and every signal for other commands, end the workers through horovodrun (SIGINT to
-    its process group). The handlers only note what came; the thread acts."""
+    """The launcher's signal handling: stop signals passed to `app train`'s workers, the rest end them.
+
+    SIGUSR1/SIGTERM for `app train` go to its workers, which stop cleanly at an agreed step (exit 3), never to
+    horovodrun, which would kill them; one that comes before every worker can take it (still starting) is
+    delivered as soon as it can, by one thread that retries until all ``np`` workers have it, or for 5 minutes
+    (then the workers are ended through horovodrun). Ctrl-C, SIGHUP and SIGQUIT, and every signal for other
+    commands, end the workers through horovodrun (SIGINT to its process group). The handlers only note what
+    came; the thread acts.
+    """
 
     PATIENCE_S = 300
 
@@ -200,8 +209,12 @@ class _Forwarder:
             signal.signal(getattr(signal, name), self._note)
 
     def started(self, pid: int, group: list[int] | None = None) -> None:
-        """``pid``: horovodrun's, whose process group ends on Ctrl-C; ``group``: the tf engine's workers, each
-        in a session of its own (``pid`` is then the first)."""
+        """Say which processes were started, once their pids are known.
+
+        Args:
+            pid: horovodrun's, whose process group ends on Ctrl-C; under the tf engine, the first worker's.
+            group: the tf engine's workers, each in a session of its own; None under horovodrun.
+        """
         self.pid, self.group = pid, group or [pid]
         self.own = group is not None  # the tf engine's processes are the workers, horovodrun's are below it
         self.wake.set()
@@ -236,11 +249,11 @@ class _Forwarder:
                         os.killpg(pid, signal.SIGINT if self.ends == 1 else signal.SIGKILL)
 
 
-# ------------------------------------------------------------------ the tf engine's own launcher `app train
-# --np N --engine tf`: one process holding N replicas (app.engines.tfdist: no gRPC server, no port). The
-# process machinery below serves any number of processes: their output is relayed (rank 0's as the command's,
-# the others' on stderr marked [rank r]); when one fails, the others get PATIENCE_S to end on their own, then
-# are ended: nothing is left running.
+# ----------------------------------------------------------------------------------------------------------
+# The tf engine's own launcher, `app train --np N --engine tf`: one process holding N replicas
+# (app.engines.tfdist: no gRPC server, no port). The process machinery below serves any number of processes:
+# their output is relayed (rank 0's as the command's, the others' on stderr marked [rank r]); when one fails,
+# the others get PATIENCE_S to end on their own, then are ended: nothing is left running.
 
 PATIENCE_S = 10  # after one worker failed: how long the others may take to notice and end on their own
 DONE_PATIENCE_S = 120  # after one worker succeeded: how long the others may take to finish too
@@ -301,8 +314,10 @@ def launch_tf(replicas: int, argv: list[str], env: dict) -> int:
 
 
 def _relay(stream, rank: int, out) -> None:
-    """A worker's lines: rank 0's as they are, the others' on stderr marked with their rank; TensorFlow's
-    start-up noise dropped (app.core.compat's)."""
+    """Relay a worker's lines: rank 0's as they are, the others' on stderr marked with their rank.
+
+    TensorFlow's start-up noise is dropped (app.core.compat's).
+    """
     from app.core.compat import _IMPORT_NOISE
 
     for line in stream:  # read to the end whatever happens: a worker whose pipe fills would block for ever
@@ -318,9 +333,12 @@ def _relay(stream, rank: int, out) -> None:
 
 
 def _wait(procs: list[subprocess.Popen]) -> tuple[list[int], int | None]:
-    """Every worker's exit status, and the rank that failed first (None: all succeeded). Once one failed, the
-    rest get PATIENCE_S to end on their own (DONE_PATIENCE_S once one succeeded: they finish the same work),
-    then SIGINT, then SIGKILL: a worker that never ends cannot keep the launcher waiting."""
+    """Every worker's exit status, and the rank that failed first (None: all succeeded).
+
+    Once one failed, the rest get PATIENCE_S to end on their own (DONE_PATIENCE_S once one succeeded: they
+    finish the same work), then SIGINT, then SIGKILL: a worker that never ends cannot keep the launcher
+    waiting.
+    """
     ended_at, first, patience = None, None, DONE_PATIENCE_S
     while True:
         codes = [p.poll() for p in procs]

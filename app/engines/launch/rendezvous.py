@@ -1,6 +1,7 @@
-"""Ranks started by plain `srun` (a cluster profile's ``mpi: none``) join one Horovod job through Horovod's
-own Gloo rendezvous, as `horovodrun --gloo` does it, but with Slurm as the launcher: no MPI, so the image's
-MPI never has to match the host's (NCCL/RCCL still move the gradients).
+"""Ranks started by plain `srun` (a profile's ``mpi: none``) join one Horovod job through its Gloo rendezvous.
+
+As `horovodrun --gloo` does it, but with Slurm as the launcher: no MPI, so the image's MPI never has to match
+the host's (NCCL/RCCL still move the gradients).
 
 Two halves, one per side of `srun`:
 
@@ -58,8 +59,7 @@ def tasks_per_node(spec: str, what: str = "SLURM_TASKS_PER_NODE") -> list[int]:
 
 
 def host_assignments(hosts: list[str], counts: list[int]):
-    """Horovod's own slot plan (rank, local and cross rank and size per slot) for ``counts`` tasks on
-    ``hosts``."""
+    """Horovod's own slot plan for ``counts`` tasks on ``hosts`` (rank, local and cross rank and size)."""
     from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
 
     return get_host_assignments([HostInfo(h, n) for h, n in zip(hosts, counts, strict=True)], sum(counts))
@@ -83,10 +83,13 @@ def _addresses(name: str, family=socket.AF_INET) -> list[str]:
 
 
 def bind_address(nodes: int) -> tuple[str, str]:
-    """Where to listen and what address the ranks should use: this node's name's first IPv4 address (an IPv4
-    literal, as Horovod's C++ store puts it in its URLs unbracketed). Every interface, with the name, when the
-    name has no IPv4 address here, or only a loopback one while other nodes take part (a Debian-style
-    ``127.0.1.1 name`` line: the other nodes know this node by another address)."""
+    """(where to listen, what address the ranks should use) for a job of ``nodes`` nodes.
+
+    Both are this node's name's first IPv4 address (an IPv4 literal, as Horovod's C++ store puts it in its
+    URLs unbracketed). Every interface, with the name, when the name has no IPv4 address here, or only a
+    loopback one while other nodes take part (a Debian-style ``127.0.1.1 name`` line: the other nodes know
+    this node by another address).
+    """
     name = socket.gethostname()
     found = _addresses(name)
     if not found or (nodes > 1 and ipaddress.ip_address(found[0]).is_loopback):
@@ -110,10 +113,12 @@ def token(env) -> str:
 
 
 class Server:
-    """Horovod's rendezvous store (``horovod.runner.http.http_server``) for one job: listening on ``host``
-    only, admitting only ``peers``, the token required for scaleout's keys, and :attr:`done` set once every
-    rank has finished each of Gloo's rendezvous in Horovod's plan (global, local per node, cross per local
-    rank)."""
+    """Horovod's rendezvous store (``horovod.runner.http.http_server``) for one job, guarded.
+
+    It listens on ``host`` only, admits only ``peers``, and requires the token for scaleout's keys;
+    :attr:`done` is set once every rank has finished each of Gloo's rendezvous in Horovod's plan (global,
+    local per node, cross per local rank).
+    """
 
     def __init__(self, hosts: list[str], counts: list[int], secret: str, host: str, peers: set[str]):
         from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
@@ -196,8 +201,10 @@ class Server:
 
 
 def local_addresses() -> set[str]:
-    """This node's own IPv4 addresses: every interface's (psutil, which Horovod's runner depends on), else
-    what the node's name resolves to; loopback always."""
+    """This node's own IPv4 addresses, loopback always.
+
+    Every interface's (psutil, which Horovod's runner depends on), else what the node's name resolves to.
+    """
     found = {"127.0.0.1", *_addresses(socket.gethostname())}
     try:
         import psutil
@@ -216,10 +223,12 @@ def _proc_address(address) -> str:
 
 
 def socket_owner(client, server, table: str = "/proc/net/tcp") -> int | None:
-    """The uid owning the connecting socket ``client`` -> ``server`` when it is a socket of this node (its
-    line in /proc/net/tcp, from the client's side), else None: another node's connection, or no table to read.
-    Horovod's C++ store sends no credential (see the module's docstring), so on a node shared with other users
-    this is what tells their processes from the job's."""
+    """The uid owning the connecting socket ``client`` -> ``server`` when it is a socket of this node.
+
+    Read from its line in /proc/net/tcp, from the client's side; None for another node's connection, or with
+    no table to read. Horovod's C++ store sends no credential (docs/clusters/other-slurm.md, "mpi: none"), so
+    on a node shared with other users this is what tells their processes from the job's.
+    """
     want = (_proc_address(client), _proc_address(server))
     try:
         with open(table) as f:
@@ -234,8 +243,11 @@ def socket_owner(client, server, table: str = "/proc/net/tcp") -> int | None:
 
 
 def peers_of(hosts: list[str], host: str) -> set[str]:
-    """The addresses the job's nodes connect from: what each of ``hosts`` resolves to here, and the address
-    this server listens on (ranks on this node); every local address when it listens on every interface."""
+    """The addresses the job's nodes connect from.
+
+    What each of ``hosts`` resolves to here, and the address this server listens on (``host``, for the ranks
+    on this node); every local address when it listens on every interface.
+    """
     found = {addr for h in hosts for addr in _addresses(h)}
     missing = [h for h in hosts if not _addresses(h)]
     if missing:
@@ -244,9 +256,17 @@ def peers_of(hosts: list[str], host: str) -> set[str]:
 
 
 def serve(hosts: list[str], spec: str, announce=_announce, env=None) -> None:
-    """Serve the rendezvous for ``spec`` tasks per node on ``hosts`` (Slurm node names, in node-list order):
-    announce the port and the address the ranks should use once listening, then serve until every rank is
-    through Gloo's rendezvous, or until SIGTERM/SIGINT/SIGHUP."""
+    """Serve the rendezvous until every rank is through Gloo's rendezvous, or until SIGTERM/SIGINT/SIGHUP.
+
+    Args:
+        hosts: the job's nodes (Slurm node names, in node-list order).
+        spec: the tasks per node, in Slurm's compressed form (SLURM_TASKS_PER_NODE).
+        announce: called with the port and the address the ranks should use, once listening.
+        env: where the token is read (os.environ when None).
+
+    Raises:
+        UsageError: bad hosts or tasks per node, or no valid token.
+    """
     import signal
 
     env = os.environ if env is None else env
@@ -286,8 +306,14 @@ def serve(hosts: list[str], spec: str, announce=_announce, env=None) -> None:
 
 
 def horovod_env(env) -> dict[str, str]:
-    """The Horovod rank variables of this Slurm task, as `horovodrun --gloo` would set them (its
-    ``get_host_assignments`` over the step's nodes in node-list order, which is what SLURM_NODEID counts)."""
+    """The Horovod rank variables of this Slurm task, as `horovodrun --gloo` would set them.
+
+    That is, its ``get_host_assignments`` over the step's nodes in node-list order, which is what
+    SLURM_NODEID counts.
+
+    Raises:
+        AppError: a Slurm variable is missing, or the task layout does not add up.
+    """
     slurm = SlurmEnv(env)
     step, spec = slurm.tasks_per_node()
     size_var, size_value = slurm.size()
@@ -354,9 +380,13 @@ def _request(url: str, secret: str, method: str = "GET", data: bytes | None = No
 
 
 def join(env=None) -> bool:
-    """Under a Gloo rendezvous the job script started (``HOROVOD_GLOO_RENDEZVOUS_ADDR`` set, no
-    ``HOROVOD_RANK`` yet): set this task's Horovod rank variables and wait until every rank has arrived.
-    False (nothing done) when another launcher set the ranks, or no rendezvous was started."""
+    """Set this task's Horovod rank variables and wait until every rank has arrived at the rendezvous.
+
+    Only under a Gloo rendezvous the job script started (``HOROVOD_GLOO_RENDEZVOUS_ADDR`` set in ``env``,
+    os.environ by default; no ``HOROVOD_RANK`` yet): False (nothing done) when another launcher set the ranks,
+    or no rendezvous was started. A missing server, a refused token or a rank missing at the time limit is an
+    :class:`AppError`.
+    """
     env = os.environ if env is None else env
     if not env.get(ADDR_VAR) or "HOROVOD_RANK" in env:
         return False
