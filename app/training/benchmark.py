@@ -1,13 +1,13 @@
 """`app benchmark`: training (or input-pipeline) throughput, with warmup excluded and confidence intervals.
 
-Shares everything with `app train` (config, data sources, model, precision, Horovod setup); only the loop
+Shares everything with `app train` (config, data sources, model, precision, the engine's setup); only the loop
 differs: each step is timed on rank 0, split into the time spent waiting for the next batch (input wait)
 and the time of the step itself. The first steps, until step times settle (at least 10% of them), are
 excluded; the rest is cut into measurement windows whose throughputs give a mean and a 95% confidence
 interval. One JSON line per (batch size) is appended to the results file, by rank 0.
 
 With ``timeline_steps`` and several workers, that many further steps (after the measured ones, so they do not
-count) run under Horovod's timeline; the trace goes next to the results file
+count) run under Horovod's timeline (the Horovod engine only); the trace goes next to the results file
 (<results>.timeline/w<workers>-b<batch>-<time>.json, it opens in Perfetto) and the result line gets the shares
 of those steps' time spent in collectives and negotiation (app.engines.diagnostics.timeline).
 """
@@ -65,8 +65,11 @@ T95 = [
 def warmup_steps(
     step_times: list[float], min_fraction: float = 0.1, tolerance: float = 0.25, run: int = 3
 ) -> int:
-    """How many leading steps to drop: at least ``min_fraction``, then until ``run`` steps in a row are within
-    ``tolerance`` of the median of the second half (tracing, autotuning and caches settle by then)."""
+    """How many leading steps to drop, until the step times settle.
+
+    At least ``min_fraction`` of them, then until ``run`` steps in a row are within ``tolerance`` of the
+    median of the second half (tracing, autotuning and caches settle by then).
+    """
     n = len(step_times)
     start = max(1, math.ceil(min_fraction * n))
     reference = statistics.median(step_times[n // 2 :])
@@ -132,8 +135,22 @@ def run(
     timeline_steps: int = 0,
     images: int = 0,
 ) -> list[dict]:
-    """Benchmark ``cfg`` at each per-worker batch size and each count of ``threads`` per worker (0: automatic;
-    several only with ``pipeline_only``); rank 0 appends one JSON line per (threads, batch size)."""
+    """Benchmark ``cfg`` at each per-worker batch size and thread count; rank 0 appends a JSON line for each.
+
+    Args:
+        cfg: the resolved config.
+        batch_sizes: the per-worker batch sizes.
+        steps: the steps measured at each, when ``images`` is 0.
+        n_windows: the measurement windows the mean and its confidence interval come from.
+        pipeline_only: measure the input pipeline alone, with no model.
+        results: the JSON-lines file rank 0 appends to.
+        threads: input threads per worker to measure with (0: automatic; several only with pipeline_only).
+        timeline_steps: further steps recorded under Horovod's timeline (0: none).
+        images: the images each batch size processes, in place of ``steps`` (0: use ``steps``).
+
+    Returns:
+        One result per (threads, batch size), on every rank.
+    """
 
     from app.data.sources import open_source
     from app.engines import engine as distributed
@@ -179,8 +196,7 @@ def run(
         result |= {"steps": steps, "images_target": images or None, "wall_s": sum(times)}
         result["images_per_s"]["per_worker"] = result["images_per_s"]["mean"] / world.workers
         # What one CPU thread of the input pipeline delivers: --pipeline-only's per-core figure
-        # (docs/training.md); a thread pool is a process's, which under the tf engine reads for all its
-        # replicas
+        # (docs/training.md); a process's thread pool reads for all its replicas under the tf engine
         result["images_per_s"]["per_thread"] = result["images_per_s"]["mean"] / (world.size * inputs.count)
         # [dist] the slowest rank sets the pace: report the largest step time any rank saw.
         result["step_time_s"] = max(distributed.current().all_gather(result["step_time_s"]))
@@ -191,8 +207,10 @@ def run(
 
 
 def _dataset(cfg, source, world, batch: int, counts: tuple[int, int], threads: int):
-    """This rank's training batches at ``batch`` per worker for ``counts`` (the measured steps, then the
-    timeline's), on ``threads`` threads."""
+    """This rank's training batches at ``batch`` per worker, on ``threads`` threads.
+
+    ``counts`` is (the measured steps, then the timeline's).
+    """
     from app.data.pipeline import train_dataset
     from app.engines import engine as distributed
 
@@ -226,8 +244,11 @@ def _dataset(cfg, source, world, batch: int, counts: tuple[int, int], threads: i
 
 
 def steps_for(images: int, batch: int, workers: int, n_windows: int) -> int:
-    """The steps that process ``images`` (at least) in batches of ``batch`` on ``workers`` workers, or the one
-    line that says they are too few to measure."""
+    """The steps that process ``images`` (at least) in batches of ``batch`` on ``workers`` workers.
+
+    Raises:
+        UsageError: one line when they are too few to measure (``n_windows`` windows need one step each).
+    """
     steps, least = steps_for_images(images, batch, workers), fewest_steps(n_windows)
     if steps < least:
         raise UsageError(
@@ -241,12 +262,14 @@ GPU_RATE_VARIABLE = "SCALEOUT_GPU_IMAGES_PER_S"  # what one GPU consumes, from t
 
 
 def pipeline_rate(cfg, source, batch: int, world, pool: int, steps: int = 12) -> float | None:
-    """Images/s this rank's input pipeline delivers on its ``pool`` threads (0: TensorFlow's shared pool),
-    measured over ``steps`` batches of its first epoch (warm-up excluded, as `app benchmark --pipeline-only`
-    measures it), with a shuffle buffer of one batch (filling training's would cost a gigabyte of ImageNet
-    records per rank and measure the reading, not the decoding). None when the epoch is too short to measure
-    (under 6 batches) or the data fails: training then meets the failure and names it (app.data.pipeline's
-    input_error)."""
+    """Images/s this rank's input pipeline delivers on its ``pool`` threads (0: TensorFlow's shared pool).
+
+    Measured over ``steps`` batches of ``batch`` images of its first epoch (warm-up excluded, as `app
+    benchmark --pipeline-only` measures it), with a shuffle buffer of one batch (filling training's would cost
+    a gigabyte of ImageNet records per rank and measure the reading, not the decoding). None when the epoch is
+    too short to measure (under 6 batches) or the data fails: training then meets the failure and names it
+    (app.data.pipeline's input_error).
+    """
     import tensorflow as tf
 
     from app.data.pipeline import train_dataset
@@ -274,9 +297,12 @@ def pipeline_rate(cfg, source, batch: int, world, pool: int, steps: int = 12) ->
 
 
 def expected_gpu_rate(env) -> tuple[float | None, str | None]:
-    """Images/s one GPU of the cluster is expected to consume (the profile's figure, docs/training.md), or
-    None when the job does not say; with the one line to print when it says something else than a positive
-    number."""
+    """Images/s one GPU of the cluster is expected to consume (the profile's figure, docs/training.md).
+
+    Returns:
+        (the rate, or None when the job does not say; the one line to print when it says something else than
+        a positive number, else None).
+    """
     text = env.get(GPU_RATE_VARIABLE, "").strip()
     if not text:
         return None, None
@@ -289,9 +315,11 @@ def expected_gpu_rate(env) -> tuple[float | None, str | None]:
 
 
 def per_core_rate(size: int = 224, batch: int = 32, steps: int = 12) -> float:
-    """Images/s one CPU thread turns into training crops: ImageNet's training preprocessing (random crop
-    decoded in one fused op, resize, uint8, flip) of app.data.pipeline's SAMPLE_JPEG, on a private pool of one
-    thread, the first batch (tracing) not counted. `app doctor`'s figure where no dataset is at hand."""
+    """Images/s one CPU thread turns into training crops: `app doctor`'s figure where no dataset is at hand.
+
+    ImageNet's training preprocessing (random crop decoded in one fused op, resize, uint8, flip) of
+    app.data.pipeline's SAMPLE_JPEG, on a private pool of one thread, the first batch (tracing) not counted.
+    """
     import tensorflow as tf
 
     from app.data.pipeline import SAMPLE_JPEG, on_threads
@@ -309,9 +337,17 @@ def per_core_rate(size: int = 224, batch: int = 32, steps: int = 12) -> float:
 
 
 def input_check(threads: int, env, local_size: int, launcher: str = "") -> dict:
-    """`app doctor`'s input row: what one core of this node turns into ImageNet training crops, times the
-    cores each task gets, against what the profile says a GPU consumes; a warning (never a failure) when
-    short."""
+    """`app doctor`'s input row: the training crops this node's cores make per task, against a GPU's need.
+
+    What one core turns into ImageNet training crops, times the cores each task gets, against what the profile
+    says a GPU consumes; a warning (never a failure) when short.
+
+    Args:
+        threads: ``--threads`` (0 when not given).
+        env: the environment (SLURM_CPUS_PER_TASK, the profile's GPU rate).
+        local_size: the tasks on this node.
+        launcher: the launcher that started this process.
+    """
     import os
 
     from app.engines.world import threads_per_rank
@@ -338,8 +374,7 @@ def input_check(threads: int, env, local_size: int, launcher: str = "") -> dict:
 
 
 def describe(cfg, source, policy: str, batch: int, world, count: int, inputs, pipeline_only: bool) -> dict:
-    """What a result line measured: the engine, the model and data, the batch, the workers and the input
-    threads."""
+    """What a result line measured: the engine, model and data, the batch, the workers, the input threads."""
     from app.engines import engine as distributed
 
     return {
@@ -361,8 +396,10 @@ def describe(cfg, source, policy: str, batch: int, world, count: int, inputs, pi
 
 
 def measure(iterator, step_fn, steps: int, world) -> tuple[list[float], list[float], dict | None]:
-    """:func:`time_steps`, with this node's GPUs sampled meanwhile (CSC asks for utilization) by its first
-    rank only, over the measured steps (the warm-up's compilation does not count)."""
+    """:func:`time_steps`, with this node's GPUs sampled meanwhile (CSC asks for utilization).
+
+    Sampled by the node's first rank only, over the measured steps (the warm-up's compilation does not count).
+    """
     with GpuSampler(enabled=world.local_rank == 0) as gpu:
         started = time.perf_counter()
         times, waits = time_steps(iterator, step_fn, steps)
@@ -370,8 +407,11 @@ def measure(iterator, step_fn, steps: int, world) -> tuple[list[float], list[flo
 
 
 def time_steps(iterator, step_fn, steps: int) -> tuple[list[float], list[float]]:
-    """(step times, input waits) of ``steps`` steps, in seconds: each step's wait for its batch is part of its
-    time. Without ``step_fn`` (an input pipeline alone) a step is its batch, materialised."""
+    """(step times, input waits) of ``steps`` steps, in seconds.
+
+    Each step's wait for its batch is part of its time. Without ``step_fn`` (an input pipeline alone) a step
+    is its batch, materialised.
+    """
     times, waits = [], []
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -388,8 +428,12 @@ def time_steps(iterator, step_fn, steps: int) -> tuple[list[float], list[float]]
 
 
 def record_timeline(iterator, step_fn, timeline_steps: int, results: Path, world, batch: int) -> dict | None:
-    """``timeline_steps`` more steps under Horovod's timeline; on rank 0 the trace's file and the shares of
-    those steps' time spent in collectives and negotiation (None on the other ranks)."""
+    """Run ``timeline_steps`` more steps under Horovod's timeline.
+
+    Returns:
+        On rank 0 the trace's file and the shares of those steps' time spent in collectives and negotiation;
+        None on the other ranks.
+    """
     from app.engines import engine as distributed
 
     stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -1,5 +1,8 @@
-"""The callbacks of a training run besides Horovod's: evaluation at each epoch end, rank 0's checkpoints,
-clean stops and checkpoints inside epochs, and the learning rate of every step."""
+"""The callbacks of a training run besides the engine's first ones and the output's.
+
+Evaluation at each epoch end, the epoch's checkpoints (whose writer the engine chooses), clean stops and
+checkpoints inside epochs, and the learning rate of every step.
+"""
 
 from __future__ import annotations
 
@@ -36,11 +39,21 @@ class EvaluateEachEpoch(tf.keras.callbacks.Callback):
 
 
 class CheckpointWriter:
-    """The run's checkpoints: at each epoch end as :class:`~app.training.output.MetricsWriter`'s
-    ``before_write`` (written before the epoch's metrics row, and holding that row, so a resume restores
-    exactly what was recorded), and inside epochs for :class:`Interruptions`. Every rank calls it at the same
-    points; the engine decides who writes (:meth:`~app.engines.engine.Engine.save_checkpoint`): rank 0 gets
-    the path written, the others None."""
+    """The run's checkpoints, at each epoch end and inside epochs; every rank calls it at the same points.
+
+    At each epoch end it is :class:`~app.training.output.MetricsWriter`'s ``before_write`` (written before the
+    epoch's metrics row, and holding that row, so a resume restores exactly what was recorded), and inside
+    epochs :class:`Interruptions` calls it. The engine decides who writes
+    (:meth:`~app.engines.engine.Engine.save_checkpoint`): rank 0 gets the path written, the others None.
+
+    Args:
+        run_dir: the run directory.
+        model: the model whose weights and optimizer state are saved.
+        keep: how many checkpoints to keep (``run.keep_checkpoints``).
+        extra_state: what every state.json records besides the epoch's metrics row.
+        chief: whether this rank writes the stop marker for the job script.
+        pending_config: a resume's changed config.yaml, written with its first checkpoint.
+    """
 
     STOPPED = ".stopped"  # rank 0 leaves the stop message here for the job script (see jobs/train.sbatch)
 
@@ -55,7 +68,6 @@ class CheckpointWriter:
     ):
         self.run_dir, self.model, self.keep, self.extra_state = run_dir, model, keep, extra_state
         self.chief = chief  # writes the stop marker, the job script's (rank-0 output)
-        # A resume's changed config.yaml, written with its first checkpoint.
         self.pending_config = pending_config
 
     def __call__(self, epoch: int, row: dict, step: int = 0) -> Path | None:
@@ -90,13 +102,23 @@ def stop_message(number: float, when: str, kept: str, run_dir) -> str:
 class Interruptions(tf.keras.callbacks.Callback):
     """A clean stop on SIGUSR1/SIGTERM, and ``run.checkpoint_every``'s checkpoints inside an epoch.
 
-    Every ``check_every`` optimizer updates the ranks agree (one tiny allreduce) on whether any of them got a
-    stop signal and, for time-based checkpoints, whether rank 0's clock says one is due; step-based ones need
-    no agreement. A checkpoint is always taken on an update boundary, so accumulation stays exact: the
-    batch-norm statistics are averaged, rank 0 writes it, and a barrier lets no rank leave before it is
-    complete. On a stop every rank then raises :class:`~app.core.errors.Preempted` (exit status 3). At an
-    epoch end the epoch's own checkpoint (written just before, by :class:`~app.training.output.MetricsWriter`)
-    serves. Must be the last callback.
+    Every ``every_updates`` optimizer updates the ranks agree (one tiny allreduce) on whether any of them got
+    a stop signal and, for time-based checkpoints, whether rank 0's clock says one is due; step-based ones
+    need no agreement. A checkpoint is always taken on an update boundary, so accumulation stays exact: the
+    batch-norm statistics are averaged, the engine's writer (rank 0) writes it, and a barrier lets no rank
+    leave before it is complete. On a stop every rank then raises :class:`~app.core.errors.Preempted` (exit
+    status 3). At an epoch end the epoch's own checkpoint (written just before, by
+    :class:`~app.training.output.MetricsWriter`) serves. Must be the last callback.
+
+    Args:
+        request: the stop-signal handler (app.engines.faults.StopRequest).
+        write: the run's :class:`CheckpointWriter`.
+        p: the run's sizes.
+        every_updates: optimizer updates between two agreements (``run.stop_check_every``).
+        interval: ``run.checkpoint_every`` converted (app.core.validation.checkpoint_interval), or None.
+        first_epoch: the epoch this model.fit call starts in.
+        first_step: the steps of ``first_epoch`` done before a mid-epoch resume.
+        epochs: the run's epochs: at the end of the last one, finishing beats stopping.
     """
 
     def __init__(
@@ -166,12 +188,15 @@ class Interruptions(tf.keras.callbacks.Callback):
 
 
 def lr_callback(schedule: Schedule, steps_per_epoch: int, first_step: int = 0):
-    """Horovod's per-batch LR callback applying ``schedule`` at every step of every epoch. ``first_step``:
-    the steps of the first epoch already done before a mid-epoch resume (its batches count from 0 again)."""
+    """The engine's per-batch LR callback applying ``schedule`` at every step of every epoch.
+
+    ``first_step`` is the steps of the first epoch already done before a mid-epoch resume (its batches count
+    from 0 again).
+    """
 
     def multiplier(epoch: float) -> float:
-        # Horovod passes epoch + batch / steps_per_epoch (the progress before the batch): back to the integer
-        # global step, exactly (the float error is far below half a step).
+        # The callback passes epoch + batch / steps_per_epoch (the progress before the batch): back to the
+        # integer global step, exactly (the float error is far below half a step).
         return schedule.step_multiplier(round(epoch * steps_per_epoch) + first_step, steps_per_epoch)
 
     return distributed.current().schedule_callback(schedule.target_lr, multiplier, 0, None, steps_per_epoch)

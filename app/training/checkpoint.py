@@ -1,14 +1,15 @@
-"""Checkpoints in a run directory: written atomically by rank 0, the latest valid one found for resuming.
+"""Checkpoints in a run directory: written atomically, the latest valid one found for resuming.
 
 Layout: ``<run_dir>/checkpoints/epoch-0005/{ckpt.index, ckpt.data-*, state.json}`` after 5 whole epochs, and
 ``epoch-0005-step-0000120/`` for a checkpoint 120 steps into the 6th (on a stop signal or
-``run.checkpoint_every``); ``state.json`` holds ``epoch`` and ``step``. A checkpoint is written
-into a hidden temporary directory, every file is fsynced, and the directory is renamed into place only when
-complete (``state.json`` last), so a crash at any moment leaves the previous checkpoints loadable and never a
-half-written one under a valid name. ``state.json`` records the size and SHA-256 of every file beside it, so
-a data file truncated or damaged later (a full disk, a copy that stopped) is detected before TensorFlow reads
-it, and the previous checkpoint is used instead. It holds the model weights, the optimizer state (momentum,
-iterations) and the epoch reached.
+``run.checkpoint_every``); ``state.json`` holds ``epoch`` and ``step``. Rank 0 writes into the run (the engine
+decides: app.engines.engine.Engine.save_checkpoint). A checkpoint is written into a hidden temporary
+directory, every file is fsynced, and the directory is renamed into place only when complete (``state.json``
+last), so a crash at any moment leaves the previous checkpoints loadable and never a half-written one under a
+valid name. ``state.json`` records the size and SHA-256 of every file beside it, so a data file truncated or
+damaged later (a full disk, a copy that stopped) is detected before TensorFlow reads it, and the previous
+checkpoint is used instead. It holds the model weights, the optimizer state (momentum, iterations) and the
+epoch reached.
 """
 
 from __future__ import annotations
@@ -56,8 +57,7 @@ def _digest(path: Path) -> str:
 
 
 # What resuming reads from state.json, with the range each value must lie in: a valid-looking file with a
-# wrong value (a string for a number, 1e999, a negative step) is as damaged as an unreadable one, and is
-# skipped.
+# wrong value (a string for a number, 1e999, a negative step) is as damaged as an unreadable one: skipped.
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")  # what a run trains in (auto resolves to one)
 COUNT_LIMIT = 10**12  # epochs, steps and workers beyond this are no training anyone ran
 # key: (smallest value, required)
@@ -75,8 +75,10 @@ def _whole(value) -> bool:
 
 
 def state_problem(state) -> str | None:
-    """What is wrong with the contents of a parsed state.json, or None when every field resuming reads is
-    there with a value in its range."""
+    """What is wrong with the contents of a parsed state.json, or None.
+
+    None when every field resuming reads is there with a value in its range.
+    """
     if not isinstance(state, dict):
         return "not a JSON object"
     for key, (low, required) in STATE_COUNTS.items():
@@ -97,10 +99,11 @@ def state_problem(state) -> str | None:
     # the row a resume puts back into metrics.jsonl
     if "epoch" in metrics and metrics["epoch"] != state["epoch"]:
         return f"its metrics are of epoch {str(metrics['epoch'])[:40]}, not {state['epoch']}"
-    precision = state.get("precision")  # the policy it trained in (since 2026-12-04): a resume keeps it
+    # the policy it trained in (a checkpoint without one has nothing to compare): a resume keeps it
+    precision = state.get("precision")
     if precision is not None and precision not in POLICIES:
         return f"precision is {str(precision)[:40]!r}, not one of {', '.join(POLICIES)}"
-    # the engine that wrote it (since 2026-12-05): a resume under another says so
+    # the engine that wrote it (a checkpoint without one was Horovod's): a resume under another says so
     engine = state.get("engine")
     if engine is not None and engine not in ("horovod", "tf"):
         return f"engine is {str(engine)[:40]!r}, not horovod or tf"
@@ -108,8 +111,11 @@ def state_problem(state) -> str | None:
 
 
 def problem(path: Path) -> str | None:
-    """Why the checkpoint at ``path`` cannot be used, or None when it is complete and intact: its state file
-    parses, every file it lists has the recorded size and checksum, and TensorFlow can read its index."""
+    """Why the checkpoint at ``path`` cannot be used, or None when it is complete and intact.
+
+    Intact: its state file parses, every file it lists has the recorded size and checksum, and TensorFlow can
+    read its index.
+    """
     try:  # a regular file of sane size: a FIFO planted there would block, a huge file be read whole
         state = json.loads(read_regular(path / STATE, STATE, STATE_LIMIT))
     except (UsageError, ValueError, RecursionError):
@@ -153,8 +159,10 @@ def problem(path: Path) -> str | None:
 
 
 def saved_rows(run_dir: Path) -> dict[int, dict]:
-    """The metrics row that each epoch's checkpoint keeps (its state.json's ``metrics``), by epoch: what
-    restores rows of metrics.jsonl that were damaged or lost. A state that cannot be read is passed over."""
+    """The metrics row that each epoch's checkpoint keeps (its state.json's ``metrics``), by epoch.
+
+    They restore rows of metrics.jsonl that were damaged or lost. A state that cannot be read is passed over.
+    """
     rows: dict[int, dict] = {}
     for epoch, path in list_checkpoints(run_dir):
         try:
@@ -182,9 +190,11 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
 
 
 def latest(run_dir: Path, skipped: list[str] | None = None) -> tuple[int, Path] | None:
-    """The newest valid checkpoint as (epoch, path), skipping incomplete or corrupt ones; why each newer one
-    was skipped is appended to ``skipped`` (for a note: nothing is skipped silently). A mid-epoch
-    checkpoint's ``step`` is in its state (:func:`read_state`)."""
+    """The newest valid checkpoint as (epoch, path), skipping incomplete or corrupt ones; None without one.
+
+    Why each newer one was skipped is appended to ``skipped`` (for a note: nothing is skipped silently). A
+    mid-epoch checkpoint's ``step`` is in its state (:func:`read_state`).
+    """
     for epoch, path in reversed(list_checkpoints(run_dir)):
         why = problem(path)
         if why is None:
@@ -197,8 +207,10 @@ def latest(run_dir: Path, skipped: list[str] | None = None) -> tuple[int, Path] 
 def find(
     run_dir: Path, epoch: int | None = None, skipped: list[str] | None = None
 ) -> tuple[int, Path] | None:
-    """The checkpoint at the end of ``epoch`` (if valid), or the latest valid one; why one was passed over is
-    appended to ``skipped``."""
+    """The checkpoint at the end of ``epoch`` (if valid), or the latest valid one, as (epoch, path) or None.
+
+    Why one was passed over is appended to ``skipped``.
+    """
     if epoch is None:
         return latest(run_dir, skipped)
     path = checkpoint_dir(run_dir) / name_for(epoch)
@@ -217,11 +229,23 @@ def _fsync(path: Path) -> None:
 
 
 def save(run_dir: Path, checkpoint, epoch: int, state: dict, keep: int, step: int = 0) -> Path:
-    """Write ``checkpoint`` (a tf.train.Checkpoint) after ``epoch`` whole epochs and ``step`` steps into the
-    next one, atomically; keep the newest ``keep``.
+    """Write ``checkpoint`` atomically after ``epoch`` whole epochs and ``step`` steps into the next one.
 
-    A failure to write (full disk, read-only or vanished folder) raises :class:`AppError` naming the path,
-    after removing the temporary folder; the earlier checkpoints are untouched."""
+    Args:
+        run_dir: the run directory.
+        checkpoint: a tf.train.Checkpoint of the model and its optimizer.
+        epoch: whole epochs done.
+        state: what state.json records besides the epoch, step, files and time.
+        keep: how many checkpoints to keep, the newest.
+        step: steps done in the next epoch (0 at an epoch end).
+
+    Returns:
+        The checkpoint's folder.
+
+    Raises:
+        AppError: a failure to write (full disk, read-only or vanished folder), naming the path, after the
+            temporary folder is removed; the earlier checkpoints are untouched.
+    """
     root = checkpoint_dir(run_dir)
     name = name_for(epoch, step)
     tmp = root / f".tmp-{name}-{os.getpid()}"
@@ -271,7 +295,8 @@ def _supersede_after(root: Path, final: Path) -> None:
     for another worker count (an epoch of 1200 steps resumed as 600). Left in place they would be taken for
     the latest by the next resume (repeating work, forever if each job stops before that step) and the new
     checkpoints would be pruned in their stead. Moved, not deleted: a checkpoint skipped because of a
-    passing read error is still there for the user."""
+    passing read error is still there for the user.
+    """
     mine = _progress_of(final)
     for _, path in list_checkpoints(root.parent):
         if _progress_of(path) > mine:

@@ -1,5 +1,7 @@
-"""Evaluation: loss and top-1 (top-5) accuracy summed over every rank's share of the evaluation split, after
-each training epoch and of a run's saved checkpoint (`app evaluate`)."""
+"""Evaluation: loss and top-1 (top-5) accuracy summed over every rank's share of the evaluation split.
+
+After each training epoch, and of a run's saved checkpoint (`app evaluate`).
+"""
 
 from __future__ import annotations
 
@@ -21,8 +23,11 @@ from app.training.usercode import user_errors
 
 
 def eval_step(model, num_classes: int):
-    """``model``'s evaluation step on one batch: sums of loss, top-1, top-k hits and examples. Built once per
-    model and kept (a tf.function made anew for each evaluation would be traced again every epoch)."""
+    """``model``'s evaluation step on one batch: sums of loss, top-1, top-k hits and examples.
+
+    Built once per model and kept (a tf.function made anew for each evaluation would be traced again every
+    epoch).
+    """
     k = min(5, num_classes)
 
     def step(images, labels):
@@ -42,12 +47,19 @@ def eval_step(model, num_classes: int):
 
 def evaluate(model, dataset, num_classes: int, tick=None, step=None) -> dict:
     """Loss, top-1 (and top-5) over every rank's share of the evaluation split, summed across ranks.
-    ``step``: the model's :func:`eval_step`, when the caller keeps one across evaluations."""
+
+    Args:
+        model: the model to evaluate.
+        dataset: this rank's share of the evaluation split.
+        num_classes: the classes (top-5 only above 10).
+        tick: called after each batch (the watchdog's progress: evaluation is progress too).
+        step: the model's :func:`eval_step`, when the caller keeps one across evaluations.
+    """
     step = step or eval_step(model, num_classes)
     sums = np.zeros(4)
     for images, labels in dataset:
         sums += step(images, labels).numpy()
-        if tick is not None:  # evaluation is progress too (see faults.Watchdog)
+        if tick is not None:  # evaluation is progress too (see app.engines.faults.Watchdog)
             tick()
     loss, top1, topk, n = distributed.current().all_reduce(sums)  # [dist] exact totals over all ranks
     result = {"val_loss": loss / max(n, 1), "val_accuracy": top1 / max(n, 1), "val_examples": n}
@@ -57,8 +69,10 @@ def evaluate(model, dataset, num_classes: int, tick=None, step=None) -> dict:
 
 
 def evaluate_run(cfg: Config, run_dir: Path, epoch: int | None = None, threads: int = 0) -> dict:
-    """Evaluate a run's checkpoint (the latest valid one, or ``epoch``) on the evaluation split,
-    distributed."""
+    """Evaluate a run's checkpoint (the latest valid one, or ``epoch``) on the evaluation split, distributed.
+
+    Rank 0 writes the result into the run directory as ``eval-<checkpoint name>.json``; every rank returns it.
+    """
     world, reporter, policy = setup(cfg, threads)
     inputs = input_threads(threads, world, reporter)
     skipped: list[str] = []

@@ -1,5 +1,8 @@
-"""The end of a run: its summary.json, and a finished run started again (nothing to train; what a crash or a
-disk left damaged is repaired, nothing of the run rewritten)."""
+"""The end of a run: its summary.json, and a finished run started again.
+
+A finished run started again has nothing to train: what a crash or a disk left damaged is repaired, nothing
+of the run rewritten.
+"""
 
 from __future__ import annotations
 
@@ -23,12 +26,17 @@ from app.training.schedule import make_schedule
 def finished_run(
     cfg: Config, run_dir: Path, world: World, state: dict, epoch: int, reporter: Reporter
 ) -> dict:
-    """A run that already trained ``cfg.train.epochs`` (its checkpoint says so): nothing to train. It stays as
-    it finished: its config.yaml is never rewritten, nor its summary for this start's workers (a start without
-    --np would record 1 worker and the accumulation it implies). Rank 0 repairs what a crash or a disk left:
-    damaged or missing metrics rows come back from the checkpoints' copies, and a damaged or missing
-    summary.json is written again from the metrics and the checkpoint's state.json (the damaged one set
-    aside). Returns the summary when it wrote one, else {}."""
+    """A start of a run that already trained ``cfg.train.epochs`` (its checkpoint says so): nothing to train.
+
+    It stays as it finished: its config.yaml is never rewritten, nor its summary for this start's workers (a
+    start without --np would record 1 worker and the accumulation it implies). Rank 0 repairs what a crash or
+    a disk left: damaged or missing metrics rows come back from the checkpoints' copies, and a damaged or
+    missing summary.json is written again from the metrics and the checkpoint's state.json (the damaged one
+    set aside).
+
+    Returns:
+        The summary when it wrote one, else {}.
+    """
     summary: dict = {}
     if world.is_chief:
         repair_metrics(run_dir, state, epoch, reporter)
@@ -55,10 +63,12 @@ def _metrics_readable(run_dir: Path, reporter: Reporter) -> bool:
 
 
 def repair_metrics(run_dir: Path, state: dict, epoch: int, reporter: Reporter) -> None:
-    """A finished run's metrics.jsonl with damaged, torn or missing rows: the damaged ones set aside, the
-    missing ones restored from the checkpoints' copies, as a resume does
-    (app.training.output.reconcile_metrics); untouched when whole. A file that cannot be read at all is said
-    in a note and left as it is."""
+    """Repair a finished run's metrics.jsonl with damaged, torn or missing rows; untouched when whole.
+
+    The damaged rows are set aside and the missing ones restored from the checkpoints' copies, as a resume
+    does (app.training.output.reconcile_metrics). A file that cannot be read at all is said in a note and
+    left as it is.
+    """
     path = run_dir / "metrics.jsonl"
     damaged: list = []
     try:
@@ -82,16 +92,18 @@ def repair_metrics(run_dir: Path, state: dict, epoch: int, reporter: Reporter) -
 def summarize(
     cfg: Config, run_dir: Path, world: World, p: Plan, policy: str, spread: float | None = None
 ) -> dict:
-    """summary.json at the end of training: the run's shape (this start's workers and where it ran) and
-    outcome."""
+    """Write summary.json at the end of training, the run's shape and outcome, and return it.
+
+    The shape is this start's: its workers and where it ran.
+    """
     name = distributed.current_name()
     shape = {
         "workers": world.workers,
         "nodes": world.nodes,
         "launcher": world.launcher,
         "engine": name,
-        # The engine's controller or all-reduce; horovod_controller (Horovod's mpi or gloo) as before
-        # 2026-12-06
+        # The engine's controller or all-reduce; horovod_controller keeps its own meaning for its readers:
+        # Horovod's mpi or gloo, null under the tf engine
         "controller": world.controller,
         "horovod_controller": world.controller if name == "horovod" else None,
         "replicas_per_process": world.replicas,
@@ -110,8 +122,11 @@ def summarize(
 
 
 def rebuilt_summary(cfg: Config, run_dir: Path, state: dict) -> dict:
-    """summary.json of a finished run written again (it was damaged or missing): its shape from the last
-    checkpoint's state.json, what the start that trains nothing cannot know (where it ran) null."""
+    """Write a finished run's summary.json again (it was damaged or missing).
+
+    Its shape comes from the last checkpoint's state.json; what the start that trains nothing cannot know
+    (where it ran) is null.
+    """
     workers = _count(state.get("workers")) or 1
     global_batch = _count(state.get("global_batch"))
     per_update = cfg.train.batch_size * workers
@@ -126,7 +141,7 @@ def rebuilt_summary(cfg: Config, run_dir: Path, state: dict) -> dict:
         "workers": workers,
         "nodes": None,
         "launcher": None,
-        "engine": state.get("engine", "horovod"),  # checkpoints from before 2026-12-05 were all Horovod's
+        "engine": state.get("engine", "horovod"),  # a checkpoint without one was written by Horovod
         "controller": None,
         "horovod_controller": None,
         "replicas_per_process": None,
@@ -153,8 +168,10 @@ def _count(value) -> int | None:
 
 
 def write_summary(cfg: Config, run_dir: Path, rank: int, shape: dict, extra: dict) -> dict:
-    """Write summary.json: ``shape`` (who trained), the outcome from metrics.jsonl (so it spans resumes),
-    ``extra``."""
+    """Write summary.json and return it: ``shape`` (who trained), the outcome, and ``extra``.
+
+    The outcome is read from metrics.jsonl, so it spans resumes. Rank 0 (``rank``) says it in one line.
+    """
     rows = read_metrics(run_dir)
     best = max(rows, key=lambda r: r.get("val_accuracy", -1.0), default={})
     last = rows[-1] if rows else {}

@@ -11,10 +11,11 @@ serve 28-32 px data and CPU tests.
 Logits are float32 whatever the mixed-precision policy, so the loss and softmax stay numerically safe.
 
 Models of uint8 images (ImageNet's pipeline) start with :class:`Pixels`: the cast and the per-channel
-normalization the CPU did before, now on the accelerator. It has no weights, so checkpoints written before it
-existed (2026-12-04) restore into these models unchanged (TensorFlow matches a functional model's weights by
-the layers that hold weights), and such a run resumes and evaluates as before: the model sees the same
-normalized values, within the half level that rounding to uint8 moves a pixel.
+normalization, on the accelerator rather than on the pipeline's CPU. It has no weights, so a checkpoint of a
+model without it (whose pipeline normalized on the CPU) restores into these models unchanged (TensorFlow
+matches a functional model's weights by the layers that hold weights), and such a run resumes and evaluates as
+it trained: the model sees the same normalized values, within the half level that rounding to uint8 moves a
+pixel.
 """
 
 from __future__ import annotations
@@ -91,8 +92,10 @@ class _Builder:
 
 
 class Pixels(layers.Layer):
-    """uint8 images to ``(x - mean) / std`` per channel, in float32 (the next layer casts to the policy's
-    compute type, as it would any float input)."""
+    """uint8 images to ``(x - mean) / std`` per channel, in float32.
+
+    The next layer casts to the policy's compute type, as it would any float input.
+    """
 
     def __init__(self, mean, std, **kwargs):
         kwargs.pop("dtype", None)  # always float32 (from_config passes the saved one back)
@@ -124,8 +127,17 @@ def create_model(
     zero_init_residual: bool = True,
     pixels: tuple | None = None,
 ) -> tf.keras.Model:
-    """A ResNet by name (see ``ARCHITECTURES``) returning float32 logits for ``num_classes`` classes; of uint8
-    images normalized by ``pixels`` (mean, std per channel) when given, else of float images."""
+    """A ResNet by name (see ``ARCHITECTURES``) returning float32 logits for ``num_classes`` classes.
+
+    Args:
+        name: a key of ``ARCHITECTURES``.
+        num_classes: the classes of the logits.
+        input_shape: (height, width, channels) of an image.
+        weight_decay: on convolution and dense kernels only (0: none).
+        zero_init_residual: start each block's last batch-norm gamma at zero (Goyal et al.).
+        pixels: (mean, std) per channel: the model takes uint8 images and normalizes them; None: float
+            images.
+    """
     kind, filters, blocks, imagenet_stem = ARCHITECTURES[name]
     b = _Builder(weight_decay, zero_init_residual)
     inputs = tf.keras.Input(shape=input_shape, name="images", dtype="uint8" if pixels else None)

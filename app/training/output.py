@@ -31,8 +31,7 @@ class _DropOneOffWarnings(logging.Filter):
 
 
 class Reporter:
-    """Prints on rank 0 only; on other ranks TensorFlow's Python warnings are silenced too (errors still
-    show)."""
+    """Prints on rank 0 only; on other ranks TensorFlow's Python warnings are silenced (errors still show)."""
 
     def __init__(self, rank: int, console: Console | None = None):
         from app.engines.world import detected_launcher
@@ -135,15 +134,13 @@ class MetricsWriter(tf.keras.callbacks.Callback):
         super().__init__()
         self.reporter, self.run_dir = reporter, Path(run_dir)
         # A mid-epoch resume: that epoch's loss and accuracy are its remaining steps' (Keras starts them
-        # anew), so its row says from which step (``resumed_at_step``), rather than pass for the whole
-        # epoch's.
+        # anew), so its row says from which step (``resumed_at_step``) rather than pass for the whole epoch's.
         self.resumed_at = resumed_at
         self.images_per_step, self.steps = images_per_step, steps
         self.before_write = before_write  # called with (epoch, row) first: the checkpoint, then the metrics
         tensorboard = tensorboard and reporter.enabled
         if tensorboard and importlib.util.find_spec("tensorboard") is None:
-            # TensorFlow 2.20 and newer no longer bring TensorBoard (a site module may lack it): said, not
-            # fatal.
+            # TensorFlow 2.20 and newer do not bring TensorBoard (a site module may lack it): said, not fatal.
             reporter.note(
                 "run.tensorboard: TensorBoard is not installed here, so no TensorBoard logs (metrics.jsonl "
                 "and metrics.csv have every value); pip install tensorboard, or set run.tensorboard=false"
@@ -198,8 +195,13 @@ DAMAGED_METRICS = "metrics.damaged.jsonl"  # lines of metrics.jsonl a resume cou
 
 
 def set_aside(path: Path, name: str) -> Path:
-    """Rename the damaged file ``path`` to ``name`` beside it (``name`` with -2, -3, ... when taken: an
-    earlier copy set aside is never overwritten) and return the new path."""
+    """Rename the damaged file ``path`` to ``name`` beside it and return the new path.
+
+    ``name`` gets -2, -3, ... when taken: an earlier copy set aside is never overwritten.
+
+    Raises:
+        UsageError: 999 copies are already set aside.
+    """
     stem, dot, ext = name.partition(".")
     for n in range(1, 1000):
         aside = path.with_name(name if n == 1 else f"{stem}-{n}{dot}{ext}")
@@ -258,8 +260,7 @@ def reconcile_metrics(
 
 
 def append_metrics(run_dir: Path, row: dict) -> None:
-    """One epoch's metrics appended to metrics.jsonl and metrics.csv (the CSV header is the first row's
-    keys)."""
+    """Append one epoch's metrics to metrics.jsonl and metrics.csv (whose header is the first row's keys)."""
     run_dir = Path(run_dir)
     row = finite(row)  # a diverged loss is NaN: null keeps every line valid JSON
     with open(run_dir / "metrics.jsonl", "a") as f:

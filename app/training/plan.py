@@ -1,5 +1,7 @@
-"""The sizes of a run, decided once before training and agreed by every rank, and what a resume on another
-number of workers keeps: the global batch, and the place in the interrupted epoch."""
+"""The sizes of a run, decided once before training and agreed by every rank, and what a resume keeps.
+
+A resume on another number of workers keeps the global batch, and the place in the interrupted epoch.
+"""
 
 from __future__ import annotations
 
@@ -42,9 +44,21 @@ def plan(cfg: Config, spec: Spec, world: World) -> Plan:
 
 
 def keep_global_batch(cfg: Config, state: dict, world: World, reporter: Reporter) -> Config:
-    """A resume on another number of workers keeps the checkpoint's global batch by changing the
-    accumulation steps where they can absorb it; else it stops with what would change, unless
-    ``run.allow_new_global_batch`` says to go on with the new one."""
+    """``cfg`` with the checkpoint's global batch kept on another number of workers, where it can be.
+
+    The accumulation steps change where they can absorb the new worker count; else the resume stops with what
+    would change, unless ``run.allow_new_global_batch`` says to go on with the new global batch.
+
+    Args:
+        cfg: the config the resume was given.
+        state: the checkpoint's state.json (its ``workers`` and ``global_batch``).
+        world: the workers of this start.
+        reporter: where the change is noted.
+
+    Raises:
+        UsageError: no whole number of accumulation steps keeps the global batch, and no consent to change
+            it.
+    """
     workers = world.workers
     saved_workers, saved_global = int(state.get("workers", workers)), int(state.get("global_batch", 0))
     t = cfg.train
@@ -81,8 +95,11 @@ def keep_global_batch(cfg: Config, state: dict, world: World, reporter: Reporter
 
 
 def resume_step(state: dict, p: Plan, reporter: Reporter) -> int:
-    """The step inside the interrupted epoch to continue from. With another number of steps per epoch (the
-    workers changed) the same fraction of the epoch, on an update boundary; that epoch's data then differs."""
+    """The step inside the interrupted epoch to continue from, on an update boundary.
+
+    With another number of steps per epoch (the workers changed) the same fraction of the epoch; that epoch's
+    data then differs.
+    """
     step, saved_steps = int(state.get("step", 0)), int(state.get("steps_per_epoch", p.steps_per_epoch))
     if not step:
         return 0

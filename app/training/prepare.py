@@ -1,5 +1,8 @@
-"""What training, evaluation and `app benchmark` set up first: the workers joined and seeded, the precision
-policy, and the compiled model with its (Horovod-wrapped) optimizer, loss and metrics."""
+"""What training, evaluation and `app benchmark` set up first: the workers, the precision, the model.
+
+The workers joined and seeded, the precision policy, and the compiled model with its (engine-wrapped)
+optimizer, loss and metrics.
+"""
 
 from __future__ import annotations
 
@@ -41,9 +44,14 @@ UNKNOWN_GPU = "not known to have fast bf16"
 
 
 def gpu_auto_precision(details: dict) -> tuple[str, str]:
-    """``auto``'s policy on a GPU, from what ``tf.config.experimental.get_device_details`` says of it, and the
-    reason: bf16 (which needs no loss scaling) on CUDA compute capability 8.0 and newer (A100, H100, GH200)
-    and on AMD's MI200 and MI300 classes (gfx90a, gfx94x, gfx95x); fp16 on older or unrecognised GPUs."""
+    """``auto``'s policy on a GPU and the reason, from what ``get_device_details`` says of it.
+
+    bf16 (which needs no loss scaling) on CUDA compute capability 8.0 and newer (A100, H100, GH200) and on
+    AMD's MI200 and MI300 classes (gfx90a, gfx94x, gfx95x); fp16 on older or unrecognised GPUs.
+
+    Args:
+        details: ``tf.config.experimental.get_device_details(gpu)`` (see the comment above).
+    """
     name = str(details.get("device_name") or "").strip()
     capability = details.get("compute_capability")
     if isinstance(capability, tuple) and len(capability) == 2:
@@ -55,8 +63,7 @@ def gpu_auto_precision(details: dict) -> tuple[str, str]:
 
 
 def resolve_precision(precision: str) -> tuple[str, str]:
-    """The Keras mixed-precision policy for ``precision`` on this machine (``auto`` picks the fastest), and
-    why."""
+    """The Keras mixed-precision policy for ``precision`` here (``auto`` picks the fastest), and why."""
     if precision != "auto":
         return precision, "set in the config"
     gpus = tf.config.list_physical_devices("GPU")
@@ -72,14 +79,16 @@ def resolve_precision(precision: str) -> tuple[str, str]:
 def precision_problem(
     requested: str, policy: str, why: str, accumulation_steps: int, workers: int
 ) -> str | None:
-    """Why ``policy`` cannot train with ``accumulation_steps`` on ``workers`` workers, in one line; None if it
-    can.
+    """Why ``policy`` cannot train with ``accumulation_steps`` on ``workers`` workers, in one line, or None.
+
+    ``requested`` is ``model.precision``; ``why`` says why ``policy`` was chosen (:func:`resolve_precision`).
 
     fp16's loss-scale optimizer would update its scale at every micro-batch from each rank's own gradients:
     ranks could hold different scales when the accumulated gradients are allreduced, and the replicas would
     drift apart silently. bf16 needs no loss scaling, float32 none either. ``auto`` is refused as an explicit
     mixed_float16 is, never switched to float32: a run trains at the precision ``auto`` picks on its GPUs, or
-    not at all."""
+    not at all.
+    """
     if policy != "mixed_float16" or accumulation_steps <= 1 or workers <= 1:
         return None
     if requested == "mixed_float16":
@@ -116,8 +125,11 @@ def metrics(num_classes: int) -> list:
 
 
 def create_model(cfg: Config, spec: Spec, ref: ModelRef, note: Callable[[str], None]):
-    """The uncompiled model ``ref`` names (``model.name``, or the run's copy of the user's file) for
-    ``spec``'s images and classes: a built-in ResNet, or one built and checked by app.training.usermodel."""
+    """The uncompiled model ``ref`` names, for ``spec``'s images and classes.
+
+    ``ref`` is ``model.name``, or the run's copy of the user's file: a built-in ResNet, or one built and
+    checked by app.training.usermodel.
+    """
     if ref.is_builtin:
         return models.create_model(
             ref.target,
@@ -146,9 +158,17 @@ def create_model(cfg: Config, spec: Spec, ref: ModelRef, note: Callable[[str], N
 def build_model(
     cfg: Config, spec: Spec, world: World, note: Callable[[str], None], ref: ModelRef | None = None
 ):
-    """The compiled Keras model with its (engine-wrapped) SGD optimizer, variables built for restoring, all
-    created in the engine's scope. ``note``: where notes go (rank 0's reporter); ``ref``: the model to
-    build (``model.name`` by default)."""
+    """The compiled Keras model with its (engine-wrapped) SGD optimizer, created in the engine's scope.
+
+    Its variables are built, so that a checkpoint restores into them.
+
+    Args:
+        cfg: the run's config.
+        spec: the data's images and classes.
+        world: the workers (the learning rate scales with them).
+        note: where notes go (rank 0's reporter).
+        ref: the model to build (``model.name`` by default).
+    """
     ref = ref or modelref.parse(cfg.model.name)
     with distributed.current().model_scope():  # [dist] mirrored variables, initialised from rank 0
         model = create_model(cfg, spec, ref, note)
@@ -179,8 +199,11 @@ def tracked(model) -> tf.train.Checkpoint:
 
 
 def setup(cfg: Config, threads: int = 0) -> tuple[World, Reporter, str]:
-    """Join the workers through ``cfg``'s engine, seed, and set the precision policy (before any model is
-    built)."""
+    """Join the workers through ``cfg``'s engine, seed, and set the precision policy, before any model.
+
+    Returns:
+        The workers, rank 0's reporter, and the precision policy.
+    """
     if cfg.model.jit_compile:
         os.environ.setdefault("HOROVOD_ENABLE_XLA_OPS", "1")  # allreduce inside XLA-compiled steps
     engine = distributed.use(cfg.train.engine)  # [dist] the engine distributed.current() returns from here on
@@ -199,9 +222,12 @@ def setup(cfg: Config, threads: int = 0) -> tuple[World, Reporter, str]:
 
 
 def input_threads(threads: int, world: World, reporter: Reporter) -> RankThreads:
-    """The size of each rank's tf.data thread pool and where it came from (--threads, SLURM_CPUS_PER_TASK, or
-    the node's CPUs shared among its workers: app.engines.world.threads_per_rank), with a note when
-    SLURM_CPUS_PER_TASK held something other than a number of CPUs."""
+    """The size of each rank's tf.data thread pool and where it came from.
+
+    --threads, SLURM_CPUS_PER_TASK, or the node's CPUs shared among its workers
+    (app.engines.world.threads_per_rank), with a note when SLURM_CPUS_PER_TASK held something other than a
+    number of CPUs.
+    """
     # [dist] --threads counts per worker; a process holding several replicas reads for all of them
     per_process = threads * world.replicas
     chosen = threads_per_rank(per_process, os.environ, os.cpu_count(), world.local_size, world.launcher)
@@ -211,8 +237,13 @@ def input_threads(threads: int, world: World, reporter: Reporter) -> RankThreads
 
 
 def set_precision(cfg: Config, world: World, reporter: Reporter) -> str:
-    """The precision policy for ``cfg`` on ``world``, set globally (called again when a resume changed the
-    accumulation steps, before any model is built)."""
+    """The precision policy for ``cfg`` on ``world``, set globally.
+
+    Called again when a resume changed the accumulation steps, before any model is built.
+
+    Raises:
+        UsageError: the policy cannot train with the accumulation (:func:`precision_problem`).
+    """
     policy, why = resolve_precision(cfg.model.precision)
     problem = precision_problem(cfg.model.precision, policy, why, cfg.train.accumulation_steps, world.size)
     if problem:
@@ -235,8 +266,12 @@ def _unrestored_values_filter(record) -> bool:
 
 
 def restore(model, path: Path, run_dir: Path, label: str = "--run-dir") -> None:
-    """Restore the checkpoint at ``path`` into ``model`` (training's resume, `app evaluate`), or one line
-    saying that it does not fit the model the config builds."""
+    """Restore the checkpoint at ``path`` into ``model`` (training's resume, `app evaluate`).
+
+    Raises:
+        UsageError: one line saying that it does not fit the model the config builds (``label`` and
+            ``run_dir`` name the run in it).
+    """
     try:  # [dist] the engine says who reads
         distributed.current().restore_checkpoint(lambda: checkpoint.restore(tracked(model), path))
     except (AssertionError, ValueError, tf.errors.OpError) as exc:

@@ -1,7 +1,8 @@
-"""One writer per run directory. Two trainings in one run directory (`app submit --resume` twice, a requeue
-racing a manual resume) would each prune and set aside the checkpoints the other writes, so the chief of a
-training holds an advisory lock on ``<run_dir>/.lock`` for as long as it lives, with who holds it written
-inside.
+"""One writer per run directory: an advisory lock held by a training's chief.
+
+Two trainings in one run directory (`app submit --resume` twice, a requeue racing a manual resume) would each
+prune and set aside the checkpoints the other writes, so the chief of a training holds an advisory lock on
+``<run_dir>/.lock`` for as long as it lives, with who holds it written inside.
 
 ``flock`` is released by the kernel when its holder dies, however it dies, so a lock left by a dead holder is
 simply taken over. On a local file system and on NFS (where Linux maps flock onto NFS's byte-range locks) it
@@ -42,9 +43,12 @@ def holder(path: Path) -> str:
 
 
 def gone(info: dict) -> str | None:
-    """Why the lock's holder is provably gone although its lock is still held, or None. A parallel file system
-    can keep a dead node's lock past Slurm's automatic requeue: the holder was this same Slurm job's earlier
-    start (Slurm runs one start of a job at a time), or a process of this host that no longer exists."""
+    """Why the lock's holder is provably gone although its lock is still held, or None.
+
+    A parallel file system can keep a dead node's lock past Slurm's automatic requeue. Provably gone: the
+    holder was this same Slurm job's earlier start (Slurm runs one start of a job at a time), or a process of
+    this host that no longer exists.
+    """
     job = SlurmEnv().job_id
     if job and str(info.get("job")) == job:
         return f"its holder was this Slurm job's earlier start (job {job}), which ended before this one began"
@@ -60,8 +64,16 @@ def gone(info: dict) -> str | None:
 
 
 def acquire(run_dir: Path, note=None) -> None:
-    """Take ``run_dir``'s writer lock for the rest of this process, or raise :class:`AppError` naming its
-    holder. ``note``: where to say that this file system has no locks (training goes on then)."""
+    """Take ``run_dir``'s writer lock for the rest of this process.
+
+    Args:
+        run_dir: the run directory (created if missing).
+        note: where to say that this file system has no locks, or that the holder is gone (training goes on
+            then); None says nothing.
+
+    Raises:
+        AppError: another process holds it; the message names the holder.
+    """
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK
     try:

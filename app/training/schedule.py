@@ -1,6 +1,7 @@
-"""The learning-rate schedule: linear scaling by the global batch, Goyal et al.'s warmup (gradual or
-constant), then step decay or cosine, as a function of the step alone (so a resumed run continues exactly
-where it stopped).
+"""The learning-rate schedule: linear scaling, Goyal et al.'s warmup, then step decay or cosine.
+
+Linear scaling by the global batch, the warmup gradual or constant, all as a function of the step alone (so a
+resumed run continues exactly where it stopped).
 
 Why it is defined this way (the global batch rather than the workers, integer step boundaries, a warmup that
 replaces the curve's first epochs and leaves the rest alone): docs/training.md, "The schedule in detail".
@@ -70,7 +71,7 @@ class Schedule:
 
 
 def make_schedule(cfg, workers: int) -> Schedule:
-    """The schedule of ``cfg`` (an app.core.config.Config) on ``workers`` workers."""
+    """The schedule of ``cfg`` (an app.core.schema.Config) on ``workers`` workers."""
     t = cfg.train
     target = cfg.scaled_lr(workers)
     return Schedule(

@@ -57,8 +57,7 @@ def delivers(rate: float | None, inputs: RankThreads) -> str:
 
 @dataclass(frozen=True)
 class RunContext:
-    """One training run as its stages see it: the config, the data, the workers, the plan, the precision,
-    where output goes and where training starts (epoch ``start_epoch``, ``start_step`` steps in)."""
+    """A run as its stages see it: config, data, workers, plan, precision, output, start epoch and step."""
 
     cfg: Config
     source: Source
@@ -152,13 +151,13 @@ def header(run: RunContext, rate: float | None = None) -> None:
 
 
 # ------------------------------------------------------------------------------------------ stages
-
-
 def train_and_evaluate(
     cfg: Config, run_dir: Path, threads: int = 0, request: faults.StopRequest | None = None
 ) -> dict:
     """Train ``cfg`` in ``run_dir`` (resuming from its latest valid checkpoint) and return the summary.
-    ``request``: the stop-signal handler, installed as early as the caller could."""
+
+    ``request`` is the stop-signal handler, installed as early as the caller could.
+    """
     request = request or faults.StopRequest().install()
     world, reporter, policy = setup(cfg, threads)
     inputs = input_threads(threads, world, reporter)
@@ -217,15 +216,13 @@ def train_and_evaluate(
     stop_if_asked(request, write, kept, run_dir)
     with user_errors(cfg.model.name, "training"):  # the user's frames, not ours
         fit(run, model, write, request)
-    # [dist] Are all replicas still identical? Every variable: the batch-norm statistics were averaged at
-    # the epoch end, so they must agree too.
+    # [dist] Are all replicas still identical? Every variable, the batch-norm statistics (epoch-averaged) too.
     spread = distributed.current().replica_spread([v.numpy() for v in model.weights])
     return summarize(cfg, run_dir, world, p, policy, spread) if world.is_chief else {}
 
 
 def engine_words(world: World) -> str:
-    """The header's words for who distributes: Horovod and its controller, or the tf engine and its
-    all-reduce."""
+    """The header's words for the engine: Horovod and its controller, or the tf engine and its all-reduce."""
     if distributed.current_name() == "tf":
         return f"engine tf, {world.controller.removeprefix('tf-')} all-reduce"
     return f"engine horovod, {world.controller} controller"
@@ -234,10 +231,11 @@ def engine_words(world: World) -> str:
 def input_rate(
     cfg: Config, source: Source, world: World, inputs: RankThreads, reporter: Reporter
 ) -> float | None:
-    """What this rank's JPEG pipeline delivers on its threads, measured for a few seconds before training
-    (every rank at once, as in training; rank 0's figure is shown), with a warning when a GPU would consume
-    more than that (the profile's figure, app.training.benchmark.expected_gpu_rate). None for in-memory data
-    (small images, synthetic batches: nothing to decode)."""
+    """This rank's JPEG pipeline's images/s on its threads, measured for a few seconds before training.
+
+    Every rank measures at once, as in training; rank 0's figure is shown, with a warning when a GPU would
+    consume more (the profile's figure, expected_gpu_rate). None for in-memory data: nothing to decode.
+    """
     if not isinstance(source, ImagenetSource):
         return None
     # [dist] a process feeds all its replicas: its batch is theirs, and each GPU gets its share of the rate
@@ -254,9 +252,10 @@ def input_rate(
 def starved(
     rate: float | None, expected: float | None, threads: int, on_gpu: bool, replicas: int = 1
 ) -> str | None:
-    """The warning when a GPU would consume more images/s than its share of its process's pipeline delivers
-    (``rate`` on ``threads`` threads feeds ``replicas`` GPUs: one under Horovod, all of the host's under the
-    tf engine)."""
+    """The warning when a GPU would consume more images/s than its share of its process's pipeline delivers.
+
+    ``rate`` on ``threads`` threads feeds ``replicas`` GPUs (one under Horovod, the host's under tf).
+    """
     if rate is None or expected is None or not on_gpu or rate / replicas >= expected:
         return None
     rate, per_gpu = rate / replicas, threads / replicas  # a process's threads feed all of its GPUs
@@ -282,8 +281,10 @@ def open_data(cfg: Config, world: World) -> Source:
 
 
 def latest_checkpoint(run_dir: Path, world: World, note) -> tuple[tuple | None, dict, list[str]]:
-    """(epoch, path) of the checkpoint to resume from, or None; its saved state; and why the newer ones
-    were skipped. Rank 0 takes the run directory's writer lock and reads them; every rank gets its answer."""
+    """The checkpoint to resume from, as (epoch, path) or None; its saved state; why newer ones were skipped.
+
+    Rank 0 takes the run directory's writer lock and reads them; every rank gets its answer.
+    """
     skipped: list[str] = []
     found, refusal = None, None
     if world.is_chief:
@@ -302,9 +303,11 @@ def latest_checkpoint(run_dir: Path, world: World, note) -> tuple[tuple | None, 
 
 
 def nothing_to_resume(run_dir: Path, skipped: list[str]) -> str | None:
-    """Why ``run_dir`` must not start over although no checkpoint in it can be loaded: it holds checkpoints
-    (all damaged) or the metrics of trained epochs. Starting from zero there would rewrite its metrics and
-    later prune or set aside its checkpoints: the one line says so and what to do, and nothing is touched."""
+    """Why ``run_dir`` must not start over although no checkpoint in it can be loaded, or None.
+
+    It holds checkpoints (all damaged) or trained epochs' metrics: starting from zero there would rewrite the
+    metrics and later prune or set aside the checkpoints. The line says so and what to do; nothing is touched.
+    """
     trained = (
         read_metrics(run_dir, lambda message: None, damaged=[])
         if (run_dir / "metrics.jsonl").is_file()
@@ -325,16 +328,18 @@ def nothing_to_resume(run_dir: Path, skipped: list[str]) -> str | None:
 def resume_config(
     cfg: Config, state: dict, world: World, reporter: Reporter, policy: str
 ) -> tuple[Config, str]:
-    """The config and precision policy a resume trains with: the checkpoint's global batch kept (when the
-    workers changed) by other accumulation steps, and the policy checked again for them."""
+    """The config and precision policy a resume trains with, the checkpoint's global batch kept.
+
+    When the workers changed, other accumulation steps keep it, and the policy is checked again for them.
+    """
     accumulation = cfg.train.accumulation_steps
-    engine = state.get("engine")  # checkpoints from before 2026-12-05 were all Horovod's
+    engine = state.get("engine")  # a checkpoint without one was written by Horovod
     if engine is not None and engine != distributed.current_name():  # said: auto may pick another here
         reporter.note(
             f"resuming under the {distributed.current_name()} engine; the checkpoint was written under "
             f"{engine} (the same variables: docs/engines.md)"
         )
-    saved = state.get("precision")  # checkpoints from before 2026-12-04 have none: nothing to compare
+    saved = state.get("precision")  # a checkpoint without one: nothing to compare
     if saved is not None and saved != policy:  # a known policy: checkpoint.state_problem checked it
         # precision: auto picks per machine: a resume on other GPUs (fp16 after bf16) would change the run
         # half-way, and no table would show it.
@@ -358,9 +363,10 @@ def resume_config(
 def save_config(
     cfg: Config, run_dir: Path, resumed: bool, state: dict, start_epoch: int, reporter: Reporter
 ) -> str | None:
-    """Rank 0's start of a run: config.yaml written (a new run's now; a resume's returned, for its first
-    checkpoint to write, when it changed), the last stop's marker removed, metrics.jsonl cut back to the
-    epochs the checkpoint holds."""
+    """Rank 0's start: config.yaml, the last stop's marker removed, metrics.jsonl cut back to the checkpoint.
+
+    A new run's config.yaml is written now; a resume's, when changed, is returned for its first checkpoint.
+    """
     run_dir.mkdir(parents=True, exist_ok=True)
     # The consent to the tf engine's open gRPC server is this start's, never the run's: a later resume of the
     # run directory across hosts asks again (a job script passes it at each start, requeues included).
@@ -400,9 +406,11 @@ def stop_if_asked(request: faults.StopRequest, write: CheckpointWriter, kept: st
 
 
 def segments(start_epoch: int, start_step: int, epochs: int) -> list[tuple[int, int]]:
-    """The model.fit calls of a run as (first epoch, steps already done in it). A mid-epoch resume first
-    finishes the interrupted epoch (its remaining steps, the same batches an uninterrupted run would have
-    seen), then trains whole epochs."""
+    """The model.fit calls of a run as (first epoch, steps already done in it).
+
+    A mid-epoch resume first finishes the interrupted epoch (its remaining steps, the same batches an
+    uninterrupted run would have seen), then trains whole epochs.
+    """
     out = [(start_epoch, start_step)] if start_step else []
     first_whole = start_epoch + 1 if start_step else start_epoch
     if first_whole < epochs:
@@ -445,8 +453,7 @@ def callbacks(
 
 
 def fit(run: RunContext, model, write: CheckpointWriter, request: faults.StopRequest) -> None:
-    """Train from the run's start to train.epochs, evaluating at each epoch end; the input pipelines on the
-    run's input threads."""
+    """Train from the run's start to train.epochs, evaluating at each epoch end, on its input threads."""
     cfg, source, p, world, threads = run.cfg, run.source, run.p, run.world, run.inputs.pool
     eval_ds = (
         # [dist] a process reads one batch for all of its replicas, which local_function splits between them
