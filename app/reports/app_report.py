@@ -49,7 +49,15 @@ def load(inputs: list[Path], note=None) -> tuple[list[dict], list[Run]]:
 def make_report(
     inputs: list[Path], out: Path, target: float | None, console, engine: str | None = None
 ) -> list[Path]:
-    """Everything `app report` writes; returns the files. ``engine`` keeps that engine's results and runs."""
+    """Write everything `app report` writes, print its tables, and return the files.
+
+    Args:
+        inputs: results files of `app benchmark` and run directories of `app train`.
+        out: the folder to write into (created if missing).
+        target: the validation accuracy of "time to target"; None for the lowest of the runs' best accuracies.
+        console: where the tables and notes are printed.
+        engine: keep only that engine's results and runs; None for all (runs may not mix engines then).
+    """
     results, runs = load(inputs, lambda message: console.print(f"note: {message}"))
     results, runs = one_engine(results, runs, engine, lambda message: console.print(f"note: {message}"))
     if out.exists() and not out.is_dir():
@@ -72,8 +80,10 @@ def make_report(
 def one_engine(
     results: list[dict], runs: list[Run], engine: str | None, note=print
 ) -> tuple[list[dict], list[Run]]:
-    """``engine``'s results and runs only (all when None); runs of several engines are refused in one line,
-    as results are (app.reports.benchmarks.check_comparable): a speedup between engines is no scaling."""
+    """``engine``'s results and runs only (all when None); runs of several engines are refused in one line.
+
+    As results are (app.reports.benchmarks.check_comparable): a speedup between engines is no scaling.
+    """
     if engine is not None:
         left = len(results) + len(runs)
         results = [r for r in results if engine_of(r) == engine]
@@ -95,8 +105,11 @@ def one_engine(
 
 
 def _write(results: list[dict], runs: list, out: Path, target: float | None) -> tuple[list[Path], list]:
-    """The tables and plots of ``results`` and ``runs`` written into ``out``, and what to print of them:
-    (title, columns, rows, verdict lines) per table."""
+    """Write the tables and plots of ``results`` and ``runs`` into ``out``.
+
+    Returns:
+        The files written, and what to print of them: (title, columns, rows, verdict lines) per table.
+    """
     written: list[Path] = []
     shown: list = []
     if results:

@@ -1,6 +1,9 @@
-"""`app report`'s scaling half: `app benchmark` results loaded and checked, then throughput, speedup and
-efficiency per per-worker batch size, a verdict per batch size, the table and the plots. The scaling
-study's report (app.reports.scaling) builds on it."""
+"""`app report`'s scaling half: `app benchmark` results in, a scaling table, verdicts and plots out.
+
+The results are loaded and checked, then throughput, speedup and efficiency computed per per-worker batch
+size, with a verdict per batch size, the table and the plots. The scaling study's report (app.reports.scaling)
+builds on it.
+"""
 
 from __future__ import annotations
 
@@ -23,8 +26,14 @@ INPUT_BOUND = 0.10  # a run whose steps wait this long for data is input-bound
 
 
 def load_results(path: Path, note=None, skip_bad: bool = False) -> list[dict]:
-    """Benchmark results from one JSON-lines file, each line checked. With ``skip_bad`` (a study's results,
-    where a damaged line is measured again) a bad line is left out with a note instead of failing the file."""
+    """Benchmark results from one JSON-lines file, each line checked.
+
+    With ``skip_bad`` (a study's results, where a damaged line is measured again) a bad line is left out with
+    a note instead of failing the file.
+
+    Raises:
+        UsageError: a bad line (without ``skip_bad``), or no result at all.
+    """
     rows = []
     for n, row in json_lines(path, "one `app benchmark` result", note, skip_bad):
         try:
@@ -89,7 +98,7 @@ class Point:
 
 
 def engine_of(record: dict) -> str:
-    """The engine a result or a run's summary names ("unrecorded" before results named theirs, 2026-12-06)."""
+    """The engine a result or a run's summary names; "unrecorded" for one that names none."""
     return str(record.get("engine") or "unrecorded")
 
 
@@ -274,8 +283,10 @@ def plot_scaling(table: dict[int, list[Point]], out: Path) -> list[Path]:
 
 
 def _save_scaling_plot(plt, fig, ax, table: dict[int, list[Point]], path: Path) -> Path:
-    """Workers on a log2 axis labelled with the counts measured (1, 2, 4 rather than 2^k); grid, legend,
-    PNG."""
+    """Finish and save a scaling plot: workers on a log2 axis labelled with the counts measured, grid, legend.
+
+    The ticks read 1, 2, 4 rather than 2^k.
+    """
     from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
     ax.set_xscale("log", base=2)

@@ -1,8 +1,9 @@
-"""The scaling report's section for CSC's gpularge scalability test (Roihu): per per-GPU batch size, one row
-per node count (the point with the most workers on that many nodes), the speedup over the node count half as
-large with an interval, the efficiency against the fewest nodes, the minutes an ImageNet-1k epoch would take
-at that throughput, and the GPU utilization and peak memory the benchmark sampled where a GPU tool was there;
-then CSC's rule as a pass/fail line.
+"""The scaling report's section for CSC's gpularge scalability test (Roihu), ending in a pass/fail line.
+
+Per per-GPU batch size, one row per node count (the point with the most workers on that many nodes), the
+speedup over the node count half as large with an interval, the efficiency against the fewest nodes, the
+minutes an ImageNet-1k epoch would take at that throughput, and the GPU utilization and peak memory the
+benchmark sampled where a GPU tool was there; then CSC's rule as a pass/fail line.
 
 CSC's rule (https://docs.csc.fi/accounts/how-to-access-roihu-large-partition/, read 2026-12-04): at least
 three node counts, the same input for all, a speedup of at least 1.5 per doubling of nodes (75% parallel
@@ -61,9 +62,11 @@ def per_node_count(points: list[benchmarks.Point]) -> list[benchmarks.Point]:
 
 
 def doubling(low: benchmarks.Point, high: benchmarks.Point) -> tuple[float, float | None, float]:
-    """``high`` against ``low``: the speedup, its first-order 95% half-width (None when either point has no
-    interval: one window), and the efficiency per GPU (1.0: each GPU as fast as at ``low``; CSC's 1.5 per
-    doubling is 0.75 when the GPUs double with the nodes)."""
+    """``high`` against ``low``: the speedup, its first-order 95% half-width, and the efficiency per GPU.
+
+    The half-width is None when either point has no interval (one window). An efficiency of 1.0 is each GPU as
+    fast as at ``low``; CSC's 1.5 per doubling is 0.75 when the GPUs double with the nodes.
+    """
     ratio = high.images_per_s / low.images_per_s
     known = low.ci95 > 0 and high.ci95 > 0  # 0: no interval was measured (one window)
     half = ratio * math.hypot(low.ci95 / low.images_per_s, high.ci95 / high.images_per_s) if known else None
@@ -83,9 +86,13 @@ def chain(points: list[benchmarks.Point]) -> list[benchmarks.Point]:
 def rows(
     table: dict[int, list[benchmarks.Point]], gpu: dict[tuple[int, int, int], dict], walls: dict | None = None
 ) -> list[list]:
-    """The section's table: per batch size and node count (``gpu``: sampled utilization and memory by
-    (batch, workers, nodes), from :func:`gpu_samples`; ``walls``: the measured work and its wall-time, from
-    :func:`wall_times`)."""
+    """The section's table: a row per batch size and node count.
+
+    Args:
+        table: the scaling table (app.reports.benchmarks.scaling).
+        gpu: sampled utilization and memory by (batch, workers, nodes), from :func:`gpu_samples`.
+        walls: the measured work and its wall-time by the same cells, from :func:`wall_times`.
+    """
     out, walls = [], walls or {}
     for batch, points in table.items():
         by_nodes = per_node_count(points)
@@ -133,9 +140,12 @@ def rows(
 
 
 def wall_times(results: list[dict]) -> dict[tuple[int, int, int], dict]:
-    """Per cell (batch, workers, nodes): the images its benchmark processed, the wall-time of all its steps
-    (app benchmark's ``wall_s``, warm-up included) and its --images target (None: run with --steps). A cell
-    measured more than once keeps its last line; results from before 2026-12-05 have no wall-time."""
+    """Per cell (batch, workers, nodes): the images its benchmark processed and the wall-time of its steps.
+
+    The wall-time is app benchmark's ``wall_s``, warm-up included; with it comes the --images target (None:
+    run with --steps). A cell measured more than once keeps its last line; a result without a wall-time is
+    left out.
+    """
     out: dict[tuple[int, int, int], dict] = {}
     for r in results:
         wall, steps, target = r.get("wall_s"), r.get("steps"), r.get("images_target")
@@ -151,8 +161,10 @@ def wall_times(results: list[dict]) -> dict[tuple[int, int, int], dict]:
 
 
 def gpu_samples(results: list[dict]) -> dict[tuple[int, int, int], dict]:
-    """The GPU utilization (mean %) and peak memory (MiB) sampled during each cell's benchmark
-    (``results[i]["gpu_samples"]``, written by app benchmark where nvidia-smi or rocm-smi was there)."""
+    """The GPU utilization (mean %) and peak memory (MiB) sampled during each cell's benchmark.
+
+    From ``results[i]["gpu_samples"]``, written by app benchmark where nvidia-smi or rocm-smi was there.
+    """
     out: dict[tuple[int, int, int], dict] = {}
     for r in results:
         s = r.get("gpu_samples")
@@ -169,9 +181,11 @@ def gpu_samples(results: list[dict]) -> dict[tuple[int, int, int], dict]:
 
 
 def verdict(table: dict[int, list[benchmarks.Point]], gpus: bool) -> list[str]:
-    """CSC's rule, per batch size, on the longest chain of doublings from the fewest nodes: pass, or what is
-    missing or short (``gpus``: the results ran on GPUs). A doubling passes when each GPU keeps 75% of its
-    speed (a speedup of 1.5 when the GPUs double with the nodes)."""
+    """CSC's rule per batch size, on the longest chain of doublings from the fewest nodes: pass or fail.
+
+    A fail says what is missing or short (``gpus``: the results ran on GPUs). A doubling passes when each GPU
+    keeps 75% of its speed (a speedup of 1.5 when the GPUs double with the nodes).
+    """
     lines = []
     for batch, points in table.items():
         run = chain(points)

@@ -1,12 +1,13 @@
-"""The large-batch study's report (RQ3): Goyal et al.'s Table 1 and Figure 2 from a study folder.
+"""The large-batch study's report (RQ3): Goyal et al.'s Table 1 and Figures 1 and 2 from a study folder.
 
 Reads the plan (study.json) and what `app train` wrote in each run directory: metrics.jsonl (per epoch:
-``accuracy``, the training top-1 averaged over the epoch's steps, and ``val_accuracy``), summary.json (the
-run finished) and the newest checkpoint's state.json (steps per epoch, for the updates a run made). Writes
-``report/large_batch.md`` and ``.csv`` (the table), ``large_batch_runs.csv`` (one row per run) and
-``large_batch.png`` (training error vs epoch, each variant against the baseline). The table's cells and
-the verdicts come from app.reports.large_batch_verdicts; this module renders them. Pure functions from
-loaded results to rows, lines and the figure, so they are tested on hand-made files. No TensorFlow.
+``accuracy``, the training top-1 averaged over the epoch's steps, and ``val_accuracy``), summary.json (the run
+finished) and the newest checkpoint's state.json (steps per epoch, for the updates a run made). Writes
+``report/large_batch.md`` and ``.csv`` (the table), ``large_batch_runs.csv`` (one row per run),
+``large_batch_vs_k.png`` (final error vs global batch, Figure 1's shape) and ``large_batch.png`` (training
+error vs epoch, each variant against the baseline). The table's cells and the verdicts come from
+app.reports.large_batch_verdicts; this module renders them. Pure functions from loaded results to rows, lines
+and the figures, so they are tested on hand-made files. No TensorFlow.
 """
 
 from __future__ import annotations
@@ -182,8 +183,10 @@ def notes(plan: StudyPlan, margin: float = MARGIN_PP) -> list[str]:
 
 
 def _mean_curve(results: list[RunResult]) -> tuple[list[int], list[float], list[float], list[float]]:
-    """Epochs, the mean training error over the seeds that have a value at that epoch, and the band over
-    those seeds (lowest, highest)."""
+    """Epochs, the mean training error over the seeds that have a value at each, and their band.
+
+    The band is the lowest and highest over those seeds.
+    """
     length = max((len(r.train_error) for r in results), default=0)
     epochs, means, lows, highs = [], [], [], []
     for i in range(length):
@@ -199,8 +202,11 @@ def _mean_curve(results: list[RunResult]) -> tuple[list[int], list[float], list[
 
 
 def plot_vs_k(table: list[Cell], path: Path) -> Path:
-    """Goyal et al.'s Figure 1 shape: final validation error vs global batch (k x the baseline's), one line
-    per variant with its mean and standard deviation over seeds, the baseline as a level with its band."""
+    """Goyal et al.'s Figure 1 shape: final validation error vs global batch (k x the baseline's).
+
+    One line per variant with its mean and standard deviation over seeds, the baseline as a level with its
+    band.
+    """
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     base = next((c for c in table if c.variant == "baseline" and c.mean is not None), None)
@@ -238,8 +244,10 @@ def plot_vs_k(table: list[Cell], path: Path) -> Path:
 
 
 def plot(results: list[RunResult], path: Path) -> Path:
-    """Goyal et al.'s Figure 2: training error vs epoch, one panel per variant and k > 1, each against the
-    baseline; lines are the mean over seeds, bands their lowest to highest."""
+    """Goyal et al.'s Figure 2: training error vs epoch, one panel per variant and k > 1.
+
+    Each panel holds the baseline too; lines are the mean over seeds, bands their lowest to highest.
+    """
     plt = _pyplot()
     from matplotlib.ticker import MaxNLocator
 

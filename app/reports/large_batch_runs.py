@@ -1,6 +1,8 @@
-"""The large-batch study's runs as the report reads them: what each run directory holds (metrics.jsonl,
-summary.json, the newest checkpoint's state.json) as a :class:`RunResult`, and the report's table of runs
-(one row each, ``large_batch_runs.csv``). No TensorFlow."""
+"""The large-batch study's runs as the report reads them, and the report's table of runs.
+
+What each run directory holds (metrics.jsonl, summary.json, the newest checkpoint's state.json) as a
+:class:`RunResult`, and the table of runs (one row each, ``large_batch_runs.csv``). No TensorFlow.
+"""
 
 from __future__ import annotations
 
@@ -57,8 +59,10 @@ def _error(row: dict, key: str) -> float | None:
 
 
 def updates_per_epoch(run_path: Path, batch_size: int) -> int | None:
-    """Optimizer steps per epoch as the run made them: its newest checkpoint's state.json (steps per epoch
-    of each worker, workers, global batch); None without one."""
+    """Optimizer steps per epoch as the run made them, from its newest checkpoint; None without one.
+
+    The checkpoint's state.json holds the steps per epoch of each worker, the workers and the global batch.
+    """
     found = []
     for path in (Path(run_path) / "checkpoints").glob("epoch-*/state.json"):
         m = re.fullmatch(r"epoch-(\d+)(?:-step-(\d+))?", path.parent.name)
@@ -90,8 +94,11 @@ def _summary(run_path: Path) -> dict:
 
 
 def collect(folder: Path, plan: StudyPlan, note=None) -> list[RunResult]:
-    """Every planned run with its state and curves (runs not started yet, or with a damaged metrics.jsonl,
-    have empty curves: one damaged run does not stop the report)."""
+    """Every planned run with its state and curves.
+
+    Runs not started yet, or with a damaged metrics.jsonl, have empty curves: one damaged run does not stop
+    the report.
+    """
     out = []
     for run, state in zip_equal(plan.runs, states(folder, plan)):
         path = run_dir(folder, run)
@@ -141,8 +148,10 @@ RUN_COLUMNS = (
 
 
 def run_rows(results: list[RunResult]) -> list[list]:
-    """A row per run; None where the run has no such value yet (warmup updates: none for a run without warmup,
-    unknown before it logged any)."""
+    """A row per run of :data:`RUN_COLUMNS`' values; None where the run has no such value yet.
+
+    Warmup updates, for one, are none for a run without warmup, and unknown before it logged any.
+    """
     rows = []
     for r in results:
         vals = [v for v in r.val_error if v is not None]

@@ -1,7 +1,9 @@
-"""What the large-batch study's runs say (RQ3): the table's cells, each a variant at one k over its seeds,
-each compared with the baseline seed by seed (app.reports.paired), and the verdicts in words; the warnings
-about runs whose results cannot speak for the batch size. Pure functions of the loaded runs
-(app.reports.large_batch_runs); app.reports.large_batch renders them."""
+"""What the large-batch study's runs say (RQ3): the table's cells, the verdicts in words, and warnings.
+
+Each cell is a variant at one k over its seeds, compared with the baseline seed by seed (app.reports.paired);
+the warnings are about runs whose results cannot speak for the batch size. Pure functions of the loaded runs
+(app.reports.large_batch_runs); app.reports.large_batch renders them.
+"""
 
 from __future__ import annotations
 
@@ -153,9 +155,11 @@ def fewest_updates(table) -> int | None:
 
 
 def summary_line(table: list[Cell], verdict: dict[int, str]) -> list[str]:
-    """Up to which k the recipe (scaled LR + gradual warmup) keeps the baseline's accuracy, from its verdicts
-    per k. Only k whose runs made enough updates count: with too few, every variant fails and nothing is said
-    about the rule."""
+    """Up to which k the recipe (scaled LR + gradual warmup) keeps the baseline's accuracy, from the verdicts.
+
+    Only k whose runs made enough updates count: with too few, every variant fails and nothing is said about
+    the rule.
+    """
     base = next(c for c in table if c.variant == "baseline")
     judged = [
         k
@@ -199,9 +203,11 @@ def summary_line(table: list[Cell], verdict: dict[int, str]) -> list[str]:
 
 
 def warnings(results: list[RunResult]) -> list[str]:
-    """Runs with too few updates for their result to speak for the batch size (see ``MIN_UPDATES``), or a
-    warmup too short to be a ramp, one line per k and number of updates; and finished runs that trained in
-    different precisions."""
+    """Warnings about runs whose results cannot speak for the batch size.
+
+    Runs with too few updates (see ``MIN_UPDATES``), or a warmup too short to be a ramp, one line per k and
+    number of updates; and finished runs that trained in different precisions.
+    """
     few: dict[tuple[int, int], list[str]] = {}
     short: dict[tuple[int, int], list[str]] = {}
     for r in results:

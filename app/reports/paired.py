@@ -1,5 +1,6 @@
-"""A variant against its baseline, seed by seed (RQ3): the mean of the per-seed differences in top-1 error
-with a 95% t-interval, and a verdict on a fixed margin.
+"""A variant against its baseline, seed by seed (RQ3), with a 95% t-interval and a verdict on a margin.
+
+The mean of the per-seed differences in top-1 error, with a 95% t-interval, and a verdict on a fixed margin.
 
 The seeds are paired by design: every variant of seed s trains with ``run.seed = s``, the same data order and
 initial weights as the baseline of seed s, so the difference within a seed cancels what the seed alone does.
@@ -39,8 +40,7 @@ MAX_SEEDS_SUGGESTED = 100
 
 
 def t975(df: int) -> float:
-    """The 97.5% quantile of Student's t with ``df`` degrees of freedom (the next tabulated df at or
-    below)."""
+    """The 97.5% quantile of Student's t with ``df`` degrees of freedom (the tabulated df at or below)."""
     if df < 1:
         raise ValueError("t975: at least 1 degree of freedom")
     if df > 120:
@@ -93,8 +93,10 @@ def compare(
 
 
 def seeds_needed(sd: float, room: float) -> int | None:
-    """The fewest seeds whose interval (at this spread) fits in ``room`` pp above the mean; None if none does
-    within ``MAX_SEEDS_SUGGESTED`` (the mean is at or beyond the margin)."""
+    """The fewest seeds whose interval (at this spread ``sd``) fits in ``room`` pp above the mean, or None.
+
+    None when none does within ``MAX_SEEDS_SUGGESTED``, or the mean is at or beyond the margin.
+    """
     if room <= 0:
         return None
     for n in range(2, MAX_SEEDS_SUGGESTED + 1):

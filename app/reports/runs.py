@@ -1,5 +1,8 @@
-"""`app report`'s training half: `app train` run directories (metrics.jsonl, summary.json) loaded, a row
-per run, the training curves, and the time each run took to a target accuracy."""
+"""`app report`'s training half: `app train` run directories loaded, a row per run, curves, time to target.
+
+Run directories hold metrics.jsonl and summary.json; the time to target is the training time each run took
+to a target accuracy.
+"""
 
 from __future__ import annotations
 
@@ -113,8 +116,11 @@ TRAINING_COLUMNS = (
 
 
 def training_rows(runs: list[Run], target: float) -> list[list]:
-    """A row per run; a value the run does not have is None (shown "-", an empty CSV cell; "time to target" is
-    None when the target was not reached)."""
+    """A row per run of :data:`TRAINING_COLUMNS`' values.
+
+    A value the run does not have is None (shown "-", an empty CSV cell; "time to target" is None when the
+    target was not reached).
+    """
     rows = []
     for run in runs:
         accs = [m.get("val_accuracy") for m in run.metrics if m.get("val_accuracy") is not None]
@@ -184,9 +190,12 @@ def training_verdicts(runs: list[Run], target: float) -> list[str]:
 
 
 def time_to_accuracy_by_workers(runs: list[Run], target: float) -> list[str]:
-    """RQ2 in time to a target (issue 21): per worker count, the fastest run's training time to ``target``
-    and its speedup over the fewest workers'. Only when runs of two or more worker counts are there; a count
-    whose runs never reached the target says so (a speedup needs the fewest workers' time, finite and > 0)."""
+    """RQ2 in time to a target (issue 21): per worker count, the fastest run's time and its speedup.
+
+    The fastest run's training time to ``target`` and its speedup over the fewest workers'. Only when runs of
+    two or more worker counts are there; a count whose runs never reached the target says so (a speedup needs
+    the fewest workers' time, finite and > 0).
+    """
     counts: set[int] = set()
     fastest: dict[int, tuple[float, str]] = {}
     for run in runs:

@@ -8,7 +8,7 @@ results/independent-<n>/process-<i>.jsonl) and builds on `app report`'s scaling 
   point (wall-clock minutes and GPU-hours), input wait, and the best per-worker batch here;
 - RQ2, workers: speedup and efficiency against the fewest workers with the ideal line and 95% error bars,
   the point where adding workers stops paying (efficiency below app.reports.benchmarks.FAIR), and, where the
-  workers shared one machine's CPU cores, Horovod's N workers against N independent processes at once, the
+  workers shared one machine's CPU cores, the engine's N workers against N independent processes at once, the
   baseline that separates communication from core sharing;
 - where the time goes: the share of step time spent in collectives, in negotiation and in compute, from
   the Horovod timelines `app benchmark --timeline` recorded.
@@ -41,7 +41,7 @@ from app.study.scaling import ScalingPlan
 
 
 def collect(folder: Path, plan: ScalingPlan, note) -> tuple[list[dict], dict[tuple[int, int], list[float]]]:
-    """(the Horovod parts' results, (processes, batch) -> each independent process's images/s)."""
+    """(the distributed parts' results, (processes, batch) -> each independent process's images/s)."""
     folder = Path(folder)
     results: list[dict] = []
     independent: dict[tuple[int, int], list[float]] = {}
@@ -167,8 +167,10 @@ def timeline_rows(results: list[dict]) -> list[list]:
 
 
 def workers_word(results: list[dict]) -> str:
-    """Whose workers the results measured, in words ("Horovod workers", "tf-engine workers", or "workers" for
-    results that do not name their engine)."""
+    """Whose workers the results measured, in words: "Horovod workers", "tf-engine workers" or "workers".
+
+    Plain "workers" for results that do not name their engine.
+    """
     engine = benchmarks.engine_of(results[0]) if results else "unrecorded"
     return {"horovod": "Horovod workers", "tf": "tf-engine workers"}.get(engine, "workers")
 
@@ -176,8 +178,17 @@ def workers_word(results: list[dict]) -> str:
 def verdicts(
     table: dict[int, list[benchmarks.Point]], independent, timelines: list[list], who: str = "workers"
 ) -> list[str]:
-    """app report's lines, then the study's answers: the best per-worker batch, where adding workers stops
-    paying, communication against core sharing, and where the time goes at the most workers."""
+    """app report's lines, then the study's answers to RQ1 and RQ2.
+
+    The best per-worker batch, where adding workers stops paying, communication against core sharing, and
+    where the time goes at the most workers.
+
+    Args:
+        table: the scaling table (app.reports.benchmarks.scaling).
+        independent: (processes, batch) -> each independent process's images/s, from :func:`collect`.
+        timelines: :func:`timeline_rows`.
+        who: whose workers, in words (:func:`workers_word`).
+    """
     lines = benchmarks.verdicts(table)
     most = max(p.workers for pts in table.values() for p in pts)
     at_most = {

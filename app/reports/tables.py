@@ -1,5 +1,8 @@
-"""The writers every report shares: Markdown tables, CSV and text files, PNG figures (matplotlib, headless),
-rich tables on the console, and a study's report folder; an output that cannot be written is one line."""
+"""The writers every report shares; an output that cannot be written is one line.
+
+Markdown tables, CSV and text files, PNG figures (matplotlib, headless), rich tables on the console, and a
+study's report folder.
+"""
 
 from __future__ import annotations
 
@@ -34,9 +37,11 @@ def _write_failed(path: Path, exc: OSError) -> AppError:
 
 @contextlib.contextmanager
 def staged(out: Path):
-    """A hidden folder inside ``out`` for a report's files; only when every one was written are they moved
-    into ``out``. A failure (a full disk, a plot that cannot be drawn) leaves the earlier report whole and no
-    half-written file; the folder is removed either way."""
+    """A hidden folder inside ``out`` for a report's files, moved into ``out`` once every one was written.
+
+    A failure (a full disk, a plot that cannot be drawn) leaves the earlier report whole and no half-written
+    file; the folder is removed either way.
+    """
     stage = out / f".staging-{os.getpid()}"
     try:
         shutil.rmtree(stage, ignore_errors=True)
@@ -76,9 +81,12 @@ def _save_figure(plt, fig, path: Path) -> None:
 
 @dataclass(frozen=True)
 class Col:
-    """A report column: its title in Markdown and on the console, its name in the CSV (snake_case, the unit in
-    the name), and how a value is shown. Rows hold the values themselves, so the CSV holds numbers (fractions
-    as fractions, no thousands separators) and only the Markdown and console tables are formatted."""
+    """A report column: its title, its name in the CSV, and how a value is shown.
+
+    The title is for Markdown and the console; the CSV name is snake_case, with the unit in the name. Rows
+    hold the values themselves, so the CSV holds numbers (fractions as fractions, no thousands separators) and
+    only the Markdown and console tables are formatted.
+    """
 
     title: str
     name: str
@@ -100,8 +108,11 @@ def times(v) -> str:
 
 
 def _as_text(columns, rows) -> tuple[list[str], list[list[str]]]:
-    """Titles and shown cells: ``columns`` of :class:`Col` format their rows' values (None as the column's
-    ``missing``); plain titles take rows that are text already."""
+    """Titles and shown cells of a table.
+
+    ``columns`` of :class:`Col` format their rows' values (None as the column's ``missing``); plain titles
+    take rows that are text already.
+    """
     if not columns or not isinstance(columns[0], Col):
         return list(columns), [list(r) for r in rows]
     return [c.title for c in columns], [
@@ -134,8 +145,11 @@ def write_csv(path: Path, columns, rows) -> Path:
 
 
 def write_table(out: Path, stem: str, columns, rows, notes=(), measured=()) -> list[Path]:
-    """``<stem>.md`` (the table, then ``notes`` as a list, then where it was measured: :func:`measured_on`'s
-    lines) and ``<stem>.csv``."""
+    """Write ``<stem>.md`` and ``<stem>.csv`` into ``out``, and return both.
+
+    The Markdown file holds the table, then ``notes`` as a list, then where it was measured (``measured``:
+    :func:`measured_on`'s lines).
+    """
     md = out / f"{stem}.md"
     lines = markdown_table(columns, rows)
     if notes:
@@ -174,9 +188,12 @@ def _env_value(env: dict, key: str) -> str:
 
 
 def measured_on(records: list[tuple[dict, str | None]]) -> list[str]:
-    """A report's "Measured on" lines: each distinct environment (a result's or a run's ``env``: GPU model and
-    count, driver, CPU, TensorFlow, Keras, Horovod, scaleout with its source digest) with the precision it ran
-    in, once. Results from before environments were recorded say so."""
+    """A report's "Measured on" lines: each distinct environment with the precision it ran in, once.
+
+    ``records`` holds (env, precision) pairs; an env is a result's or a run's ``env``: GPU model and count,
+    driver, CPU, TensorFlow, Keras, Horovod, scaleout with its source digest. Results with no environment
+    recorded say so.
+    """
     lines: dict[str, None] = {}
     for env, precision in records:
         if not isinstance(env, dict):
