@@ -1,5 +1,7 @@
-"""How many training examples a config's data has, counted without TensorFlow: both studies check their
-batches against it."""
+"""How many training examples a config's data has, counted without TensorFlow.
+
+Both studies check their batches against it.
+"""
 
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")  # as app.data.
 
 
 def train_examples(cfg) -> tuple[int | None, str]:
-    """How many training examples ``cfg``'s data has, read without TensorFlow (TFDS's dataset_info.json,
-    the converter's counts.json, Debian's IDX header), and where that came from; (None, why) when unknown."""
+    """How many training examples ``cfg``'s data has, and where that came from; (None, why) when unknown.
+
+    Read without TensorFlow: TFDS's dataset_info.json, the converter's counts.json, Debian's IDX header.
+    """
     d = cfg.data
     if d.source == "synthetic":
         return d.synthetic_examples, "data.synthetic_examples"
@@ -45,8 +49,11 @@ def train_examples(cfg) -> tuple[int | None, str]:
 
 
 def _tfds_examples(d) -> tuple[int, str] | None:
-    """The split's size from a prepared TFDS folder's dataset_info.json (the newest version, or the one named
-    as name:version); None for a split expression such as train[:90%] or anything unreadable."""
+    """The split's size from a prepared TFDS folder's dataset_info.json, and that file; or None.
+
+    The newest version's, or the one named as name:version. None for a split expression such as train[:90%]
+    or anything unreadable.
+    """
     name, _, version = d.name.partition(":")
     root = Path(config_mod.tfds_data_dir(d.data_dir)) / name
     infos = sorted(

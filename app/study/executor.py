@@ -1,8 +1,10 @@
-"""The local executor, after submitit's ``LocalExecutor``: one class that starts a study's subprocesses on
-this machine, passes stop signals and Ctrl-C on to them, waits for them and records each attempt's exit
-status in attempts.jsonl. What runs, and how a result is judged, is a :class:`Work`'s business:
-app.study.local has two, a large-batch study's runs (`app train`) and a scaling study's parts
-(`app benchmark`)."""
+"""The local executor, after submitit's ``LocalExecutor``: one class for a study's subprocesses here.
+
+It starts a study's subprocesses on this machine, passes stop signals and Ctrl-C on to them, waits for them
+and records each attempt's exit status in attempts.jsonl. What runs, and how a result is judged, is a
+:class:`Work`'s business: app.study.local has two, a large-batch study's runs (`app train`) and a scaling
+study's parts (`app benchmark`).
+"""
 
 from __future__ import annotations
 
@@ -26,8 +28,8 @@ from app.core.signals import Deliveries
 from app.study.files import _Lock
 from app.study.state import INTERRUPTED
 
-# How a Work judges an attempt that ended: stopped means it checkpointed on a stop, and the study starts no
-# further attempt.
+# How a Work judges an attempt that ended: stopped means it checkpointed on a stop, and the study starts
+# no further attempt.
 DONE, FAILED, STOPPED = "done", "failed", "stopped"
 
 
@@ -48,8 +50,10 @@ class Attempt:
 
 class Work(abc.ABC):
     """What a :class:`LocalExecutor` runs and how it judges each result; the executor does the rest.
-    ``takes_stops``: whether its processes catch SIGTERM/SIGUSR1 (then a stop waits until each has its
-    handler; else it is passed on at once)."""
+
+    ``takes_stops`` says whether its processes catch SIGTERM/SIGUSR1: then a stop waits until each has its
+    handler; else it is passed on at once.
+    """
 
     takes_stops: ClassVar[bool] = True
 
@@ -59,13 +63,18 @@ class Work(abc.ABC):
 
     @abc.abstractmethod
     def recorded(self, code: int, signum: int) -> int:
-        """The exit status attempts.jsonl keeps of an attempt that ended with ``code``, ``signum`` being the
-        stop signal the study got (0: none)."""
+        """The exit status attempts.jsonl keeps of an attempt that ended with ``code``.
+
+        ``signum`` is the stop signal the study got (0: none).
+        """
 
     @abc.abstractmethod
     def judge(self, attempt: Attempt, code: int, signum: int, stopping: bool) -> str:
-        """DONE, FAILED or STOPPED for an attempt that ended with ``code``, having said so (``stopping``: the
-        study starts nothing more, whatever this attempt did)."""
+        """DONE, FAILED or STOPPED for an attempt that ended with ``code``, having said so.
+
+        ``signum`` is the stop signal the study got (0: none); ``stopping``: the study starts nothing more,
+        whatever this attempt did.
+        """
 
     @abc.abstractmethod
     def interrupted(self, names: list[str]) -> str:
@@ -86,8 +95,11 @@ class _Running:
 
 
 class _Ahead:
-    """The attempts still to make, one looked at ahead of time (a Work's generator says what it skips as it
-    goes, so looking ahead is what it says before the next attempt starts)."""
+    """The attempts still to make, one looked at ahead of time.
+
+    A Work's generator says what it skips as it goes, so looking ahead is what it says before the next attempt
+    starts.
+    """
 
     def __init__(self, attempts: Iterable[Attempt]):
         self.rest, self.next = iter(attempts), []
@@ -102,13 +114,14 @@ class _Ahead:
 
 
 class LocalExecutor:
-    """Runs a study's attempts as `python -m app ...` subprocesses on this machine, ``parallel`` at a time,
-    holding the study folder's lock (which names the attempts in progress for `app study status`).
+    """Runs a study's attempts as `python -m app ...` subprocesses on this machine, ``parallel`` at a time.
 
-    While they run, SIGTERM/SIGUSR1 to the study are passed to them (`app train` checkpoints and exits with
-    status 3; a signal to the whole process group reaches them twice: the second changes nothing) and the
-    study then starts nothing more. After Ctrl-C (which the terminal sent them too), and after any other
-    error, they end before the study does: no run goes on training unwatched.
+    It holds the study folder's lock (which names the attempts in progress for `app study status`), and starts
+    them with ``env``, saying what it does with ``echo``. While they run, SIGTERM/SIGUSR1 to the study are
+    passed to them (`app train` checkpoints and exits with status 3; a signal to the whole process group
+    reaches them twice: the second changes nothing) and the study then starts nothing more. After Ctrl-C
+    (which the terminal sent them too), and after any other error, they end before the study does: no run goes
+    on training unwatched.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -136,9 +149,15 @@ class LocalExecutor:
         self._exit.close()
 
     def run(self, work: Work, attempts: Iterable[Attempt]) -> list[str]:
-        """Make ``attempts`` in order, ``parallel`` at a time, as ``work`` says; returns the names of those
-        that failed. Raises Interrupted after Ctrl-C, and Preempted when the study stopped (by a signal with
-        attempts left, or as one stopped)."""
+        """Make ``attempts`` in order, ``parallel`` at a time, as ``work`` says; return those that failed.
+
+        Returns:
+            The names of the attempts that failed.
+
+        Raises:
+            Interrupted: after Ctrl-C.
+            Preempted: the study stopped (by a signal with attempts left, or as one stopped).
+        """
         todo = _Ahead(attempts)
         self.patience = self.STOP_PATIENCE_S if work.takes_stops else 0
         failed: list[str] = []
@@ -199,15 +218,20 @@ class LocalExecutor:
         self.deliveries.note(signum)
 
     def _deliver(self) -> None:
-        """Pass the stop signals the study got to its processes, each once it catches them (app.core.signals),
-        or to all at once after ``patience`` seconds."""
+        """Pass the stop signals the study got to its processes, each once it catches them.
+
+        Or to all at once after ``patience`` seconds (app.core.signals).
+        """
         live = [child.pid for child in self.children if child.poll() is None]
         self.deliveries.deliver(live, lambda got: set(live) <= got, self.patience, _send)
 
     def _wait_any(self) -> tuple[_Running, int]:
-        """The first attempt whose processes have all ended, and its exit status: the first of theirs that
-        is not 0, in the order they started. Polled: os.wait() would also reap processes that are not these
-        (their Popen would lose its status), and a study's runs take minutes, not 0.2 s."""
+        """The first attempt whose processes have all ended, and its exit status.
+
+        The status is the first of theirs that is not 0, in the order they started. Polled: os.wait() would
+        also reap processes that are not these (their Popen would lose its status), and a study's runs take
+        minutes, not 0.2 s.
+        """
         while True:
             self._deliver()
             for running in self.running:
@@ -218,8 +242,10 @@ class LocalExecutor:
             time.sleep(0.2)
 
     def _pass_on_stop(self, attempt: Attempt) -> None:
-        """An attempt's own stop (exit 3 without a signal to the study, e.g. a SIGTERM to that process alone)
-        is passed on to the attempts still in progress."""
+        """Pass an attempt's own stop on to the attempts still in progress.
+
+        Its own stop: exit 3 without a signal to the study, e.g. a SIGTERM to that process alone.
+        """
         if self.signum or not self.running:
             return
         others = ", ".join(r.attempt.name for r in self.running)
@@ -230,9 +256,11 @@ class LocalExecutor:
                     os.kill(child.pid, signal.SIGTERM)  # app train checkpoints and exits 3
 
     def _end_all(self, ctrl_c: bool) -> list[str]:
-        """End every attempt in progress and wait for it: after Ctrl-C (which the terminal sent them too) as
-        :func:`_end_after_ctrl_c`; after any other error by SIGTERM (they checkpoint and exit 3), killed after
-        60 s. Each is recorded as interrupted; returns their names."""
+        """End every attempt in progress, wait for it and record it as interrupted; return their names.
+
+        After Ctrl-C (which the terminal sent them too) as :func:`_end_after_ctrl_c`; after any other error by
+        SIGTERM (they checkpoint and exit 3), killed after 60 s.
+        """
         names = []
         for running in self.running:
             if not running.procs:  # ended before its first process started
@@ -264,8 +292,11 @@ def _send(signum: int, pids: list[int]) -> None:
 
 
 def _end_after_ctrl_c(child: subprocess.Popen) -> int:
-    """After Ctrl-C (which the terminal sent the run too): let the run end, telling it when only the study
-    got the signal; its exit status."""
+    """After Ctrl-C (which the terminal sent the run too): let the run end, and return its exit status.
+
+    A run still going after 5 s did not get the signal (only the study did) and is sent SIGINT; one still
+    going 60 s later is killed.
+    """
     try:
         return child.wait(timeout=5)
     except subprocess.TimeoutExpired:

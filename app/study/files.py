@@ -1,5 +1,8 @@
-"""What every part of a study uses to read and write its folder: the size limit of a file read back, atomic
-writes, and the lock that lets one `app study` at a time into a folder."""
+"""What every part of a study uses to read and write its folder.
+
+The size limit of a file read back, and the lock that lets one `app study` at a time into a folder (atomic
+writes are app.core.files').
+"""
 
 from __future__ import annotations
 
@@ -13,8 +16,10 @@ STUDY_FILE_LIMIT = 16 * 2**20  # bytes of study.json (a few KB per run)
 
 
 class _Lock:
-    """One `app study` per folder at a time (two would train the same run directories). The lock file names
-    the run in progress for `app study status`."""
+    """One `app study` per folder at a time (two would train the same run directories).
+
+    The lock file names the run in progress for `app study status`.
+    """
 
     def __init__(self, folder: Path):
         self.path = Path(folder) / ".lock"

@@ -1,11 +1,13 @@
-"""The study folder: its plan (study.json) written with its config by :func:`prepare`, read back and checked
-by :func:`load_plan`, and what a plan for the same folder must match (:func:`differences`).
+"""The study folder: its plan (study.json) written, read back and checked, and what a new plan must match.
+
+:func:`prepare` writes the plan with its config, :func:`load_plan` reads it back and checks it, and
+:func:`differences` says what a plan for the same folder must match.
 
 A study is first a pure plan (:func:`app.study.large_batch.plan_large_batch`: which `app train` runs, with
 which ``--set`` overrides, on how many workers), then an executor that starts them
-(:func:`app.study.local.run_local`: one after another, as subprocesses). The plan holds everything an executor
-needs (:func:`app.study.large_batch.train_args` gives each run's `app train` arguments), so the Slurm executor
-(app.study.slurm) takes the same plan. One folder holds a study:
+(:func:`app.study.local.run_local`: as subprocesses, one after another or ``--parallel`` at a time). The plan
+holds everything an executor needs (:func:`app.study.large_batch.train_args` gives each run's `app train`
+arguments), so the Slurm executor (app.study.slurm) takes the same plan. One folder holds a study:
 
     studies/<name>/study.json       the plan; a different plan for the same folder is refused
     studies/<name>/config.yaml      the baseline's resolved config, which every run starts from
@@ -39,13 +41,17 @@ from app.study.scaling import ScalingPlan
 
 KINDS = ("large-batch", "scaling")
 FORMAT = 2  # of study.json
-# Format 1 (before 2026-12-05): its large-batch runs trained with the cosine that restarted after the warmup
-# and resized data.image_size by cropping; such a study is reported, but not continued with today's runs.
+# Format 1: its large-batch runs trained with the cosine that restarted after the warmup and resized
+# data.image_size by cropping; such a study is reported, but not continued with runs of format 2.
 READABLE_FORMATS = (1, FORMAT)
 
 
 def load_plan(folder: Path, label: str = "STUDY_DIR") -> StudyPlan | ScalingPlan:
-    """The plan in ``folder``/study.json; one line naming the file when it is missing or damaged."""
+    """The plan in ``folder``/study.json.
+
+    Raises:
+        UsageError: one line naming the file when it is missing or damaged (``label`` names the folder).
+    """
     return _load(folder, label)[1]
 
 
@@ -87,8 +93,13 @@ _TYPES = {
 
 
 def _check_types(plan) -> None:
-    """A plan read back has the types its dataclass says, and names that stay inside the study folder (an
-    edited study.json would otherwise fail later with a traceback, or reach outside). ValueError if not."""
+    """Check that a plan read back has the types its dataclass says, and names inside the study folder.
+
+    An edited study.json would otherwise fail later with a traceback, or reach outside.
+
+    Raises:
+        ValueError: a field of the wrong type, or a name that is not safe.
+    """
     for f in dataclasses.fields(plan):
         value = getattr(plan, f.name)
         if f.type.startswith("tuple[") and f.type.endswith("Plan, ...]"):
@@ -121,8 +132,22 @@ def differences(old: StudyPlan, new: StudyPlan) -> list[str]:
 
 
 def prepare(folder: Path, plan: StudyPlan | ScalingPlan, cfg, command: list[str], write: bool = True) -> bool:
-    """Check that ``folder`` is free for ``plan`` or already holds it; with ``write``, create it (config.yaml,
-    then study.json). Returns whether the study is new. A different study there: one line, nothing written."""
+    """Check that ``folder`` is free for ``plan`` or already holds it; with ``write``, create it.
+
+    Args:
+        folder: the study folder.
+        plan: the study's plan.
+        cfg: the baseline's resolved config, written as config.yaml (before study.json).
+        command: the command line that made the study, recorded in study.json.
+        write: create the folder; False only checks.
+
+    Returns:
+        Whether the study is new.
+
+    Raises:
+        UsageError: a different study there, or a folder that is not a study (nothing written).
+        AppError: the folder cannot be written (nothing left there).
+    """
     folder = Path(folder)
     label = f"study folder {show(folder, limit=None)}"
     if folder.exists() and not folder.is_dir():

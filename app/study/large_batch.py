@@ -1,5 +1,6 @@
-"""The large-batch study's plan (RQ3): which `app train` runs, with which ``--set`` overrides, on how many
-workers; each run's `app train` arguments and run directory.
+"""The large-batch study's plan (RQ3): the `app train` runs, their ``--set`` overrides and their workers.
+
+Also each run's `app train` arguments and run directory.
 
 RQ3, ``large-batch`` (Goyal et al. 2017, Table 1): the config describes the baseline (k = 1) as it trains on
 one worker, with a global batch of G = train.batch_size x train.accumulation_steps and the LR the config
@@ -74,8 +75,11 @@ class StudyPlan:
     budget_limited: bool = False
 
     def identity(self) -> dict:
-        """What makes two plans the same study. data.data_dir may differ (data moved, as on a resume), and so
-        may what was derived from the data's size (it is checked again when the runs start)."""
+        """What makes two plans the same study.
+
+        data.data_dir may differ (data moved, as on a resume), and so may what was derived from the data's
+        size (it is checked again when the runs start).
+        """
         cfg = {k: v for k, v in self.config.items() if k != "data.data_dir"}
         runs = [(r.name, r.workers, list(r.sets)) for r in self.runs]
         return {
@@ -115,8 +119,13 @@ def parse_ks(text: str) -> list[int]:
 
 
 def check_ks(ks: list[int]) -> list[int]:
-    """Positive integers, each once; the baseline k = 1 is added when missing, and at least one k > 1 is
-    needed. Sorted. ValueError says what is wrong."""
+    """``ks`` checked and sorted, with the baseline k = 1 added when missing.
+
+    Each k is a positive integer, given once, and at least one k > 1 is needed.
+
+    Raises:
+        ValueError: what is wrong.
+    """
     seen: list[int] = []
     for k in ks:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -132,8 +141,10 @@ def check_ks(ks: list[int]) -> list[int]:
 
 
 def workers_for(micro_batches: int, max_workers: int) -> int:
-    """The most workers, at most ``max_workers``, that share ``micro_batches`` per update evenly (its
-    divisors, found up to its square root: a huge k or --np takes no time)."""
+    """The most workers, at most ``max_workers``, that share ``micro_batches`` per update evenly.
+
+    They are its divisors, found up to its square root: a huge k or --np takes no time.
+    """
     best = 1
     for d in range(1, math.isqrt(micro_batches) + 1):
         if micro_batches % d == 0:
@@ -169,6 +180,19 @@ def plan_large_batch(
     over its workers), the LR rule and the warmup. The baseline's LR becomes every run's ``train.base_lr`` per
     ``train.reference_batch`` = G images, so "unscaled" trains at exactly the baseline's LR and both warmups
     start from it.
+
+    Args:
+        cfg: the baseline's resolved config.
+        ks: the batch multiples (k = 1, the baseline, is added).
+        seeds: the seeds of every variant.
+        max_workers: the most workers a run may use (``--np``/``--gpus``); the rest is accumulation.
+        name: the study's name (its folder's).
+        train_examples: the data's training examples (None: unknown, so not checked).
+        examples_from: where ``train_examples`` came from.
+        allow_small_budget: accept runs at k > 1 with fewer than MIN_BUDGET_UPDATES updates.
+
+    Raises:
+        UsageError: a plan that cannot answer RQ3 (the message says what to change).
     """
     _check_study(cfg, seeds, name)
     try:
@@ -198,9 +222,11 @@ def plan_large_batch(
 
 
 def _check_budget(cfg: config_mod.Config, runs: list[RunPlan], allow: bool) -> bool:
-    """Whether runs at k > 1 plan fewer than MIN_BUDGET_UPDATES updates: refused (with the epochs that would
-    do), or, with ``allow``, accepted and said to be budget-limited. Unknown updates (a dataset not counted
-    here) are not judged."""
+    """Whether runs at k > 1 plan fewer than MIN_BUDGET_UPDATES updates, and accepted with ``allow``.
+
+    Without ``allow`` they are refused, with the epochs that would do; with it, accepted and said to be
+    budget-limited. Unknown updates (a dataset not counted here) are not judged.
+    """
     few = [r for r in runs if r.k > 1 and r.updates is not None and r.updates < MIN_BUDGET_UPDATES]
     if not few:
         return False
@@ -237,8 +263,10 @@ def _check_study(cfg: config_mod.Config, seeds: int, name: str) -> None:
 def _check_batches(
     cfg: config_mod.Config, ks: list[int], max_workers: int, train_examples: int | None
 ) -> None:
-    """Every k's global batch fits the training examples and a capped epoch in whole updates, and
-    mixed_float16 is not asked of runs that would combine several workers with accumulation."""
+    """Check that every k's global batch fits the training examples, and a capped epoch in whole updates.
+
+    Also that mixed_float16 is not asked of runs that would combine several workers with accumulation.
+    """
     t = cfg.train
     units = t.accumulation_steps  # micro-batches of batch_size per update in the baseline
     base_global = t.batch_size * units
@@ -274,8 +302,10 @@ def _check_batches(
 def plan_run(
     cfg: config_mod.Config, variant: str, k: int, seed: int, max_workers: int, train_examples: int | None
 ) -> RunPlan:
-    """One run of the grid: ``variant`` at k x the baseline's global batch, on as many of ``max_workers`` as
-    share its micro-batches evenly, the rest through accumulation."""
+    """One run of the grid: ``variant`` at k x the baseline's global batch.
+
+    On as many of ``max_workers`` as share its micro-batches evenly, the rest through accumulation.
+    """
     t = cfg.train
     units = t.accumulation_steps  # micro-batches of batch_size per update in the baseline
     base_global = t.batch_size * units
@@ -335,8 +365,11 @@ def _dataset(cfg) -> str:
 
 
 def train_args(folder: Path, run: RunPlan, data_dir: str | None = None, threads: int = 0) -> list[str]:
-    """The arguments of `app` that train (or resume) ``run``: the study's config.yaml, the run's overrides,
-    its run directory, its workers. A list for exec, never a shell line: nothing in it is interpreted."""
+    """The arguments of `app` that train (or resume) ``run``, as a list for exec.
+
+    The study's config.yaml, the run's overrides, its run directory, its workers (and ``data_dir`` and
+    ``threads`` when given). A list for exec, never a shell line: nothing in it is interpreted.
+    """
     args = ["train", "-c", str(Path(folder) / "config.yaml")]
     for item in run.sets:
         args += ["--set", item]

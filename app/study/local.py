@@ -1,7 +1,9 @@
-"""A study's runs (`app train`) and parts (`app benchmark`) as subprocesses on this machine: what each runs
-and how its result is judged, on the one executor of app.study.executor, which starts them, passes stop
-signals and Ctrl-C on and records each attempt; and the check that this machine holds the local workers
-asked for."""
+"""A study's runs (`app train`) and parts (`app benchmark`) as subprocesses on this machine.
+
+What each runs and how its result is judged, on the one executor of app.study.executor, which starts them,
+passes stop signals and Ctrl-C on and records each attempt; and the check that this machine holds the local
+workers asked for.
+"""
 
 from __future__ import annotations
 
@@ -24,8 +26,11 @@ LOCAL_WORKERS_PER_CORE = 4  # local workers beyond this many per core (or GPU) a
 
 
 def check_local_workers(counts: list[int], flag: str) -> None:
-    """Local worker counts this machine can hold: at most ``LOCAL_WORKERS_PER_CORE`` per CPU core (or GPU).
-    Each is a process with its own copy of TensorFlow; a typo such as --np 1,200 would start them all."""
+    """Refuse local worker counts beyond ``LOCAL_WORKERS_PER_CORE`` per CPU core (or GPU) of this machine.
+
+    Each worker is a process with its own copy of TensorFlow; a typo such as --np 1,200 would start them all.
+    ``flag`` names the option in the message.
+    """
     from app.engines.world import gpu_device_nodes
 
     slots = max(os.cpu_count() or 1, len(gpu_device_nodes()))
@@ -39,8 +44,11 @@ def check_local_workers(counts: list[int], flag: str) -> None:
 
 
 def check_parallel(parallel: int, workers: int, cluster: bool) -> None:
-    """Runs at once share this machine's CPU cores: refused on Slurm (every run is its own job there), where
-    the machine has GPUs (every run would train on the first one) and beyond one process per core."""
+    """Refuse ``parallel`` runs at once where they cannot share this machine's CPU cores.
+
+    Refused on Slurm (every run is its own job there), where the machine has GPUs (every run would train on
+    the first one) and beyond one process per core.
+    """
     from app.engines.world import gpu_device_nodes
 
     if parallel == 1:
@@ -62,8 +70,11 @@ def check_parallel(parallel: int, workers: int, cluster: bool) -> None:
 
 
 def child_env() -> tuple[dict, list[str]]:
-    """The environment of the runs: without APP_TRAIN_* variables, which would override the plan's values in
-    every run (`app train` reads them as its options), and the names of those dropped."""
+    """The environment of the runs, and the names of the variables dropped from it.
+
+    Dropped: the APP_TRAIN_* variables, which would override the plan's values in every run (`app train`
+    reads them as its options).
+    """
     dropped = sorted(k for k in os.environ if k.startswith("APP_TRAIN_"))
     return {k: v for k, v in os.environ.items() if k not in dropped}, dropped
 
@@ -79,11 +90,25 @@ def _require_config(folder: Path, what: str) -> None:
 def run_local(
     folder: Path, plan: StudyPlan, data_dir: str | None, threads: int, echo, again: str, parallel: int = 1
 ) -> list[str]:
-    """Train the plan's runs as `python -m app train` subprocesses, ``parallel`` at a time (one after another
-    by default); returns the runs that failed. Done runs are skipped, others resume. A stop signal or Ctrl-C
-    ends the study once the runs in progress stopped; ``again`` is the command that continues it, for the
-    messages. With ``parallel`` > 1 each run's output goes to logs/<run>.log in the study folder and each run
-    gets its share of the cores (unless ``threads``)."""
+    """Train the plan's runs as `python -m app train` subprocesses; return the runs that failed.
+
+    Done runs are skipped, others resume. A stop signal or Ctrl-C ends the study once the runs in progress
+    stopped.
+
+    Args:
+        folder: the study folder.
+        plan: the large-batch study's plan.
+        data_dir: data.data_dir for every run, when given.
+        threads: --threads of every run (0: automatic; with ``parallel`` > 1, a share of the cores each).
+        echo: where the study says things.
+        again: the command that continues the study, for the messages.
+        parallel: runs at a time (one after another by default); with more, each run's output goes to
+            logs/<run>.log in the study folder.
+
+    Raises:
+        AppError: a run needs horovodrun, which is not installed.
+        UsageError: the study folder's config.yaml is missing.
+    """
     folder = Path(folder)
     _require_config(folder, "run")
     if any(r.workers > 1 for r, _ in todo(folder, plan)) and not shutil.which(
@@ -107,10 +132,12 @@ class _Run(Attempt):
 
 @dataclass(frozen=True)
 class Training(Work):
-    """A large-batch study's runs here, what every run's `app train` shares: the study folder, the data,
-    the threads, how many runs at once (each then with its output in logs/<run>.log), where the study says
-    things, and the command that continues it. Exit status 3, or an end by the stop signal the study passed
-    on, is a stop after a checkpoint."""
+    """A large-batch study's runs here, with what every run's `app train` shares.
+
+    The study folder, the data, the threads, how many runs at once (each then with its output in
+    logs/<run>.log), where the study says things, and the command that continues it. Exit status 3, or an end
+    by the stop signal the study passed on, is a stop after a checkpoint.
+    """
 
     folder: Path
     data_dir: str | None
@@ -120,8 +147,10 @@ class Training(Work):
     again: str
 
     def runs(self, plan: StudyPlan) -> tuple[list[_Run], list[str]]:
-        """Each run still to train, in the plan's order; and the runs a Slurm job of this study trains,
-        counted as failed here. Done runs and those are said and left out."""
+        """Each run still to train, in the plan's order; and the runs a Slurm job of this study trains.
+
+        Those are counted as failed here. Done runs and those are said and left out.
+        """
         last, jobs, queue, elsewhere = attempts(self.folder), slurm_states(self.folder), [], []
         for i, run in enumerate(plan.runs, 1):
             state = run_state(self.folder, run, last.get(run.name))
@@ -190,8 +219,11 @@ class Training(Work):
 
 
 def run_threads(threads: int, parallel: int, workers: int) -> int:
-    """--threads of a run's `app train`: ``threads`` if given; with runs in parallel the machine's cores
-    shared among them and their workers; else 0 (app train shares the cores among its workers itself)."""
+    """--threads of a run's `app train`: ``threads`` if given, else a share of the cores, or 0.
+
+    With runs in parallel the machine's cores are shared among them and their workers; else 0 (app train
+    shares the cores among its workers itself).
+    """
     if parallel > 1 and not threads:
         return max(1, (os.cpu_count() or 1) // (parallel * workers))
     return threads
@@ -200,8 +232,10 @@ def run_threads(threads: int, parallel: int, workers: int) -> int:
 def run_scaling_local(
     folder: Path, plan: ScalingPlan, data_dir: str | None, threads: int, echo, again: str
 ) -> list[str]:
-    """Measure the parts one after another (an independent part's processes at the same time), each only
-    for the batch sizes it still misses; returns the parts that failed. Signals as :func:`run_local`."""
+    """Measure the parts one after another, each for the batch sizes it misses; return those that failed.
+
+    An independent part's processes run at the same time. Signals, and the arguments, as :func:`run_local`.
+    """
     folder = Path(folder)
     _require_config(folder, "benchmark")
     env, _ = child_env()
@@ -219,9 +253,11 @@ class _Part(Attempt):
 
 @dataclass(frozen=True)
 class Benchmarking(Work):
-    """A scaling study's parts here, one at a time: each an `app benchmark` on its workers, or an
-    independent part's one-worker processes at once. Benchmarks have no clean stop: whatever a part did once
-    the study got a stop signal, the study stops."""
+    """A scaling study's parts here, one at a time.
+
+    Each is an `app benchmark` on its workers, or an independent part's one-worker processes at once.
+    Benchmarks have no clean stop: whatever a part did once the study got a stop signal, the study stops.
+    """
 
     takes_stops: ClassVar[bool] = False  # `app benchmark` has no clean stop: a stop ends it at once
 
@@ -233,8 +269,10 @@ class Benchmarking(Work):
     again: str
 
     def parts(self) -> Iterator[_Part]:
-        """Each part that still misses batch sizes, in the plan's order, found when it is its turn; those
-        measured are said and left out."""
+        """Each part that still misses batch sizes, in the plan's order, found when it is its turn.
+
+        Those measured are said and left out.
+        """
         for i, part in enumerate(self.plan.parts, 1):
             left = missing(self.folder, self.plan, part)
             head = f"[{i}/{len(self.plan.parts)}] {part.name}"

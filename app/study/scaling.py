@@ -1,5 +1,7 @@
-"""The scaling study's plan (RQ1 + RQ2): one `app benchmark` of every per-worker batch size per worker count,
-its arguments, and the batch sizes its results files still miss."""
+"""The scaling study's plan (RQ1 + RQ2): one `app benchmark` of every per-worker batch size per worker count.
+
+Also each benchmark's arguments, and the batch sizes its results files still miss.
+"""
 
 from __future__ import annotations
 
@@ -39,9 +41,11 @@ def parse_counts(text: str, what: str, example: str) -> list[int]:
 
 @dataclass(frozen=True)
 class PartPlan:
-    """One benchmark of a scaling study: every batch size at one worker count, one results file. An
-    ``independent`` part runs ``workers`` one-worker processes at the same time instead (the fair baseline
-    where workers share one machine's cores), each into its own file."""
+    """One benchmark of a scaling study: every batch size at one worker count, one results file.
+
+    An ``independent`` part runs ``workers`` one-worker processes at the same time instead (the fair baseline
+    where workers share one machine's cores), each into its own file.
+    """
 
     name: str  # workers-<n> | independent-<n>
     workers: int
@@ -119,9 +123,20 @@ def plan_scaling(
     train_examples: int | None = None,
     images: int = 0,
 ) -> ScalingPlan:
-    """The benchmarks of RQ1 + RQ2: pure, no I/O. One part per worker count, each measuring every per-worker
-    batch size; with ``independent`` (workers sharing one machine's CPU cores) also N one-worker processes
-    at once per N > 1, the baseline that separates communication from core sharing."""
+    """The benchmarks of RQ1 + RQ2: pure, no I/O.
+
+    One part per worker count, each measuring every per-worker batch size; with ``independent`` (workers
+    sharing one machine's CPU cores) also N one-worker processes at once per N > 1, the baseline that
+    separates communication from core sharing.
+
+    Args:
+        cluster: the Slurm profile the study runs on; None: local processes.
+        train_examples: the data's training examples, to check every worker gets a batch (None: unknown).
+        images: the images every point processes, in place of ``steps`` (0: use ``steps``).
+
+    Raises:
+        UsageError: a name, worker counts, steps, windows, images or batch sizes that make no study.
+    """
     if not config_mod.SAFE.fullmatch(name):
         raise UsageError(f"--name {show(name)}: cannot name a study folder; {config_mod.SAFE_HINT}")
     if len(workers) < 2:
@@ -185,7 +200,11 @@ def benchmark_args(
     threads: int = 0,
     config: bool = True,
 ) -> list[str]:
-    """The arguments of `app` that measure ``batch_sizes`` of ``part`` into ``results`` (a list for exec)."""
+    """The arguments of `app` that measure ``batch_sizes`` of ``part`` into ``results`` (a list for exec).
+
+    ``config`` passes the study's config.yaml with -c (a Slurm job gets it otherwise); ``data_dir`` and
+    ``threads`` are passed on when given.
+    """
     args = ["benchmark", "-c", str(Path(folder) / "config.yaml")] if config else ["benchmark"]
     # An independent part's n processes share the part's work: n x ceil(N / n) images, as n workers do.
     images = -(-plan.images // part.workers) if part.independent else plan.images
@@ -209,8 +228,10 @@ def benchmark_args(
 
 
 def measured(path: Path, workers: int) -> set[int]:
-    """The batch sizes a results file holds a complete line for at ``workers`` workers (a torn or foreign
-    line counts as nothing: that batch size is measured again)."""
+    """The batch sizes a results file holds a complete line for at ``workers`` workers.
+
+    A torn or foreign line counts as nothing: that batch size is measured again.
+    """
     found: set[int] = set()
     with contextlib.suppress(OSError, UsageError):
         text = read_regular(path, str(path), STUDY_FILE_LIMIT * 8).decode("utf-8", "replace")
@@ -232,9 +253,12 @@ def missing(folder: Path, plan: ScalingPlan, part: PartPlan) -> list[int]:
 
 
 def part_states(folder: Path, plan: ScalingPlan, jobs: dict | None = None) -> list[RunState]:
-    """Each part's state: done (every batch size measured), running (its process, or its Slurm job as
-    squeue/sacct say), failed (the last attempt or job failed), partial or pending. ``epochs_done`` counts
-    the batch sizes measured."""
+    """Each part's state: done, running, failed, partial or pending.
+
+    Done: every batch size measured; running: its process, or its Slurm job as squeue/sacct say (``jobs``,
+    read when not given); failed: the last attempt or job failed. ``epochs_done`` counts the batch sizes
+    measured.
+    """
     last, current = attempts(folder), running_run(folder)
     jobs = jobs if jobs is not None else slurm_states(folder)
     out = []

@@ -1,6 +1,8 @@
-"""The Slurm executor: a job per run or part still to do and a report job after them, rendered by
-app.cluster.jobscript and submitted with sbatch (app.cluster.submit); their ids go to jobs.json for
-`app study status`."""
+"""The Slurm executor: a job per run or part still to do, and a report job after them.
+
+The jobs are rendered by app.cluster.jobscript and submitted with sbatch (app.cluster.submit); their ids go to
+jobs.json for `app study status`.
+"""
 
 from __future__ import annotations
 
@@ -25,8 +27,11 @@ def _write_jobs(folder: Path, jobs: dict[str, str]) -> None:
 
 @dataclass(frozen=True)
 class JobPlan:
-    """One Slurm job of a study: ``gpus`` workers running a study part (``task``: `app benchmark ...`) or a
-    run (``sets`` and ``into``: `app train` into its run directory)."""
+    """One Slurm job of a study: ``gpus`` workers running a study part or a run.
+
+    A part has its ``task`` (`app benchmark ...`); a run its ``sets`` and ``into`` (`app train` into its run
+    directory).
+    """
 
     name: str
     gpus: int
@@ -36,8 +41,11 @@ class JobPlan:
 
 
 def scaling_jobs(folder: Path, plan: ScalingPlan) -> list[JobPlan]:
-    """A job per part that still misses batch sizes (independent parts are for one machine: none). The job's
-    run directory is the study's results folder: on several nodes the job checks every node sees it."""
+    """A job per part that still misses batch sizes (independent parts are for one machine: none).
+
+    The job's run directory is the study's results folder: on several nodes the job checks every node sees
+    it.
+    """
     return [
         JobPlan(
             part.name,
@@ -59,8 +67,10 @@ def large_batch_jobs(folder: Path, plan: StudyPlan) -> list[JobPlan]:
 
 
 def _check_job_names(study: str, parts: list[str]) -> None:
-    """Each job is named ``<study>-<part>``: a study name that leaves no room for its longest part is one line
-    naming --name and how long it may be, not a refusal of a name the user never typed."""
+    """Refuse a study name that leaves no room in its jobs' names, ``<study>-<part>``, for its longest part.
+
+    The one line names --name and how long it may be, not a name the user never typed.
+    """
     longest = max([*parts, "report"], key=len)
     if len(study) + 1 + len(longest) > NAME_MAX:
         raise UsageError(
@@ -71,8 +81,11 @@ def _check_job_names(study: str, parts: list[str]) -> None:
 
 
 def check_study_inputs(cfg, options: dict) -> None:
-    """What the study's jobs would miss only on the nodes, after their wait in the queue: the image, the
-    dataset (app.cluster.checks.check_inputs, on the login node, which sees the same shared file systems)."""
+    """Check, before the queue, what the study's jobs would otherwise miss only on the nodes.
+
+    The image and the dataset (app.cluster.checks.check_inputs, on the login node, which sees the same shared
+    file systems).
+    """
     from app.cluster import jobscript, profiles
     from app.cluster.checks import check_inputs
 
@@ -82,9 +95,14 @@ def check_study_inputs(cfg, options: dict) -> None:
 
 
 def _without_refused(jobs: list, cluster, echo) -> list:
-    """``jobs`` less those on a partition the site opens only on request (a profile's ``access``, Roihu's
-    gpularge) that ``sbatch --test-only`` refuses now: each said in one line before anything is submitted, so
-    the study submits what can run and its report after those. Raises when none can run."""
+    """``jobs`` less those that ``sbatch --test-only`` refuses on a partition the site opens only on request.
+
+    Such a partition is a profile's ``access`` (Roihu's gpularge). Each refused job is said in one line
+    before anything is submitted, so the study submits what can run and its report after those.
+
+    Raises:
+        AppError: none can run, or sbatch failed otherwise.
+    """
     from app.cluster import profiles
     from app.cluster import submit as submit_stage
 
@@ -121,8 +139,11 @@ def _without_refused(jobs: list, cluster, echo) -> list:
 
 
 def _render_jobs(folder: Path, plan, cfg, cluster, options: dict, echo) -> tuple[list, dict[str, str]]:
-    """(name, job) of each run or part still to do, its script rendered and so checked; and the jobs of this
-    study still queued or running, by name: their runs or parts are said and not rendered again."""
+    """(name, job) of each run or part still to do, its script rendered and so checked; and the active jobs.
+
+    The jobs of this study still queued or running, by name: their runs or parts are said and not rendered
+    again.
+    """
     from app.cluster import jobscript
 
     config = str(folder / "config.yaml")
@@ -168,12 +189,25 @@ def submit_study(
     dry_run: bool,
     echo,
 ) -> dict[str, str]:
-    """Render a job per part or run still to do (:func:`scaling_jobs`, :func:`large_batch_jobs`) and a report
-    job that depends on them (afterany), every script first, so a GPU count the cluster cannot hold fails
-    before anything is submitted; then submit them (``dry_run``: print them) and record their ids in
-    jobs.json. A part whose job is still queued or running is not submitted twice (two submissions at once:
-    the second is refused, as a second local study is). ``options``: cluster, account, partition, time, image,
-    data_dir, stage_gb. Returns the ids."""
+    """Render and submit a job per part or run still to do and a report job after them; return the ids.
+
+    Every script is rendered first (:func:`scaling_jobs`, :func:`large_batch_jobs`, and a report job that
+    depends on them, afterany), so a GPU count the cluster cannot hold fails before anything is submitted;
+    the ids go to jobs.json. A part whose job is still queued or running is not submitted twice (two
+    submissions at once: the second is refused, as a second local study is).
+
+    Args:
+        folder: the study folder.
+        plan: the study's plan.
+        cfg: the baseline's resolved config.
+        options: cluster, account, partition, time, image, data_dir, stage_gb, accept_grpc and the report's
+            margin, as given.
+        dry_run: print the scripts instead of submitting them (then nothing is recorded).
+        echo: where the study says things.
+
+    Returns:
+        Part or run name (and "report") -> Slurm job id; {} when nothing was submitted.
+    """
     if dry_run:
         return _submit_study(folder, plan, cfg, options, dry_run, echo)
     with _Lock(folder):

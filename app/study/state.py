@@ -1,5 +1,8 @@
-"""The state of a study's runs and parts, read from its files (run directories, attempts.jsonl, the lock)
-and, for a study on Slurm, from squeue and sacct about the jobs in its jobs.json."""
+"""The state of a study's runs and parts, read from its files and, on Slurm, from squeue and sacct.
+
+The files are the run directories, attempts.jsonl and the lock; squeue and sacct say what became of the jobs
+in jobs.json.
+"""
 
 from __future__ import annotations
 
@@ -47,8 +50,10 @@ def attempts(folder: Path) -> dict[str, int]:
 
 
 def running_run(folder: Path) -> str | None:
-    """The run(s) an `app study` process is training right now in ``folder`` (it holds the lock; several are
-    joined by commas), else None."""
+    """The run(s) an `app study` process is training right now in ``folder``, else None.
+
+    That process holds the lock; several runs are joined by commas.
+    """
     path = Path(folder) / ".lock"
     if not HolderLock.is_held(path):
         return None
@@ -56,9 +61,13 @@ def running_run(folder: Path) -> str | None:
 
 
 def run_state(folder: Path, run: RunPlan, last_exit: int | None = None, running: bool = False) -> RunState:
-    """A run's state from its files: done (summary.json and every epoch), running, failed (the last attempt
-    exited with an error), partial (epochs done, or stopped) or pending. A damaged file is said in ``damage``
-    with what happens to it; damaged metrics lines are left out, as the report leaves them out."""
+    """A run's state from its files: done, running, failed, partial or pending.
+
+    Done: summary.json and every epoch; failed: the last attempt (``last_exit``) exited with an error;
+    partial: epochs done, or stopped; running: as the caller says (``running``, from the lock). A damaged file
+    is said in ``damage`` with what happens to it; damaged metrics lines are left out, as the report leaves
+    them out.
+    """
     from app.core.results import read_metrics
 
     where = run_dir(folder, run)
@@ -104,8 +113,10 @@ def metrics_damage(run_path: Path, damaged: list[tuple[int, str]]) -> str:
 
 
 def saved_config_problem(run_path: Path) -> str:
-    """Empty when a run's saved config.yaml is readable (or not there yet), else a note that it is not: a
-    finished run needs it only to be trained further, so it stays done."""
+    """A note when a run's saved config.yaml is not readable; "" when it is (or is not there yet).
+
+    A finished run needs it only to be trained further, so it stays done.
+    """
     from app.core.rundir import load_saved
 
     if not (run_path / "config.yaml").exists():
@@ -128,8 +139,11 @@ def states(folder: Path, plan: StudyPlan) -> list[RunState]:
 
 
 def with_job(state: RunState, job: tuple[str, str] | None) -> RunState:
-    """``state`` (from the files) as its Slurm job, if it has one, tells it: queued, running, or ended
-    without finishing (failed, timeout, cancelled, ...)."""
+    """``state`` (from the files) as its Slurm job tells it, if it has one.
+
+    ``job`` is (job id, Slurm state): queued, running, or ended without finishing (failed, timeout,
+    cancelled, ...).
+    """
     if job is None or state.state == "done":
         return state
     job_id, slurm = job
@@ -156,8 +170,11 @@ def read_jobs(folder: Path) -> dict[str, str]:
 
 
 def slurm_states(folder: Path) -> dict[str, tuple[str, str]]:
-    """part name -> (job id, state) for the jobs of ``folder``'s last submission: squeue for queued and
-    running jobs, sacct for ended ones where accounting is kept; "?" where neither knows the job."""
+    """part name -> (job id, state) for the jobs of ``folder``'s last submission.
+
+    squeue for queued and running jobs, sacct for ended ones where accounting is kept; "?" where neither knows
+    the job.
+    """
     jobs = read_jobs(folder)
     if not jobs:
         return {}
