@@ -1,5 +1,6 @@
-"""The `app` command line: parse, then hand over to one stage module. It may import every package, but nothing
-heavy at import time.
+"""The `app` command line: parse, then hand over to one stage module.
+
+It may import every package, but nothing heavy at import time.
 
 TensorFlow and Horovod are imported only inside the commands that need them, so `app --help`, `app submit`,
 `app report` and `app study status` start instantly on a login node. The group and `main` live in base.py,

@@ -1,5 +1,8 @@
-"""The `app` group and what its commands share: the error handling, the ASCII number types, the options
-several commands take (config, workers, Slurm), relaunching on local workers, and `main`, the entry point."""
+"""The `app` group and what its commands share, and `main`, the entry point.
+
+The error handling, the ASCII number types, the options several commands take (config, workers, Slurm), and
+relaunching on local workers.
+"""
 
 from __future__ import annotations
 
@@ -19,9 +22,11 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "APP", "
 
 
 class AppGroup(click.Group):
-    """Turns :class:`AppError` (and a Keras 3 mix-up) into one ``Error:`` line and its exit status. Every
-    message passes :func:`one_line` here, whatever quoted it: a newline or escape sequence from a key, value
-    or path is shown escaped, never printed raw."""
+    """Turns :class:`AppError` (and a Keras 3 mix-up) into one ``Error:`` line and its exit status.
+
+    Every message passes :func:`one_line` here, whatever quoted it: a newline or escape sequence from a key,
+    value or path is shown escaped, never printed raw.
+    """
 
     def invoke(self, ctx: click.Context):
         try:
@@ -69,8 +74,7 @@ class AppGroup(click.Group):
 
 
 def from_environment(ctx: click.Context | None, param: click.Parameter | None) -> str | None:
-    """The APP_* environment variable that set ``param``'s value, or None when the value came from
-    elsewhere."""
+    """The APP_* environment variable that set ``param``'s value, or None when it came from elsewhere."""
     if ctx is None or not isinstance(param, click.Option) or not param.name:
         return None
     if ctx.get_parameter_source(param.name) is not ParameterSource.ENVIRONMENT:
@@ -81,8 +85,11 @@ def from_environment(ctx: click.Context | None, param: click.Parameter | None) -
 
 
 class Int(click.ParamType):
-    """An integer option: ASCII digits with an optional sign, nothing else. Click's INT takes what Python's
-    int() takes, so `--gpus ٢` was 2 and `--gpus 1_0` was 10. ``min`` refuses smaller values like IntRange."""
+    """An integer option: ASCII digits with an optional sign, nothing else.
+
+    Click's INT takes what Python's int() takes, so `--gpus ٢` would be 2 and `--gpus 1_0` 10. ``min`` refuses
+    smaller values like IntRange.
+    """
 
     name = "integer"
     # More than 100 digits is no count of anything (and int() stops at 4300).
@@ -131,8 +138,12 @@ OPTION_KEYS = {
 
 
 def option_values(**values) -> tuple[dict[str, object], dict[str, str]]:
-    """The config values of the options given (by parameter name), and for those an APP_* environment
-    variable set, the variable's name (so a range error names it, not an option nobody typed)."""
+    """The config values of the options given (by parameter name), and where an APP_* variable set them.
+
+    Returns:
+        (config key -> value; config key -> "environment variable APP_..." for the values a variable set, so
+        that a range error names it, not an option nobody typed).
+    """
     ctx = click.get_current_context()
     params = {p.name: p for p in ctx.command.params}
     options = {OPTION_KEYS[name]: value for name, value in values.items()}
@@ -187,8 +198,10 @@ ENGINE_OPTION = click.option(
 
 
 def config_options(func=None, *, threads=THREADS_OPTION):
-    """--config/--set and the options every command that builds a config shares (``threads``: a command's own
-    --threads, as `app benchmark`'s list of counts)."""
+    """--config/--set and the options every command that builds a config shares, as one decorator.
+
+    ``threads`` replaces the shared --threads with a command's own, as `app benchmark`'s list of counts.
+    """
     if func is None:
         return lambda f: config_options(f, threads=threads)
     options = [
@@ -223,16 +236,23 @@ def config_options(func=None, *, threads=THREADS_OPTION):
 
 
 def refuse_steps_with_images(images: int | None, steps: int, sets: str) -> None:
-    """--images sets the steps (`app benchmark`, `app study scaling`): a --steps from anywhere but its default
-    (the command line, an APP_ variable) is a contradiction, said in one line."""
+    """Refuse a --steps beside --images, which sets the steps (`app benchmark`, `app study scaling`).
+
+    A --steps from anywhere but its default (the command line, an APP_ variable) is a contradiction, said in
+    one line; ``sets`` says what --images sets.
+    """
     if images and click.get_current_context().get_parameter_source("steps").name != "DEFAULT":
         raise UsageError(f"--images {images} sets {sets}; drop --steps {steps}")
 
 
 def relaunch(np_: int | None, extra: list[str] = (), engine: str = "auto") -> None:
-    """With --np N > 1 and no launcher around us, run this same command line (without --np) on N local
-    workers of ``engine`` (train.engine; auto: Horovod's horovodrun where Horovod is installed, else the tf
-    engine's own launcher), and exit with their status. The workers are told the engine that started them."""
+    """With --np N > 1 and no launcher around us, run this command line on N local workers and exit.
+
+    The same command line (without --np) runs on N local workers of ``engine`` (train.engine; auto:
+    Horovod's horovodrun where Horovod is installed, else the tf engine's own launcher), and this process
+    exits with their status. The workers are told the engine that started them; ``extra`` is appended to
+    their arguments.
+    """
     if not np_ or np_ == 1 or joined_launcher():
         return
     from app.engines.engine import for_launch
@@ -339,6 +359,7 @@ def quoted(path) -> str:
 
 
 def refuse_slurm_options(slurm: dict, keys, fix: str) -> None:
+    """Refuse the first of the Slurm options ``keys`` given in ``slurm``: one line, its flag then ``fix``."""
     given = next((k for k in keys if slurm.get(k) is not None), None)
     if given is not None:
         flag = {"stage_gb": "--stage", "accept_grpc": "--accept-unauthenticated-grpc"}.get(
@@ -348,8 +369,11 @@ def refuse_slurm_options(slurm: dict, keys, fix: str) -> None:
 
 
 def main() -> None:
-    """The `app` command. Click's own usage errors (a bad option value, a missing argument) become one line
-    too, like every other bad input, with where to find help instead of the usage block."""
+    """The `app` command: run it and exit with its status.
+
+    Click's own usage errors (a bad option value, a missing argument) become one line too, like every other
+    bad input, with where to find help instead of the usage block.
+    """
     try:
         code = cli.main(prog_name="app", standalone_mode=False)
     except click.UsageError as exc:

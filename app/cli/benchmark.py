@@ -1,5 +1,7 @@
-"""`app benchmark` (throughput at a sweep of batch sizes) and `app report` (tables and plots from its results
-and from run directories)."""
+"""`app benchmark` (throughput at a sweep of batch sizes) and `app report` (tables and plots).
+
+`app report` makes its tables and plots from benchmark results and from run directories.
+"""
 
 from __future__ import annotations
 
@@ -225,8 +227,11 @@ def report(inputs, out, target_accuracy, engine):
 
 
 def refuse_timeline_on_tf(timeline: bool, cluster: str | None, cfg) -> None:
-    """--timeline where the study's runs would use the tf engine (the cluster profile's, or the config's
-    here), refused in the plan rather than in each job after its queue wait."""
+    """Refuse --timeline where the study's runs would use the tf engine, in the plan.
+
+    The engine is the cluster profile's, or the config's here; refused in the plan rather than in each job
+    after its queue wait.
+    """
     if not timeline:
         return
     from app.cluster import profiles

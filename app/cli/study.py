@@ -1,7 +1,9 @@
-"""`app study` (issue 9): the group of the commands about the reference study's questions, and `status` and
-`report` for a study folder. Each kind of study is a command of its own module: `app study large-batch` in
-study_large_batch.py, `app study scaling` in study_scaling.py; what both share on their way to running is in
-study_setup.py."""
+"""`app study` (issue 9): the commands about the reference study's questions, and `status` and `report`.
+
+`status` and `report` take a study folder. Each kind of study is a command of its own module: `app study
+large-batch` in study_large_batch.py, `app study scaling` in study_scaling.py; what both share on their way
+to running is in study_setup.py.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""`app study large-batch`: RQ3, Goyal et al.'s Table 1 and Figure 2 as one command, run here or as Slurm
-jobs, then reported."""
+"""`app study large-batch`: RQ3, Goyal et al.'s Table 1 and Figure 2 as one command.
+
+Run here or as Slurm jobs, then reported.
+"""
 
 from __future__ import annotations
 
@@ -26,8 +28,10 @@ from app.reports.paired import MARGIN_PP
 
 @dataclass(frozen=True)
 class LargeBatchRequest:
-    """What `app study large-batch` was asked, the study's name resolved: the study's folder, the options
-    of its Slurm jobs and the command that continues it."""
+    """What `app study large-batch` was asked, the study's name resolved.
+
+    It gives the study's folder, the options of its Slurm jobs and the command that continues it.
+    """
 
     configs: tuple[str, ...]
     sets: tuple[str, ...]
@@ -100,8 +104,10 @@ def _ks(ctx, param, value: str | None) -> list[int] | None:
 
 
 def _print_dry_run(request: LargeBatchRequest, plan, cfg, new: bool) -> None:
-    """The dry run: a line per run with its shape, LR, warmup, epochs and updates, and its `app train`
-    command; on Slurm every job script; then what the study would do."""
+    """Print the dry run: a line and an `app train` command per run, the job scripts, what the study would do.
+
+    Each run's line gives its shape, LR, warmup, epochs and updates; on Slurm every job script follows.
+    """
     import shlex
 
     from app.study import large_batch, local, state

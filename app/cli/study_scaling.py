@@ -1,5 +1,7 @@
-"""`app study scaling`: RQ1 + RQ2, throughput per batch size and speedup as workers are added, measured here
-or as Slurm jobs, then reported."""
+"""`app study scaling`: RQ1 + RQ2, throughput per batch size and speedup as workers are added.
+
+Measured here or as Slurm jobs, then reported.
+"""
 
 from __future__ import annotations
 
@@ -40,9 +42,11 @@ def _counts(what: str, example: str):
 
 @dataclass(frozen=True)
 class ScalingRequest:
-    """What `app study scaling` was asked, its defaults resolved (the config's batch size, the study's name,
-    independent processes or not): the study's plan and folder, the options of its Slurm jobs and the
-    command that continues it."""
+    """What `app study scaling` was asked, its defaults resolved.
+
+    The defaults are the config's batch size, the study's name, and independent processes or not. It gives
+    the study's plan and folder, the options of its Slurm jobs and the command that continues it.
+    """
 
     configs: tuple[str, ...]
     sets: tuple[str, ...]
@@ -119,8 +123,10 @@ class ScalingRequest:
 
 
 def refuse_scaling_request(np_list, gpu_list, independent, dry_run: bool, slurm: dict) -> None:
-    """`app study scaling`'s checks of its options before any config is read: local (--np) or Slurm (--gpus
-    with --cluster), never both, and no option of the other kind."""
+    """`app study scaling`'s checks of its options before any config is read.
+
+    Local (--np) or Slurm (--gpus with --cluster), never both, and no option of the other kind.
+    """
     if joined_launcher() and not dry_run:
         raise UsageError(
             f"app study starts its own `app benchmark` processes: run it once, not under {joined_launcher()}"
@@ -146,8 +152,7 @@ def refuse_scaling_request(np_list, gpu_list, independent, dry_run: bool, slurm:
 
 
 def print_scaling_plan(folder: Path, plan, cfg, slurm: dict | None, new: bool) -> None:
-    """`app study scaling --dry-run`: each part and the batch sizes it has left (on Slurm, every job
-    script)."""
+    """`app study scaling --dry-run`: each part and its batch sizes left (on Slurm, every job script)."""
     from app.core.results import steps_for_images
     from app.study import slurm as slurm_stage
     from app.study.scaling import missing

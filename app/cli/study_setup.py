@@ -1,6 +1,8 @@
-"""What both study commands share on their way to running: the study folder prepared (every job script
-rendered and so checked first on Slurm) and the study's jobs submitted. Split from app.cli.study, which holds
-the commands themselves."""
+"""What both study commands share on their way to running: the study folder prepared, its jobs submitted.
+
+On Slurm every job script is rendered, and so checked, first. Split from app.cli.study, which holds the
+commands themselves.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +15,13 @@ from app.core.errors import AppError, UsageError
 
 
 def prepare_study(folder: Path, plan, cfg, command: list[str], slurm: dict | None, dry_run: bool) -> bool:
-    """The study folder made (or found holding this study): on Slurm every job script is rendered, and so
-    checked, first, so a request the cluster cannot hold (an account, time or partition it refuses), or an
-    image or dataset the jobs would not find, fails before anything is written, submitted or printed (a dry
-    run writes nothing and prints them after)."""
+    """Make the study folder (or find it holding this study); return whether the study is new.
+
+    On Slurm (``slurm``: its options) every job script is rendered, and so checked, first, so a request the
+    cluster cannot hold (an account, time or partition it refuses), or an image or dataset the jobs would not
+    find, fails before anything is written, submitted or printed (a dry run writes nothing and prints them
+    after).
+    """
     from app.study import slurm as slurm_stage
     from app.study.folder import prepare
 
@@ -29,8 +34,11 @@ def prepare_study(folder: Path, plan, cfg, command: list[str], slurm: dict | Non
 
 
 def submit_study(folder: Path, plan, cfg, slurm: dict, new: bool = False) -> None:
-    """Submit the study's jobs; a ``new`` study folder of which nothing was submitted (every job refused,
-    sbatch failing) is removed again, so that a retry with other options is not refused as another study."""
+    """Submit the study's jobs, removing a ``new`` study folder again if nothing was submitted.
+
+    Nothing is submitted when every job is refused or sbatch fails; the folder goes so that a retry with other
+    options is not refused as another study.
+    """
     import shutil
 
     from app.study import slurm as slurm_stage
