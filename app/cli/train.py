@@ -56,10 +56,11 @@ def train(
     accumulation_steps,
     precision,
 ):
-    """Train a ResNet data-parallel (Horovod, or --engine tf); resumes a run directory that has checkpoints.
+    """Train a model data-parallel (Horovod, or --engine tf); resumes a run directory that has checkpoints.
 
-    Runs as one process, joins the workers of an outer launcher (horovodrun, mpirun, srun), or starts N local
-    workers itself with --np N.
+    The model is model.name's: a built-in ResNet, applications.<Name>, or your own as file.py:function or
+    package.module:function (docs/your-model.md). Runs as one process, joins the workers of an outer
+    launcher (horovodrun, mpirun, srun), or starts N local workers itself with --np N.
 
     \b
     Example:
