@@ -229,6 +229,10 @@ def write_layout(
 ) -> Written:
     """Write ``layout`` into ``dest`` with ``workers`` processes (0: one per CPU); ``seed`` shuffles the
     training images among the shards. Refuses a DEST with earlier output unless ``force``."""
+    from app.core.compat import import_tensorflow
+
+    # The workers need it: a machine without it is refused before anything is written.
+    import_tensorflow()
     previous = _previous_output(dest, force, layout.extras())
     train = list(layout.train)
     random.Random(seed).shuffle(train)  # every shard holds a mix of classes
@@ -245,7 +249,13 @@ def write_layout(
     _refuse_foreign(dest, previous | {name for name, _ in jobs})
     existed = dest.is_dir()
     had_manifest = (dest / MANIFEST).exists()
-    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"DEST {show(str(dest), limit=None)}: cannot create it ({exc.strerror or exc}); "
+            "give a folder you can write"
+        ) from None
     new = {*(name for name, _ in jobs), *layout.extras()}
     _write_json(dest / MANIFEST, {"format": 1, "files": sorted(previous | new)})
     if layout.labels:  # before the shards: no shard of this conversion is ever without its label names
