@@ -252,6 +252,8 @@ def write_layout(
     try:
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
+        if exc.errno in WRITE_ERRNOS:  # read-only, no room: said as for every write below
+            raise
         raise UsageError(
             f"DEST {show(str(dest), limit=None)}: cannot create it ({exc.strerror or exc}); "
             "give a folder you can write"
