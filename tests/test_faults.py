@@ -243,7 +243,7 @@ def test_a_stopped_worker_ends_the_job_naming_it(tmp_path, stopped, env, line):
 def test_a_hung_file_system_cannot_keep_the_watchdog_from_ending_a_stall(tmp_path):
     # A FIFO where the heartbeat goes: opening it blocks, as a hung Lustre/NFS mount would.
     (tmp_path / ".heartbeat").mkdir()
-    os.mkfifo(tmp_path / ".heartbeat" / "rank-0.tmp")
+    os.mkfifo(tmp_path / ".heartbeat" / ".rank-0.tmp")  # app.core.files.write_atomic's temporary
     code = (
         "import time; from app.engines.faults import Watchdog\n"
         f"w = Watchdog({str(tmp_path)!r}, 0, 2, timeout=2).start(); w.progress(); time.sleep(30)"
