@@ -29,10 +29,18 @@ def repo(tmp_path) -> Path:
     return top
 
 
-# Under `make test` the suite runs inside make, whose variables would make these a sub-make ("make[1]: ...").
-CLEAN_ENV = {
-    k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")
-}
+# Under `make test` the suite runs inside make, whose variables would make these a sub-make ("make[1]: ..."),
+# and which exports the variables given on its command line (.ci/run's PYTEST_ARGS) into their environment.
+MAKE_VARIABLES = (
+    "MAKELEVEL",
+    "MAKEFLAGS",
+    "MFLAGS",
+    "MAKEOVERRIDES",
+    "PYTEST_ARGS",
+    "BENCH_ARGS",
+    "TRAIN_ARGS",
+)
+CLEAN_ENV = {k: v for k, v in os.environ.items() if k not in MAKE_VARIABLES}
 
 
 def make(repo: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
