@@ -489,10 +489,22 @@ def test_make_sif_def_builds_roihu_def_with_fakeroot(tmp_path):
         and f"apptainer build --bind={tmp_path}:/tmp {sif} containers/roihu.def" in root.stderr
     )
     # Run elsewhere than the repository's top folder, it says so before building anything.
-    env = {**MAKE_ENV, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}", "FLAVOR": "ngc", "DEF": "1",
-           "SIF": str(sif), "SIF_QUOTA_GIB": "15"}  # fmt: skip
-    away = subprocess.run(["bash", str(ROOT / "scripts" / "sif.sh")], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
+    env = {
+        **MAKE_ENV,
+        "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "FLAVOR": "ngc",
+        "DEF": "1",
+        "SIF": str(sif),
+        "SIF_QUOTA_GIB": "15",
+    }
+    away = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "sif.sh")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert away.returncode == 1
     assert away.stderr == "sif: containers/roihu.def is not here: run make in the repository's top folder\n"
 

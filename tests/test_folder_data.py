@@ -64,8 +64,14 @@ def _records(dest: Path) -> list[dict]:
     from app.core.compat import import_tensorflow
 
     tf = import_tensorflow()
-    keys = {"image/encoded": tf.string, "image/class/synset": tf.string, "image/class/label": tf.int64,
-            "image/height": tf.int64, "image/width": tf.int64, "image/filename": tf.string}  # fmt: skip
+    keys = {
+        "image/encoded": tf.string,
+        "image/class/synset": tf.string,
+        "image/class/label": tf.int64,
+        "image/height": tf.int64,
+        "image/width": tf.int64,
+        "image/filename": tf.string,
+    }
     features = {k: tf.io.FixedLenFeature([], t) for k, t in keys.items()}
     out = []
     for path in sorted(dest.glob("*-of-*")):
@@ -81,9 +87,13 @@ def test_a_class_folder_tree_becomes_the_standard_layout_with_labels_and_counts(
 
     src, dest, proc = converted
     assert sorted(p.name for p in dest.iterdir() if not p.name.startswith(".")) == [
-        "class-counts.json", "counts.json", "labels.txt",
-        *(f"train-{i:05d}-of-00004" for i in range(4)), "validation-00000-of-00002", "validation-00001-of-00002",
-    ]  # fmt: skip
+        "class-counts.json",
+        "counts.json",
+        "labels.txt",
+        *(f"train-{i:05d}-of-00004" for i in range(4)),
+        "validation-00000-of-00002",
+        "validation-00001-of-00002",
+    ]
     assert (dest / "labels.txt").read_text(encoding="utf-8") == "big dog\nx-ray\nété\n"
     assert proc.stderr.splitlines() == [
         "Note: ignored 1 file(s) that are not .jpg, .jpeg or .png images in a class folder: train/README.txt",
@@ -118,10 +128,26 @@ def test_a_class_folder_tree_becomes_the_standard_layout_with_labels_and_counts(
 def test_the_converted_folder_trains_and_takes_its_class_count_from_labels_txt(converted, tmp_path):
     _, dest, _ = converted
     args = [
-        "train", "--set", "data.source=imagenet", "--data-dir", str(dest), "--set", "data.image_size=32",
-        "--set", "model.name=resnet20", "--batch-size", "4", "--set", "train.warmup_epochs=0", "--epochs", "1",
-        "--set", "train.steps_per_epoch=2", "--set", "train.eval_steps=1",
-    ]  # fmt: skip
+        "train",
+        "--set",
+        "data.source=imagenet",
+        "--data-dir",
+        str(dest),
+        "--set",
+        "data.image_size=32",
+        "--set",
+        "model.name=resnet20",
+        "--batch-size",
+        "4",
+        "--set",
+        "train.warmup_epochs=0",
+        "--epochs",
+        "1",
+        "--set",
+        "train.steps_per_epoch=2",
+        "--set",
+        "train.eval_steps=1",
+    ]
     proc = run_app([*args, "--run-dir", str(tmp_path / "run")])
     assert "resnet20, 32x32x3, 3 classes" in proc.stdout, proc.stdout  # the run header's model line
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["final"]["val_examples"] > 0
@@ -140,11 +166,14 @@ def test_an_earlier_conversion_is_refused_without_force_and_strict_stops_at_a_ba
     before = {p.name: p.stat().st_mtime_ns for p in dest.iterdir()}
     result = CliRunner().invoke(cli, ["data", "folder-to-tfrecord", str(src), str(dest)])
     assert (result.exit_code, result.output) == (
-        2, f"Error: DEST {dest}: already holds train-00000-of-00004 and 8 more; pass --force to overwrite\n"
-    )  # fmt: skip
+        2,
+        f"Error: DEST {dest}: already holds train-00000-of-00004 and 8 more; pass --force to overwrite\n",
+    )
     assert {p.name: p.stat().st_mtime_ns for p in dest.iterdir()} == before
-    strict = run_app(["data", "folder-to-tfrecord", str(src), str(tmp_path / "out"), "--strict", "--workers", "1"],
-                     expect=1)  # fmt: skip
+    strict = run_app(
+        ["data", "folder-to-tfrecord", str(src), str(tmp_path / "out"), "--strict", "--workers", "1"],
+        expect=1,
+    )
     (line,) = strict.stderr.splitlines()
     assert line.startswith(
         f"Error: {src / 'train' / 'x-ray' / 'broken.jpg'}: not a decodable JPEG or PNG ("
@@ -175,28 +204,60 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
         "must be a number between 0 and 1 (the share of each class's images kept for validation), e.g. 0.1"
     )
     return [
-        ([str(spaced), out], f"SRC '{spaced}': no such folder; pass the folder that holds the class folders (or train/, val/)"),
-        ([str(tmp / "file"), out], f"SRC {tmp / 'file'}: is not a folder; pass the folder that holds the class folders (or train/, val/)"),
-        ([str(hidden_only), out, "--val-fraction", "0.5"],
-         f"SRC {hidden_only}: no class folders; put each class's images in a folder of its own in it (hidden folders are ignored)"),
-        ([str(empty_class), out, "--val-fraction", "0.5"],
-         f"SRC '{empty_class / 'dog'}': a class folder without images (.jpg, .jpeg or .png) would still take a label; remove it or add its images"),
-        ([str(differ), out],
-         f"SRC {differ}: train/ and val/ hold different class folders (only in train/: dog; only in val/: emu); give both the same classes (an empty class folder in val/ is fine)"),
-        ([str(one), out],
-         f"SRC {one} holds no train/ and val/ folders: pass --val-fraction F (e.g. 0.1) to split its class folders into training and validation, or add val/<class>/ folders"),
-        ([str(both), out, "--val-fraction", "0.2"],
-         f"--val-fraction: SRC {both} has its own val/ folder; leave --val-fraction out, or point SRC at a single class tree"),
-        *(([str(one), out, "--val-fraction", v], f"--val-fraction {v}: {fraction}") for v in ("0", "1", "nan", "inf", "-0.1", "1e400")),
-        ([str(one), out, "--val-fraction", "0.001"], "--val-fraction 0.001: put none of the 6 images into validation; raise it"),
-        ([str(both), str(both / "train" / "out")],
-         f"DEST {both / 'train' / 'out'} is inside SRC {both}: converting again would read the output as images; choose a DEST outside SRC"),
-        ([str(both), str(tmp / "file")], f"DEST {tmp / 'file'}: is a file, not a folder; pass a folder (made when missing)"),
-        ([str(both), str(tmp / "file" / "out")], f"DEST {tmp / 'file' / 'out'}: {tmp / 'file'} is a file, not a folder; pick another DEST"),
+        (
+            [str(spaced), out],
+            f"SRC '{spaced}': no such folder; pass the folder that holds the class folders (or train/, val/)",
+        ),
+        (
+            [str(tmp / "file"), out],
+            f"SRC {tmp / 'file'}: is not a folder; pass the folder that holds the class folders (or train/, val/)",
+        ),
+        (
+            [str(hidden_only), out, "--val-fraction", "0.5"],
+            f"SRC {hidden_only}: no class folders; put each class's images in a folder of its own in it (hidden folders are ignored)",
+        ),
+        (
+            [str(empty_class), out, "--val-fraction", "0.5"],
+            f"SRC '{empty_class / 'dog'}': a class folder without images (.jpg, .jpeg or .png) would still take a label; remove it or add its images",
+        ),
+        (
+            [str(differ), out],
+            f"SRC {differ}: train/ and val/ hold different class folders (only in train/: dog; only in val/: emu); give both the same classes (an empty class folder in val/ is fine)",
+        ),
+        (
+            [str(one), out],
+            f"SRC {one} holds no train/ and val/ folders: pass --val-fraction F (e.g. 0.1) to split its class folders into training and validation, or add val/<class>/ folders",
+        ),
+        (
+            [str(both), out, "--val-fraction", "0.2"],
+            f"--val-fraction: SRC {both} has its own val/ folder; leave --val-fraction out, or point SRC at a single class tree",
+        ),
+        *(
+            ([str(one), out, "--val-fraction", v], f"--val-fraction {v}: {fraction}")
+            for v in ("0", "1", "nan", "inf", "-0.1", "1e400")
+        ),
+        (
+            [str(one), out, "--val-fraction", "0.001"],
+            "--val-fraction 0.001: put none of the 6 images into validation; raise it",
+        ),
+        (
+            [str(both), str(both / "train" / "out")],
+            f"DEST {both / 'train' / 'out'} is inside SRC {both}: converting again would read the output as images; choose a DEST outside SRC",
+        ),
+        (
+            [str(both), str(tmp / "file")],
+            f"DEST {tmp / 'file'}: is a file, not a folder; pass a folder (made when missing)",
+        ),
+        (
+            [str(both), str(tmp / "file" / "out")],
+            f"DEST {tmp / 'file' / 'out'}: {tmp / 'file'} is a file, not a folder; pick another DEST",
+        ),
         ([str(both), out, "--shards", "4"], "--shards 4: give two numbers, TRAIN,VAL (e.g. 16,4)"),
-        ([str(both), out, "--shards", "5,1"],
-         "--shards 5,1: training has 4 images and validation 2; give each split between 1 and its number of images"),
-    ]  # fmt: skip
+        (
+            [str(both), out, "--shards", "5,1"],
+            "--shards 5,1: training has 4 images and validation 2; give each split between 1 and its number of images",
+        ),
+    ]
 
 
 def test_bad_input_is_one_line_naming_the_input_and_the_fix_and_writes_nothing(tmp_path):
@@ -211,8 +272,11 @@ def test_bad_input_is_one_line_naming_the_input_and_the_fix_and_writes_nothing(t
 def test_a_dest_that_cannot_be_written_is_refused_before_anything_is_written(tmp_path):
     src = _tree(tmp_path / "src", {"cat": 2, "dog": 2})
     (tmp_path / "ro").mkdir()
-    mount = subprocess.run(["mount", "--bind", "-o", "ro", str(tmp_path / "ro"), str(tmp_path / "ro")],
-                           capture_output=True, text=True)  # fmt: skip
+    mount = subprocess.run(
+        ["mount", "--bind", "-o", "ro", str(tmp_path / "ro"), str(tmp_path / "ro")],
+        capture_output=True,
+        text=True,
+    )
     if mount.returncode != 0:
         if IN_CI:
             pytest.fail(f"a read-only bind mount failed in CI (runs as root): {mount.stderr}")
@@ -222,9 +286,12 @@ def test_a_dest_that_cannot_be_written_is_refused_before_anything_is_written(tmp
         result = CliRunner().invoke(
             cli, ["data", "folder-to-tfrecord", str(src), str(dest), "--val-fraction", ".5"]
         )
-        assert (result.exit_code, result.output) == (2, (
-            f"Error: DEST {dest}: {tmp_path / 'ro'} is not writable; pick a DEST you can write (or make it writable)\n"
-        ))  # fmt: skip
+        assert (result.exit_code, result.output) == (
+            2,
+            (
+                f"Error: DEST {dest}: {tmp_path / 'ro'} is not writable; pick a DEST you can write (or make it writable)\n"
+            ),
+        )
     finally:
         subprocess.run(["umount", "-l", str(tmp_path / "ro")], check=False)
 

@@ -44,8 +44,15 @@ CLEAN_ENV = {k: v for k, v in os.environ.items() if k not in MAKE_VARIABLES}
 
 
 def make(repo: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(["make", "--no-print-directory", *args], cwd=repo, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=60, env=env or CLEAN_ENV)  # fmt: skip
+    return subprocess.run(
+        ["make", "--no-print-directory", *args],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+        env=env or CLEAN_ENV,
+    )
 
 
 # python and its pip: `-m venv DIR` copies this script to DIR/bin/python; `-m pip` is logged to $FAKE_LOG with
@@ -113,8 +120,12 @@ class Fake:
 
     @property
     def env(self) -> dict[str, str]:
-        return {"PATH": os.pathsep.join(map(str, self.path)), "HOME": str(self.root), "FAKE_LOG": str(self.log),
-                "FAKE_STATE": str(self.state)}  # fmt: skip
+        return {
+            "PATH": os.pathsep.join(map(str, self.path)),
+            "HOME": str(self.root),
+            "FAKE_LOG": str(self.log),
+            "FAKE_STATE": str(self.state),
+        }
 
     def python_sys(self) -> str:
         return f"PYTHON_SYS={self.bin / 'python'}"
@@ -273,13 +284,23 @@ def test_the_other_suites_select_their_tests_by_marker_alone(repo):
 @pytest.mark.parametrize(
     ("target", "calls"),
     [
-        (".venv-tf2.17.1/.installed", ["pip install -q tensorflow-cpu==2.17.1 -e .[train,dev] | markers:",
-                                       "install-stack.sh .venv-tf2.17.1/bin/python | HOROVOD_GPU_OPERATIONS=unset "
-                                       "HOROVOD_CONTROLLER=unset HOROVOD_WITHOUT_GLOO=unset SCALEOUT_MPICXX=unset"]),
-        (".venv-tf221/.installed-2.20.0", ["pip install -q tensorflow-cpu==2.20.0 -e .[train,dev] | markers:",
-                                           "pip install -q --no-deps tf_keras~=2.20.0 | markers:"]),
+        (
+            ".venv-tf2.17.1/.installed",
+            [
+                "pip install -q tensorflow-cpu==2.17.1 -e .[train,dev] | markers:",
+                "install-stack.sh .venv-tf2.17.1/bin/python | HOROVOD_GPU_OPERATIONS=unset "
+                "HOROVOD_CONTROLLER=unset HOROVOD_WITHOUT_GLOO=unset SCALEOUT_MPICXX=unset",
+            ],
+        ),
+        (
+            ".venv-tf221/.installed-2.20.0",
+            [
+                "pip install -q tensorflow-cpu==2.20.0 -e .[train,dev] | markers:",
+                "pip install -q --no-deps tf_keras~=2.20.0 | markers:",
+            ],
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_compat_and_tf221_venvs(repo, fake, target, calls):
     (repo / ".venv-tf221").mkdir()
     (repo / ".venv-tf221" / ".installed-2.21.0").touch()  # another version: installed over it, marker and all
@@ -295,10 +316,16 @@ def test_the_compat_and_tf221_venvs(repo, fake, target, calls):
 @pytest.mark.parametrize(
     ("goal", "says"),
     [
-        ("test-compat COMPAT_TF_VERSION=2.17", "test-compat: TensorFlow 2.17 is not a version such as 2.17.1 (COMPAT_TF_VERSION=...)"),
-        ("test-tf221 TF221_VERSION=latest", "test-tf221: TensorFlow latest is not a version such as 2.20.0 (TF221_VERSION=...)"),
+        (
+            "test-compat COMPAT_TF_VERSION=2.17",
+            "test-compat: TensorFlow 2.17 is not a version such as 2.17.1 (COMPAT_TF_VERSION=...)",
+        ),
+        (
+            "test-tf221 TF221_VERSION=latest",
+            "test-tf221: TensorFlow latest is not a version such as 2.20.0 (TF221_VERSION=...)",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_tensorflow_version_that_is_not_one_is_one_line(repo, fake, goal, says):
     proc = make(repo, *goal.split(), fake.python_sys(), env=fake.env)
     assert proc.returncode == 2
@@ -345,17 +372,25 @@ if [ "$1" = info ]; then echo "$FAKE_INFO"; else printf '%s\n' "$@"; fi
     ("engine", "env", "args", "expect"),
     [
         # rootless podman: the host user mapped in; DOCKER_NP workers; the data read-only, TRAIN_ARGS last
-        ("podman --runtime runc", {"FAKE_INFO": "true"}, ["FLAVOR=cpu", "DOCKER_NP=3", "DATA=data"],
-         "--ipc=host --userns=keep-id --user 1234:1234 --read-only --tmpfs /tmp -v RUNS:/runs "
-         "-v REPO/configs:/configs:ro -v REPO/data:/data:ro -e TFDS_DATA_DIR=/data --network host scaleout:cpu "
-         "train -c /configs/synthetic.yaml --run-dir /runs/synthetic-* --np 3 --data-dir /data --epochs 1"),
+        (
+            "podman --runtime runc",
+            {"FAKE_INFO": "true"},
+            ["FLAVOR=cpu", "DOCKER_NP=3", "DATA=data"],
+            "--ipc=host --userns=keep-id --user 1234:1234 --read-only --tmpfs /tmp -v RUNS:/runs "
+            "-v REPO/configs:/configs:ro -v REPO/data:/data:ro -e TFDS_DATA_DIR=/data --network host scaleout:cpu "
+            "train -c /configs/synthetic.yaml --run-dir /runs/synthetic-* --np 3 --data-dir /data --epochs 1",
+        ),
         # rootless docker, the GPUs of CUDA_VISIBLE_DEVICES: the container's root is the host user
-        ("docker", {"FAKE_INFO": "[name=rootless name=seccomp]", "CUDA_VISIBLE_DEVICES": "0,2"}, ["FLAVOR=gpu"],
-         "--gpus all -e CUDA_VISIBLE_DEVICES --ipc=host --user 0:0 --read-only --tmpfs /tmp -v RUNS:/runs "
-         "-v REPO/configs:/configs:ro --network host scaleout:gpu train -c /configs/synthetic.yaml "
-         "--run-dir /runs/synthetic-* --np 2 --epochs 1"),
+        (
+            "docker",
+            {"FAKE_INFO": "[name=rootless name=seccomp]", "CUDA_VISIBLE_DEVICES": "0,2"},
+            ["FLAVOR=gpu"],
+            "--gpus all -e CUDA_VISIBLE_DEVICES --ipc=host --user 0:0 --read-only --tmpfs /tmp -v RUNS:/runs "
+            "-v REPO/configs:/configs:ro --network host scaleout:gpu train -c /configs/synthetic.yaml "
+            "--run-dir /runs/synthetic-* --np 2 --epochs 1",
+        ),
     ],
-)  # fmt: skip
+)
 def test_make_docker_train_runs_the_image_as_the_user_with_every_gpu(
     repo, tmp_path, engine, env, args, expect
 ):
@@ -363,9 +398,19 @@ def test_make_docker_train_runs_the_image_as_the_user_with_every_gpu(
     write_exe(tmp_path / engine.split()[0], FAKE_ENGINE)
     (repo / "data").mkdir()
     runs = tmp_path / "runs"
-    proc = make(repo, "docker-train", f"ENGINE={tmp_path}/{engine}", "CONFIG=configs/synthetic.yaml", f"RUNS={runs}",
-                "DATA=", "RUN_AS=1234:1234", "RUN_ARGS=--network host", "TRAIN_ARGS=--epochs 1", *args,
-                env={**CLEAN_ENV, **env})  # fmt: skip
+    proc = make(
+        repo,
+        "docker-train",
+        f"ENGINE={tmp_path}/{engine}",
+        "CONFIG=configs/synthetic.yaml",
+        f"RUNS={runs}",
+        "DATA=",
+        "RUN_AS=1234:1234",
+        "RUN_ARGS=--network host",
+        "TRAIN_ARGS=--epochs 1",
+        *args,
+        env={**CLEAN_ENV, **env},
+    )
     assert proc.returncode == 0, proc.stderr
     said = " ".join(proc.stdout.splitlines()[1:])  # the engine's arguments, after make's own line
     expect = expect.replace("RUNS", str(runs)).replace("REPO", str(repo))
@@ -376,14 +421,22 @@ def test_make_docker_train_runs_the_image_as_the_user_with_every_gpu(
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["CONFIG=/etc/my.yaml"], "CONFIG=/etc/my.yaml is not in configs/: docker-train mounts that folder; copy your "
-                                  "config there"),
-        (["FLAVOR=lumi"], "FLAVOR=lumi runs on LUMI with Singularity (docs/clusters/lumi.md), not with docker-train"),
-        (["RUNS=a:b"], "RUNS, DATA and this folder's path cannot contain ' : or , (they go into the engine's -v "
-                       "SRC:DST)"),
+        (
+            ["CONFIG=/etc/my.yaml"],
+            "CONFIG=/etc/my.yaml is not in configs/: docker-train mounts that folder; copy your config there",
+        ),
+        (
+            ["FLAVOR=lumi"],
+            "FLAVOR=lumi runs on LUMI with Singularity (docs/clusters/lumi.md), not with docker-train",
+        ),
+        (
+            ["RUNS=a:b"],
+            "RUNS, DATA and this folder's path cannot contain ' : or , (they go into the engine's -v "
+            "SRC:DST)",
+        ),
         (["DATA=nowhere"], "DATA='nowhere' is not a folder"),
     ],
-)  # fmt: skip
+)
 def test_make_docker_train_refuses_what_cannot_work_in_one_line(repo, tmp_path, args, says):
     write_exe(tmp_path / "podman", FAKE_ENGINE)
     proc = make(
