@@ -27,14 +27,9 @@ LOCK = ".lock"
 _held: list[HolderLock] = []  # the locks of this process: closing one's file would release it
 
 
-def _info(path: Path) -> dict:
-    """What the lock's holder wrote about itself ({} when nothing readable)."""
-    return HolderLock.holder(path)
-
-
 def holder(path: Path) -> str:
     """Who holds the lock at ``path``, as its holder wrote it (host, pid, Slurm job, since when)."""
-    info = _info(path)
+    info = HolderLock.holder(path)
     try:
         job = f", Slurm job {info['job']}" if info.get("job") else ""
         return f"host {info['host']}, pid {info['pid']}{job}, since {info['since']}"
@@ -79,7 +74,7 @@ def acquire(run_dir: Path, note=None) -> None:
     try:
         lock = HolderLock(path).acquire()
     except OSError as exc:
-        if exc.errno in (errno.EAGAIN, errno.EACCES) and (why := gone(_info(path))) and note:
+        if exc.errno in (errno.EAGAIN, errno.EACCES) and (why := gone(HolderLock.holder(path))) and note:
             note(f"{path}: the file system still holds a lock, but {why}: going on without it")
             return
         if exc.errno in (errno.EAGAIN, errno.EACCES):  # someone holds it

@@ -168,10 +168,11 @@ def create(
     x = Pixels(*pixels, name="pixels")(images) if pixels else images
     output = run(name, "the model on the data's images", lambda: inner(x))
     check_output(inner, output, name, num_classes)
-    if weight_decay > 0 and own_regularizers(inner):
+    regularized = own_regularizers(inner) if weight_decay > 0 else 0
+    if regularized:
         note(
             f"note: model.weight_decay {weight_decay:g} adds to the regularizers {name} sets on "
-            f"{own_regularizers(inner)} layer(s) itself; set model.weight_decay=0 to keep only its own"
+            f"{regularized} layer(s) itself; set model.weight_decay=0 to keep only its own"
         )
     logits = tf.keras.layers.Activation("linear", dtype="float32", name="logits")(output)
     model = tf.keras.Model(images, logits, name="user_model")
