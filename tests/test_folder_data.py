@@ -354,3 +354,14 @@ def test_default_shard_counts_follow_the_data_size():
     assert (train(3), val(1)) == (3, 1)  # never more shards than images
     assert (train(20_000), val(5_000)) == (16, 16)
     assert train(10_000_000) == 1024 and val(10_000_000) == 128
+
+
+def test_a_dest_that_cannot_be_created_is_one_line(tmp_path):
+    """A DEST whose folder cannot exist (under /proc) is refused in one line, not a traceback."""
+    src = _tree(tmp_path / "src", {"cat": 2, "dog": 2})
+    dest = "/proc/scaleout-no-such-folder/out"
+    result = CliRunner().invoke(cli, ["data", "folder-to-tfrecord", str(src), dest, "--val-fraction", ".5"])
+    assert (result.exit_code, result.output) == (
+        2,
+        f"Error: DEST {dest}: cannot create it (No such file or directory); give a folder you can write\n",
+    )

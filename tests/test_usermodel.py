@@ -354,3 +354,24 @@ def test_a_job_carries_the_users_model_file_checked_before_it_is_submitted(tmp_p
     outside.write_text(MODEL_FILE)
     proc = submit(f"{outside}:build")
     assert proc.returncode == 2 and "is not inside what the roihu container binds" in proc.stderr, proc.stderr
+
+
+def test_model_weights_must_be_a_readable_file_for_an_applications_model(tmp_path):
+    from app.core import compat  # noqa: F401 (tf_keras as keras)
+    from app.core.config import build
+    from app.training import usermodel
+
+    with pytest.raises(UsageError) as info:
+        build(sets=["model.name=resnet20", "model.weights=w.h5"])
+    assert str(info.value) == (
+        "model.weights: loads a pretrained base into applications.<Name> models, not 'resnet20'; a model file "
+        "loads its own weights (drop model.weights)"
+    )
+    missing = str(tmp_path / "weights.h5")
+    ref = modelref.parse("applications.MobileNetV3Small")
+    with pytest.raises(UsageError) as info:
+        usermodel.create(ref, "applications.MobileNetV3Small", 10, (32, 32, 3), 0.0, None, missing)
+    assert str(info.value) == (
+        f"model.weights {missing}: not a readable file; give the path of the pretrained weights of "
+        "applications.MobileNetV3Small (include_top=False), or drop model.weights"
+    )
