@@ -53,7 +53,9 @@ class ModelConfig:
     # A built-in ResNet, applications.<Name>, path/to/file.py:function or package.module:function
     # (app.core.modelref; docs/your-model.md).
     name: str = "resnet20"
-    zero_init_residual: bool = True  # zero-init each residual block's last batch-norm gamma (Goyal et al.)
+    # Zero-init each built-in ResNet block's last batch-norm gamma (Goyal et al.). None: on for the built-in
+    # ResNets; set for another model, a note says it does not apply.
+    zero_init_residual: Optional[bool] = None  # noqa: UP045
     weight_decay: float = 1e-4  # on conv/dense kernels only, never on batch-norm parameters or biases
     label_smoothing: float = 0.0
     precision: str = "auto"  # bf16: AVX512_BF16 CPUs, Ampere+/MI200+ GPUs; fp16: other GPUs; else float32

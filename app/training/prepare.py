@@ -136,10 +136,10 @@ def create_model(cfg: Config, spec: Spec, ref: ModelRef, note: Callable[[str], N
             spec.num_classes,
             spec.image_shape,
             cfg.model.weight_decay,
-            cfg.model.zero_init_residual,
+            cfg.model.zero_init_residual is not False,
             spec.pixels,
         )
-    if cfg.model.zero_init_residual:
+    if cfg.model.zero_init_residual is not None:
         note(
             f"note: model.zero_init_residual is for the built-in ResNets; {cfg.model.name} is built as it is"
         )
