@@ -22,9 +22,12 @@ def prepare_study(folder: Path, plan, cfg, command: list[str], slurm: dict | Non
     find, fails before anything is written, submitted or printed (a dry run writes nothing and prints them
     after).
     """
+    from app.core.modelref import entry_files
     from app.study import slurm as slurm_stage
     from app.study.folder import prepare
 
+    # The user's model and data files, read (never run) before anything is written or any run starts.
+    entry_files(cfg.model.name, cfg.data.source, cfg.data.name)
     if slurm:
         prepare(folder, plan, cfg, command, write=False)
         slurm_stage.submit_study(folder, plan, cfg, slurm, dry_run=True, echo=lambda line: None)

@@ -9,7 +9,7 @@ import click
 
 from app.cli.base import Int, cli, config_options, option_values, relaunch
 from app.core.compat import import_tensorflow
-from app.core.errors import UsageError
+from app.core.errors import AppError, UsageError
 
 
 @cli.command()
@@ -88,9 +88,14 @@ def train(
 
     request = StopRequest().install()  # SIGUSR1/SIGTERM from the start: never the default (death)
     import_tensorflow()  # first, through compat: Keras 2 checked, start-up noise filtered
+    from app.training import runlock
     from app.training.train import train_and_evaluate
 
-    train_and_evaluate(cfg, resolved, threads, request)
+    try:
+        train_and_evaluate(cfg, resolved, threads, request)
+    except AppError:
+        runlock.undo(resolved)  # refused before anything was written (a model that does not build): no trace
+        raise
 
 
 @cli.command()

@@ -196,12 +196,14 @@ def _job_shape(request: JobRequest) -> _Shape:
 
 
 def _model_file(cfg: Config | None, resume: str | None) -> dict[str, str]:
-    """The user's model file a new run's ranks import (``model.name`` path/to/file.py:function), checked to
-    exist here (the job runs in this directory); a resume builds the run's own copy when it is gone."""
-    ref = modelref.parse(cfg.model.name) if cfg is not None else None
-    if ref is None or ref.kind != "file" or resume is not None:
+    """The user's files a new run's ranks import (``model.name``, and ``data.name`` of ``data.source:
+    python``, as path/to/file.py:function), read here (the job runs in this directory) and checked to parse
+    and define the function, never run: a misspelt name is one line now, not a failed job after its queue
+    wait. A resume builds the run's own copy of its model file when it is gone."""
+    if cfg is None or resume is not None:
         return {}
-    return {f"model.name {ref.target}:{ref.function}": str(modelref.model_file(ref))}
+    found = modelref.entry_files(cfg.model.name, cfg.data.source, cfg.data.name)
+    return {what: str(path) for what, path in found.items()}
 
 
 def _job_name(request: JobRequest) -> tuple[str, Config | None]:

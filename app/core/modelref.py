@@ -8,6 +8,7 @@ runs.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import os
 import re
@@ -73,30 +74,107 @@ def parse(name: str, key: str = "model.name") -> ModelRef:
     raise UsageError(f"{key}: unknown value {brief(name)} (choose from {FORMS}){hint}")
 
 
-def model_file(ref: ModelRef, base: Path | None = None) -> Path:
-    """The model file of a ``file`` reference, relative to ``base`` (the current directory), checked to be a
-    readable regular file of a sane size: one line naming the fix otherwise."""
+def model_file(ref: ModelRef, base: Path | None = None, key: str = "model.name") -> Path:
+    """The file of a ``file`` reference, relative to ``base`` (the current directory), checked to be a
+    readable regular file of a sane size: one line naming ``key`` and the fix otherwise."""
     path = Path(ref.target)
     if not path.is_absolute():
         path = (base or Path.cwd()) / path
-    shown = show(ref.target, limit=None)
+    shown = f"{key} {show(ref.target, limit=None)}:{ref.function}"
+    what = f"the {key.split('.')[0]} file"
     try:
         st = path.stat()
     except OSError as exc:
         why = "no such file" if isinstance(exc, FileNotFoundError) else (exc.strerror or str(exc))
         raise UsageError(
-            f"model.name {shown}:{ref.function}: cannot read the model file ({why}); give its path from "
+            f"{shown}: cannot read {what} ({why}); give its path from "
             f"{show(str(base or Path.cwd()), limit=None)}, or an absolute one"
         ) from None
     import stat
 
     if not stat.S_ISREG(st.st_mode):
-        raise UsageError(f"model.name {shown}:{ref.function}: the model file is not a regular file")
+        raise UsageError(f"{shown}: {what} is not a regular file")
     if st.st_size > MODEL_FILE_LIMIT:
         raise UsageError(
-            f"model.name {shown}:{ref.function}: the model file has {st.st_size:,} bytes, more than a model "
-            f"definition ({MODEL_FILE_LIMIT:,}); put data and weights elsewhere (model.weights)"
+            f"{shown}: {what} has {st.st_size:,} bytes, more than a definition in Python "
+            f"({MODEL_FILE_LIMIT:,}); put data and weights elsewhere"
         )
     if not os.access(path, os.R_OK):
-        raise UsageError(f"model.name {shown}:{ref.function}: the model file is not readable")
+        raise UsageError(f"{shown}: {what} is not readable")
     return path
+
+
+def check_entry(ref: ModelRef, base: Path | None = None, key: str = "model.name") -> Path:
+    """The file of a ``file`` reference, checked without running it: readable (:func:`model_file`), Python
+    that parses, and defining ``ref.function`` at its top level. Catches a wrong path, a syntax error or a
+    misspelt function where nothing may import the user's code (a login node without TensorFlow, the parent
+    of ``--np`` workers), before a job waits in the queue or a run directory is made.
+
+    What only running it can tell (an import that fails, a wrong return) is left to where training runs. A
+    file that defines names dynamically (``from x import *``, a module ``__getattr__``, ``globals()``) is
+    accepted: its names cannot be read here.
+    """
+    path = model_file(ref, base, key)
+    shown = f"{key} {show(ref.target, limit=None)}:{ref.function}"
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except SyntaxError as exc:
+        if exc.lineno is None:  # null bytes: no line to name
+            raise UsageError(
+                f"{shown}: {show(str(path), limit=None)} is not Python source ({exc.msg})"
+            ) from None
+        raise UsageError(
+            f"{shown}: {show(str(path), limit=None)} line {exc.lineno}: SyntaxError: {exc.msg}; fix the file"
+        ) from None
+    except (ValueError, OSError) as exc:  # null bytes, or the file went away
+        raise UsageError(f"{shown}: {show(str(path), limit=None)} is not Python source ({exc})") from None
+    names = _top_level_names(tree)
+    if names is None or ref.function in names:
+        return path
+    functions = sorted(n for n, is_def in names.items() if is_def)
+    near = difflib.get_close_matches(ref.function, list(names), n=1)
+    hint = f"; did you mean '{near[0]}'?" if near else ""
+    listed = (
+        ", ".join(functions[:8]) + (", ..." if len(functions) > 8 else "") if functions else "no functions"
+    )
+    raise UsageError(f"{shown}: {ref.function} is not defined there (it defines {listed}){hint}")
+
+
+def _top_level_names(tree: ast.Module) -> dict[str, bool] | None:
+    """The names a module binds at its top level (True for functions and classes), in its if/try/with/for
+    blocks too, not inside its functions and classes; None when it may bind names its source does not show
+    (``from x import *``, a module ``__getattr__``, ``globals()``, ``setattr``, ``exec``)."""
+    if any(isinstance(n, ast.Name) and n.id in ("globals", "setattr", "exec") for n in ast.walk(tree)):
+        return None
+    names: dict[str, bool] = {}
+    todo: list[ast.stmt] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if node.name == "__getattr__":
+                return None
+            names.setdefault(node.name, True)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(alias.name == "*" for alias in node.names):
+                return None
+            for alias in node.names:
+                names.setdefault(alias.asname or alias.name.split(".")[0], False)
+        else:
+            for field in ("body", "orelse", "finalbody", "handlers"):  # compound statements
+                todo.extend(getattr(node, field, []))
+            targets = [*getattr(node, "targets", []), getattr(node, "target", None)]
+            for target in (t for t in targets if t is not None):
+                names.update({n.id: False for n in ast.walk(target) if isinstance(n, ast.Name)} | names)
+    return names
+
+
+def entry_files(model_name: str, data_source: str, data_name: str) -> dict[str, Path]:
+    """The user's files a new run imports (``model.name`` and, for ``data.source: python``, ``data.name`` as
+    path/to/file.py:function), each checked by :func:`check_entry`, by how messages name them."""
+    found = {}
+    wanted = [("model.name", model_name)] + ([("data.name", data_name)] if data_source == "python" else [])
+    for key, name in wanted:
+        ref = parse(name, key)
+        if ref.kind == "file":
+            found[f"{key} {ref.target}:{ref.function}"] = check_entry(ref, key=key)
+    return found

@@ -10,6 +10,7 @@ import os
 import typing
 from pathlib import Path
 
+from app.core import modelref
 from app.core.config import SECTIONS, Config, build, flat, flatten
 from app.core.errors import NO_ROOM_ERRNOS, AppError, UsageError, brief, show
 from app.core.slurm import SlurmEnv
@@ -124,6 +125,9 @@ def for_run(
         check_writable(Path(run_dir), label, f"make it writable, or {fresh}")
         return cfg, Path(run_dir)
     cfg = build(config_files, sets, options, origins=origins)
+    # The user's model and data files read, never run: a wrong path, a syntax error or a misspelt function
+    # is one line before a run directory is made or --np starts its workers.
+    modelref.entry_files(cfg.model.name, cfg.data.source, cfg.data.name)
     path = Path(run_dir) if run_dir else default_run_dir(cfg.name)
     check_writable(path, "--run-dir" if run_dir else "run directory")
     return cfg, path

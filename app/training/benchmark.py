@@ -152,10 +152,10 @@ def run(
         One result per (threads, batch size), on every rank.
     """
 
+    from app.core.usercode import user_errors
     from app.data.sources import open_source
     from app.engines import engine as distributed
     from app.training.prepare import build_model, input_threads, setup
-    from app.training.usercode import user_errors
 
     synthetic = cfg.data.source == "synthetic"
     if pipeline_only and synthetic:

@@ -13,13 +13,13 @@ import tensorflow as tf
 from app.core import modelref
 from app.core.config import Config
 from app.core.errors import AppError
+from app.core.usercode import user_errors
 from app.data.pipeline import eval_dataset, input_error
 from app.data.sources import open_source
 from app.engines import engine as distributed
 from app.training import checkpoint, modelcopy
 from app.training.output import write_json
 from app.training.prepare import build_model, input_threads, restore, setup
-from app.training.usercode import user_errors
 
 
 def eval_step(model, num_classes: int):

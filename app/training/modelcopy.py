@@ -18,7 +18,7 @@ from pathlib import Path
 from app.core.errors import AppError, UsageError, show
 from app.core.files import write_atomic
 from app.core.modelref import ModelRef, model_file
-from app.training.usercode import find_module, label
+from app.core.usercode import find_module, label
 
 KEPT = "model"
 RECORD = "source.json"

@@ -25,6 +25,7 @@ from app.core.slurm import SlurmEnv
 
 LOCK = ".lock"
 _held: list[HolderLock] = []  # the locks of this process: closing one's file would release it
+_created: list[Path] = []  # the run directories this process made (undo removes one that stayed empty)
 
 
 def holder(path: Path) -> str:
@@ -69,6 +70,8 @@ def acquire(run_dir: Path, note=None) -> None:
     Raises:
         AppError: another process holds it; the message names the holder.
     """
+    if not run_dir.is_dir():
+        _created.append(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK
     try:
@@ -91,3 +94,20 @@ def acquire(run_dir: Path, note=None) -> None:
     host, pid, job = socket.gethostname(), os.getpid(), SlurmEnv().job_id
     lock.name_holder({"host": host, "pid": pid, "job": job, "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
     _held.append(lock)
+
+
+def undo(run_dir: Path) -> None:
+    """Remove ``run_dir`` when this process made it and it holds nothing but its lock: a run refused before
+    anything was written (a model that does not build) leaves nothing behind, as bad input should."""
+    if run_dir not in _created:
+        return
+    try:
+        if {p.name for p in run_dir.iterdir()} - {LOCK}:
+            return
+        (run_dir / LOCK).unlink(missing_ok=True)  # while held: no other writer can take it in between
+        run_dir.rmdir()
+    except OSError:  # someone else's file appeared, or the folder is not ours to remove: leave it
+        return
+    for lock in _held:
+        lock.release()
+    _held.clear()

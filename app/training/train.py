@@ -21,6 +21,7 @@ from app.core.config import MIN_IMAGE_SIZE, Config, dump
 from app.core.errors import AppError, Preempted, UsageError
 from app.core.files import write_atomic
 from app.core.results import read_metrics
+from app.core.usercode import user_errors
 from app.core.validation import checkpoint_interval
 from app.data.pipeline import eval_dataset, input_error, train_dataset
 from app.data.sources import ImagenetSource, Source, open_source
@@ -46,7 +47,6 @@ from app.training.output import (
 from app.training.plan import Plan, keep_global_batch, plan, resume_step
 from app.training.prepare import build_model, input_threads, restore, set_precision, setup
 from app.training.schedule import Schedule, make_schedule
-from app.training.usercode import user_errors
 
 
 def delivers(rate: float | None, inputs: RankThreads) -> str:

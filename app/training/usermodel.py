@@ -1,5 +1,5 @@
 """Models that are not the built-in ResNets: a ``tf_keras.applications`` model or a researcher's own function
-(``model.name``, parsed by app.core.modelref, imported by app.training.usercode), built where training runs
+(``model.name``, parsed by app.core.modelref, imported by app.core.usercode), built where training runs
 and checked before anything trains.
 
 Whatever the model, scaleout wraps it the same way: the pipeline's images go in (uint8 pixels are cast and
@@ -20,8 +20,8 @@ import tensorflow as tf
 
 from app.core.errors import UsageError, brief, show
 from app.core.modelref import ModelRef
+from app.core.usercode import label, load_function, run
 from app.training.models import Pixels
-from app.training.usercode import label, load_function, run
 
 # What a kernel is called in Keras's layers: the weights weight decay applies to (not biases, not batch-norm).
 KERNELS = ("kernel", "depthwise_kernel", "pointwise_kernel", "embeddings")

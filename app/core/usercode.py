@@ -26,9 +26,11 @@ from app.core.modelref import ModelRef, model_file
 
 T = TypeVar("T")
 
-# The user's source files of this process (their model file, their module's package): frames in them are
-# the user's.
-USER_SOURCES: set[Path] = set()
+# The user's source files of this process (their model file, their module's package, their data function's)
+# and which key named each: frames in them are the user's.
+USER_SOURCES: dict[Path, str] = {}
+# The value of each key whose code was loaded (model.name, data.name): an error names the one it came from.
+_NAMES: dict[str, str] = {}
 # How TensorFlow quotes the user's frames inside its own message (code traced into a graph).
 _KERAS_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\w+)')
 _QUOTED = re.compile(r"^\s*(\w+(?:Error|Exception|Exit|Interrupt): .*\S)\s*$")
@@ -39,14 +41,27 @@ class UserCodeError(AppError):
     """The user's own model code failed while it ran (training, evaluation, a benchmark): exit status 1."""
 
 
-def label(name: str) -> str:
-    """How messages name the model: ``model.name <name>``."""
-    return f"model.name {show(name, limit=None)}"
+def label(name: str, key: str = "model.name") -> str:
+    """How messages name the user's code: ``model.name <name>`` (or ``data.name <name>``)."""
+    return f"{key} {show(name, limit=None)}"
+
+
+def noun(key: str) -> str:
+    """What ``key`` names, for messages: the model, or the data function."""
+    return "the model" if key == "model.name" else "the data function"
+
+
+def _owner(filename: str) -> str | None:
+    """The key whose code ``filename`` is (model.name, data.name), or None when it is not the user's."""
+    path = Path(filename).resolve()
+    for src, key in USER_SOURCES.items():
+        if path == src or (src.is_dir() and src in path.parents):
+            return key
+    return None
 
 
 def _is_users(filename: str) -> bool:
-    path = Path(filename).resolve()
-    return any(path == src or (src.is_dir() and src in path.parents) for src in USER_SOURCES)
+    return _owner(filename) is not None
 
 
 def _places(exc: BaseException) -> list[tuple[str, int | None, str]]:
@@ -94,7 +109,7 @@ def where(exc: BaseException) -> str:
     return f" at {filename}:{line} ({function}): {last}"
 
 
-def run(name: str, what: str, call: Callable[[], T]) -> T:
+def run(name: str, what: str, call: Callable[[], T], key: str = "model.name") -> T:
     """``call()`` (the user's code: an import, their model function), with whatever it raises as one
     :class:`UsageError` naming ``what`` failed and where; a ``sys.exit`` in it too (a script's argument
     parsing at import reads `app`'s command line)."""
@@ -102,15 +117,15 @@ def run(name: str, what: str, call: Callable[[], T]) -> T:
         return call()
     except SystemExit as exc:
         raise UsageError(
-            f"{label(name)}: {what} called sys.exit({exc.code!r}); move script code under "
+            f"{label(name, key)}: {what} called sys.exit({exc.code!r}); move script code under "
             '`if __name__ == "__main__":`'
         ) from None
     except Exception as exc:
-        raise UsageError(f"{label(name)}: {what} failed{where(exc)}") from None
+        raise UsageError(f"{label(name, key)}: {what} failed{where(exc)}") from None
 
 
 @contextlib.contextmanager
-def user_errors(name: str, during: str) -> Iterator[None]:
+def user_errors(name: str, during: str, key: str = "model.name") -> Iterator[None]:
     """An exception from the user's model code while inside (``during`` training, evaluation, a benchmark)
     as one line naming the user's file, line and exception (:class:`UserCodeError`); scaleout's own errors
     pass unchanged."""
@@ -119,12 +134,16 @@ def user_errors(name: str, during: str) -> Iterator[None]:
     except AppError:
         raise
     except Exception as exc:
-        if not _places(exc):
+        places = _places(exc)
+        if not places:
             raise
-        raise UserCodeError(f"{label(name)}: the model failed during {during}{where(exc)}") from None
+        owner = _owner(places[-1][0]) or key  # the data function's frames while the model trains
+        if owner != key and owner in _NAMES:
+            name, key = _NAMES[owner], owner
+        raise UserCodeError(f"{label(name, key)}: {noun(key)} failed during {during}{where(exc)}") from None
 
 
-def find_module(ref: ModelRef, name: str):
+def find_module(ref: ModelRef, name: str, key: str = "model.name"):
     """The import spec of a ``package.module`` reference (finding it imports its parent packages, the user's
     code), or one line saying why there is none."""
 
@@ -136,10 +155,10 @@ def find_module(ref: ModelRef, name: str):
                 return None  # the module, or a package above it, is not there
             raise  # one that the user's package imports
 
-    spec = run(name, f"finding module {ref.target}", find)
+    spec = run(name, f"finding module {ref.target}", find, key)
     if spec is None:
         raise UsageError(
-            f"{label(name)}: no module {ref.target} on this Python's path; install the package, add its "
+            f"{label(name, key)}: no module {ref.target} on this Python's path; install the package, add its "
             "folder to PYTHONPATH, or give the file as path/to/file.py:function"
         )
     return spec
@@ -154,9 +173,9 @@ def _package_root(module: str, spec) -> Path:
     return Path(spec.origin or module).resolve()
 
 
-def _import_file(ref: ModelRef, name: str, base: Path | None):
-    path = model_file(ref, base)
-    USER_SOURCES.add(path.resolve())
+def _import_file(ref: ModelRef, name: str, base: Path | None, key: str):
+    path = model_file(ref, base, key)
+    USER_SOURCES[path.resolve()] = key
     # As Python does for a script: the files beside it import by name.
     folder = str(path.resolve().parent)
     if folder not in sys.path:
@@ -165,32 +184,34 @@ def _import_file(ref: ModelRef, name: str, base: Path | None):
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise UsageError(
-            f"{label(name)}: {show(str(path), limit=None)} is not a Python file that can be imported"
+            f"{label(name, key)}: {show(str(path), limit=None)} is not a Python file that can be imported"
         )
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     try:
-        run(name, "importing the model file", lambda: spec.loader.exec_module(module))
+        what = f"importing the {key.split('.')[0]} file"
+        run(name, what, lambda: spec.loader.exec_module(module), key)
     except UsageError:
         sys.modules.pop(module_name, None)
         raise
     return module
 
 
-def load_function(ref: ModelRef, name: str, base: Path | None = None) -> Callable:
+def load_function(ref: ModelRef, name: str, base: Path | None = None, key: str = "model.name") -> Callable:
     """The user's model function that ``ref`` names, imported; one line naming the file, line and exception
     when the import fails, or what the module defines when the function is not there."""
     if ref.kind == "file":
-        module = _import_file(ref, name, base)
+        module = _import_file(ref, name, base, key)
     else:
-        spec = find_module(ref, name)
-        USER_SOURCES.add(_package_root(ref.target, spec))
-        module = run(name, f"importing {ref.target}", lambda: importlib.import_module(ref.target))
+        spec = find_module(ref, name, key)
+        USER_SOURCES[_package_root(ref.target, spec)] = key
+        module = run(name, f"importing {ref.target}", lambda: importlib.import_module(ref.target), key)
+    _NAMES[key] = name
     fn = getattr(module, ref.function, None)
     if not callable(fn):
         defined = sorted(
             n for n, v in vars(module).items() if inspect.isfunction(v) and v.__module__ == module.__name__
         )
         listed = ", ".join(defined[:8]) + (", ..." if len(defined) > 8 else "") if defined else "no functions"
-        raise UsageError(f"{label(name)}: {ref.function} is not a function there (it defines {listed})")
+        raise UsageError(f"{label(name, key)}: {ref.function} is not a function there (it defines {listed})")
     return fn
