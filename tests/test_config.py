@@ -85,7 +85,7 @@ def test_base_chain(tmp_path):
         (["model.name=resnet51"], "model.name: unknown value 'resnet51' (choose from"),
         (
             ["data.source=imagenett"],
-            "data.source: unknown value 'imagenett' (choose from tfds, imagenet, synthetic); did you mean 'imagenet'?",
+            "data.source: unknown value 'imagenett' (choose from tfds, imagenet, synthetic, python); did you mean 'imagenet'?",
         ),
         (["data.source=synthetic"], "data.num_classes: must be set (> 0) for synthetic data"),
         (["data.source=imagenet"], "data.data_dir: must name the ImageNet TFRecord folder"),

@@ -136,13 +136,13 @@ def test_imagenet_file_level_and_example_level_shards(imagenet_dir):
     ).data
     names = lambda ds: sorted(ex.numpy() for ex in ds.map(lambda r: preprocess.parse_imagenet(r)[0]))  # noqa: E731
     file_level = [sources.open_source(cfg, r, 2) for r in range(2)]  # 4 files >= 2 workers: whole files
-    assert all(s.spec.sharding == "file" for s in file_level)
+    assert all(s.spec.sharding == "file-level shards" for s in file_level)
     assert set(file_level[0].files).isdisjoint(file_level[1].files)
     a, b = (names(s.train_elements(0)) for s in file_level)
     assert not set(a) & set(b) and len(a) + len(b) == 19  # 3 classes x 6 + the PNG
     assert sum(s.spec.train_examples for s in file_level) == 19
     example_level = [sources.open_source(cfg, r, 8) for r in range(8)]  # 4 files < 8 workers: single examples
-    assert all(s.spec.sharding == "example" for s in example_level)
+    assert all(s.spec.sharding == "example-level shards" for s in example_level)
     got = [x for s in example_level for x in names(s.train_elements(0))]
     assert len(got) == len(set(got)) == 19
 

@@ -14,7 +14,7 @@ from typing import Optional
 from app.core import modelref
 
 MODELS = modelref.BUILTIN
-SOURCES = ("tfds", "imagenet", "synthetic")
+SOURCES = ("tfds", "imagenet", "synthetic", "python")
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 SCHEDULES = ("step", "cosine", "constant")
 ENGINES = ("auto", "horovod", "tf")  # app.engines.engine: auto is Horovod where it imports, else tf
@@ -28,8 +28,8 @@ SAFE_HINT = f"use letters, digits and . _ + - only (first a letter, digit or _; 
 
 @dataclass
 class DataConfig:
-    source: str = "tfds"  # tfds | imagenet (TFRecords) | synthetic
-    name: str = "fashion_mnist"  # TFDS dataset name (source tfds)
+    source: str = "tfds"  # tfds | imagenet (TFRecords) | synthetic | python (your function)
+    name: str = "fashion_mnist"  # TFDS dataset name (source tfds); file.py:function (source python)
     data_dir: Optional[str] = None  # noqa: UP045 (evaluated by get_type_hints: Python 3.9 has no X | None)
     # TFDS data dir or ImageNet TFRecord dir; None: TFDS_DATA_DIR or TFDS default
     train_split: str = "train"

@@ -119,6 +119,16 @@ def validate(cfg: Config, origins: dict[str, str] | None = None) -> None:
     need(0 <= m.label_smoothing < 1, "model.label_smoothing", f"must be in [0, 1), got {m.label_smoothing}")
     need(d.image_size >= 0, "data.image_size", f"must be >= 0, got {d.image_size}")
     _check_image_size(m, d, need)
+    _check_data(d, need)
+    need(0 <= r.seed <= SEED_MAX, "run.seed", f"must be in 0..{SEED_MAX}, got {r.seed}")
+    need(r.keep_checkpoints >= 1, "run.keep_checkpoints", f"must be >= 1, got {r.keep_checkpoints}")
+    need(r.log_every >= 1, "run.log_every", f"must be >= 1, got {r.log_every}")
+    need(r.stop_check_every >= 1, "run.stop_check_every", f"must be >= 1, got {r.stop_check_every}")
+    checkpoint_interval(r.checkpoint_every)  # raises with the accepted forms
+
+
+def _check_data(d: DataConfig, need: Callable[[bool, str, str], None]) -> None:
+    """The ranges of ``data``'s values, and what each source needs."""
     need(d.num_classes >= 0, "data.num_classes", f"must be >= 0, got {d.num_classes}")
     need(d.shuffle_buffer >= 1, "data.shuffle_buffer", f"must be >= 1, got {d.shuffle_buffer}")
     need(d.synthetic_examples > 0, "data.synthetic_examples", f"must be > 0, got {d.synthetic_examples}")
@@ -131,11 +141,18 @@ def validate(cfg: Config, origins: dict[str, str] | None = None) -> None:
             "data.data_dir",
             "must name the ImageNet TFRecord folder (train-*, validation-*)",
         )
-    need(0 <= r.seed <= SEED_MAX, "run.seed", f"must be in 0..{SEED_MAX}, got {r.seed}")
-    need(r.keep_checkpoints >= 1, "run.keep_checkpoints", f"must be >= 1, got {r.keep_checkpoints}")
-    need(r.log_every >= 1, "run.log_every", f"must be >= 1, got {r.log_every}")
-    need(r.stop_check_every >= 1, "run.stop_check_every", f"must be >= 1, got {r.stop_check_every}")
-    checkpoint_interval(r.checkpoint_every)  # raises with the accepted forms
+    if d.source == "python":
+        try:
+            users = modelref.parse(d.name, "data.name").is_users
+        except UsageError:
+            users = False
+        need(
+            users,
+            "data.name",
+            "data.source python takes path/to/file.py:function or package.module:function, "
+            f"got {show(d.name)}",
+        )
+        need(d.num_classes > 0, "data.num_classes", "must be set (> 0) for data.source python")
 
 
 def checkpoint_interval(value: str) -> tuple[str, float] | None:

@@ -1,5 +1,5 @@
-"""data: the input stage. Dataset sources (TFDS, ImageNet TFRecords, synthetic) and per-rank sharding
-(sources), decoding and augmentation (preprocess), the tf.data pipeline (pipeline), and the converters to the
+"""data: the input stage. What a source is (base); dataset sources (TFDS, ImageNet TFRecords, synthetic) and
+per-rank sharding (sources); a researcher's own input function (usersource); decoding and augmentation (preprocess), the tf.data pipeline (pipeline), and the converters to the
 standard TFRecord layout: the shared writer and `app data imagenet-to-tfrecord` (convert, reading ilsvrc),
 `app data folder-to-tfrecord` (folders).
 

@@ -118,6 +118,8 @@ def input_error(source: Source, exc: Exception, evaluation: bool = False, budget
     """The one-line error for a failure that came out of the input pipeline (a truncated TFRecord, a record of
     another schema, a JPEG that does not decode), naming the file and the record where it can find them within
     ``budget_s`` seconds of reading; ``exc`` itself when the failure did not come from the data."""
+    if source.users_code:  # the researcher's own function: app.core.usercode names her frames
+        return exc
     first = tf_message(exc, 300)
     files = getattr(source, "eval_files", []) if evaluation else source.files
     kept = "" if evaluation else " (checkpoints up to the last finished epoch are intact)"

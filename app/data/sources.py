@@ -6,13 +6,13 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
 from app.core.errors import AppError, UsageError, read_regular, show
+from app.data.base import Source, Spec
 from app.data.preprocess import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -30,42 +30,6 @@ DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 COUNTS_FILE = "counts.json"  # per-file example counts, written by `app data imagenet-to-tfrecord`
 LABELS_FILE = "labels.txt"  # class names in label order, written by `app data folder-to-tfrecord`
 LABELS_LIMIT = 64 * 2**20  # bytes: a million class names
-
-
-@dataclass(frozen=True)
-class Spec:
-    """What the model and the schedule need to know about a dataset."""
-
-    name: str
-    num_classes: int
-    image_shape: tuple[int, int, int]  # what the model sees, after preprocessing
-    train_examples: int  # on this rank
-    eval_examples: int  # on this rank
-    sharding: str  # "file" or "example"
-    # None: float images ready for the model. (mean, std) per channel: uint8 pixels, which the model's first
-    # layer casts and normalizes on the accelerator (app.data.preprocess says why)
-    pixels: tuple[tuple[float, ...], tuple[float, ...]] | None = None
-
-
-class Source:
-    """Reads one dataset for one rank. Subclasses fill in the elements and how to preprocess them."""
-
-    spec: Spec
-    files: list[str] = []  # this rank's training files (to name a corrupt one)
-    augment: bool = True  # data.augment: random crops and flips in training (false: evaluation preprocessing)
-
-    def train_elements(self, epoch: int) -> tf.data.Dataset:
-        """This rank's training examples for ``epoch``, in a deterministic (file-shuffled) order."""
-        raise NotImplementedError
-
-    def eval_elements(self) -> tf.data.Dataset:
-        raise NotImplementedError
-
-    def preprocess_train(self, element, seed: tf.Tensor):
-        raise NotImplementedError
-
-    def preprocess_eval(self, element):
-        raise NotImplementedError
 
 
 class ArraySource(Source):
@@ -89,7 +53,7 @@ class ArraySource(Source):
         self.size = size
         n_eval_here = n_eval // workers + (rank < n_eval % workers)
         self.spec = Spec(
-            name, num_classes, (size, size, channels), n_train // workers, n_eval_here, "example"
+            name, num_classes, (size, size, channels), n_train // workers, n_eval_here, "example-level shards"
         )
 
     def train_elements(self, epoch):
@@ -167,6 +131,11 @@ def _tfds_source(cfg, rank: int, workers: int) -> Source:
     image_key, label_key = keys[0], keys[1]
     num_classes = info.features[label_key].num_classes
     size = cfg.image_size or info.features[image_key].shape[0]
+    if not size:  # images of many sizes (tf_flowers): one is needed to batch them
+        raise UsageError(
+            f"data.image_size: {cfg.name}'s images have no one size; set data.image_size (e.g. 224) to resize "
+            "them to"
+        )
 
     def split(name):
         ds = builder.as_dataset(split=name, shuffle_files=False, as_supervised=True)
@@ -263,7 +232,7 @@ class ImagenetSource(Source):
             (self.size, self.size, 3),
             n_train,
             n_eval,
-            "file" if self.file_level else "example",
+            "file-level shards" if self.file_level else "example-level shards",
             (IMAGENET_MEAN, IMAGENET_STD),
         )
 
@@ -354,7 +323,13 @@ class SyntheticSource(Source):
         n = max(1, cfg.synthetic_examples // workers)
         stats = (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else ((127.5,) * channels, (64.0,) * channels)
         self.spec = Spec(
-            "synthetic", cfg.num_classes, (self.size, self.size, channels), n, n, "example", stats
+            "synthetic",
+            cfg.num_classes,
+            (self.size, self.size, channels),
+            n,
+            n,
+            "example-level shards",
+            stats,
         )
         rng = np.random.default_rng(seed)
         self._image = tf.constant(rng.integers(0, 256, size=self.spec.image_shape, dtype=np.uint8))
@@ -377,6 +352,10 @@ def open_source(cfg, rank: int = 0, workers: int = 1, seed: int = 0) -> Source:
     """The dataset named by ``cfg`` (an app.core.config.DataConfig) for ``rank`` of ``workers``."""
     if cfg.source == "tfds":
         source = _tfds_source(cfg, rank, workers)
+    elif cfg.source == "python":
+        from app.data.usersource import PythonSource
+
+        source = PythonSource(cfg, rank, workers, seed)
     elif cfg.source == "imagenet":
         source = ImagenetSource(cfg, rank, workers, seed)
     else:

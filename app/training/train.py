@@ -113,7 +113,7 @@ def header(run: RunContext, rate: float | None = None) -> None:
             (
                 "data",
                 f"{spec.name}: {spec.train_examples:,} train / {spec.eval_examples:,} eval examples per "
-                f"{'process' if world.replicas > 1 else 'worker'} ({spec.sharding}-level shards)",
+                f"{'process' if world.replicas > 1 else 'worker'} ({spec.sharding})",
             ),
             (
                 "input",
