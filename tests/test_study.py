@@ -771,8 +771,9 @@ TINY = ["--set", "data.image_size=8", "--set", "train.batch_size=16", "--set", "
 
 def test_tiny_real_study_stopped_by_a_signal_continues_and_reports(tmp_path, tfds_dir):
     out = tmp_path / "studies"
+    model = ["--set", "model.name=examples/small_cnn.py:build"]  # RQ3 for a researcher's own model (issue 34)
     args = ["study", "large-batch", "-c", FASHION, "--k", "1,2", "--seeds", "1", "--name", "tiny", "--out",
-            str(out), "--data-dir", str(tfds_dir), *TINY]  # fmt: skip
+            str(out), "--data-dir", str(tfds_dir), *TINY, *model]  # fmt: skip
     folder = out / "tiny"
     # 1. SIGTERM to the study once its second run trained a step: that run checkpoints at the end of the epoch and
     # exits with status 3, and the study stops there with status 3 (no further run starts).
@@ -797,6 +798,7 @@ def test_tiny_real_study_stopped_by_a_signal_continues_and_reports(tmp_path, tfd
     assert [s.state for s in first] == ["done", "partial", "pending", "pending", "pending"], first
     assert first[1] == RunState("partial", 1, "stopped") and (second / "checkpoints" / "epoch-0001").is_dir()
     assert sorted(os.listdir(folder / "runs")) == ["baseline-k1-s1", "unscaled-k2-s1"]
+    assert (folder / "runs" / "baseline-k1-s1" / "model" / "small_cnn.py").is_file()  # her model, kept
     status = run_app(["study", "status", str(folder)]).stdout
     assert "1 done, 1 partial, 3 pending of 5 runs" in status
 

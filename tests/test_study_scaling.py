@@ -611,16 +611,19 @@ def test_a_local_study_never_trains_a_run_its_slurm_job_trains(tmp_path, monkeyp
 
 @pytest.mark.slow
 def test_tiny_real_local_study_with_timeline_independent_baseline_and_resume(tmp_path):
-    """1 and 2 workers of a tiny ResNet-20 (horovodrun --gloo), one batch size, the timeline at 2 workers and 2
-    independent processes; then the same command again measures nothing and writes the report again."""
+    """1 and 2 workers of a researcher's own model file (examples/small_cnn.py, horovodrun --gloo), one batch
+    size, the timeline at 2 workers and 2 independent processes; then the same command again measures nothing
+    and writes the report again."""
     out = tmp_path / "studies"
-    args = [sys.executable, "-m", "app", "study", "scaling", "-c", SYNTHETIC, *TINY_SYNTHETIC, "--np", "1,2",
+    model = ["--set", "model.name=examples/small_cnn.py:build"]  # RQ2 for her model (issue 34)
+    args = [sys.executable, "-m", "app", "study", "scaling", "-c", SYNTHETIC, *TINY_SYNTHETIC, *model, "--np", "1,2",
             "--batch-sizes", "8", "--steps", "8", "--windows", "2", "--timeline", "--name", "tiny", "--out", str(out)]  # fmt: skip
     proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     folder = out / "tiny"
     rows = [json.loads(ln) for ln in (folder / "results" / "workers-2.jsonl").read_text().splitlines()]
     assert [(r["workers"], r["batch_size"]) for r in rows] == [(2, 8)]
+    assert rows[0]["model"] == "examples/small_cnn.py:build"
     trace = rows[0]["timeline"]
     assert trace["collectives"] > 0 and 0 < trace["collective_fraction"] < 1 and Path(trace["file"]).is_file()
     assert len(timeline.load_events(Path(trace["file"]))) > 0  # a trace Perfetto opens: a JSON list of events
