@@ -556,3 +556,35 @@ def test_impossible_batch_sizes_and_workers_in_results_are_one_line(tmp_path):
     code, text = report_cli(path, "--out", tmp_path / "out")
     assert code == 2
     assert text.startswith(f"Error: {path} line 1: batch_size must be at most 10,000,000, got 1")
+
+
+def test_efficiency_error_bars_hold_the_baselines_interval_and_repeats_give_a_between_job_one(
+    tmp_path, monkeypatch
+):
+    """Issue 36: the efficiency plot's bars carried each point's own interval only; an efficiency divides by the
+    fewest workers' throughput, so its interval is in the bar too. A cell measured in several jobs gets the
+    interval between them (Student's t), not the mean of each job's windows."""
+    import math
+    import statistics
+
+    import matplotlib.figure
+
+    rows = [result(64, 1, 100.0), result(64, 1, 110.0), result(64, 1, 120.0), result(64, 4, 380.0)]
+    table = report.scaling(rows)
+    one, four = table[64]
+    assert one.ci95 == pytest.approx(4.303 * statistics.stdev([100.0, 110.0, 120.0]) / math.sqrt(3))
+    assert four.ci95 == pytest.approx(380.0 * 0.02)  # one job: its windows' interval
+    expected = four.efficiency * math.hypot(four.ci95 / 380.0, one.ci95 / 110.0)
+    assert report.efficiency_ci95(four, one) == pytest.approx(expected)
+    assert report.efficiency_ci95(one, one) == 0.0
+    bars = {}
+    real_savefig = matplotlib.figure.Figure.savefig
+
+    def savefig(fig, path, *args, **kwargs):
+        (container,) = [c for c in fig.axes[0].containers if type(c).__name__ == "ErrorbarContainer"]
+        bars[Path(path).name] = [abs(s[1][1] - s[0][1]) / 2 for s in container.lines[2][0].get_segments()]
+        return real_savefig(fig, path, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    report.plot_scaling(table, tmp_path)
+    assert bars["efficiency.png"] == pytest.approx([0.0, 100 * expected])
