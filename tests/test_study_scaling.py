@@ -894,6 +894,18 @@ def test_the_csc_section_gives_wall_times_and_cscs_efficiency_only_for_the_same_
     assert csc.wall_times(bad) == {}
 
 
+def test_a_report_names_the_data_it_measured():
+    from app.study.dataset import data_name
+
+    assert data_name(cfg()) == "synthetic data"
+    assert data_name(cfg("data.source=tfds", "data.name=fashion_mnist")) == "fashion_mnist"
+    assert data_name(cfg("data.source=tfds", "data.train_split=train[:90%]")) == "fashion_mnist train[:90%]"
+    assert data_name(cfg("data.source=imagenet", "data.data_dir=/scratch/p/photos/")) == "photos (TFRecords)"
+    # The plan records it, with the data's size and where that came from (or why it is unknown).
+    p = plan_scaling(cfg(), [1, 2], [16], 20, 4, False, "s", train_examples=1000, examples_from="here")
+    assert p.data == {"name": "synthetic data", "examples": 1000, "from": "here"}
+
+
 def test_a_dry_run_with_images_prints_the_steps_of_every_point(tmp_path, monkeypatch, capsys):
     out = tmp_path / "studies"
     code, stdout, stderr = app_main(
