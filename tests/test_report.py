@@ -556,3 +556,97 @@ def test_impossible_batch_sizes_and_workers_in_results_are_one_line(tmp_path):
     code, text = report_cli(path, "--out", tmp_path / "out")
     assert code == 2
     assert text.startswith(f"Error: {path} line 1: batch_size must be at most 10,000,000, got 1")
+
+
+def on_nodes(per_step: float, counts, model="NVIDIA GH200 480GB", **kw) -> list[dict]:
+    """Benchmark results of 4 GPUs per node at ``counts`` nodes, each count ``per_step`` as efficient per GPU
+    as the one before it (a user's own jobs: throughput only, no --images)."""
+    gh200 = {"gpu_count": 4, "gpu_model": model, "cpu_count": 288}
+    return [
+        {**result(64, 4 * n, 1000.0 * n * per_step**k, env=gh200, **kw), "nodes": n}
+        for k, n in enumerate(counts)
+    ]
+
+
+def test_app_report_judges_cscs_test_on_results_over_three_node_counts(tmp_path):
+    """Issue 36: `app report` on benchmark results of one GPU model over 3 or more node counts prints the scaling
+    study's CSC section. 80% per doubling over 1, 2, 4, 8 nodes is 51% against 1 node: it fails; 90% per step
+    over 1, 3, 9 nodes (no doubling at all) is 81% at 9: it passes."""
+    code, text = report_cli(write(tmp_path / "d.jsonl", on_nodes(0.8, (1, 2, 4, 8))), "--out", tmp_path / "d")
+    assert code == 0, text
+    assert (
+        "CSC gpularge test, batch 64/GPU: FAIL: parallel efficiency below 75% at 4, 8 nodes (E_N against 1 node, "
+        "from throughput: 2 nodes 80% ±2%, 4 nodes 64% ±2%, 8 nodes 51% ±1%)" in " ".join(text.split())
+    )
+    md = (tmp_path / "d" / "csc.md").read_text()
+    # 2% intervals on every count: each doubling's speedup 1.6 x hypot(2%, 2%), secondary to E_N
+    assert "| 64 | 8 | 32 | 4,096.0 | 81.9 | 1 | - | - | 51% | 1% | throughput | 1.60x | 0.05 |" in md
+    assert "- batch 64/GPU: judged from throughput (images/s per GPU against the fewest nodes)" in md
+    # Issue 34: benchmark results do not know how large their data is: no epoch column, and why.
+    assert "epoch of" not in md and "ImageNet" not in md
+    assert (
+        "- no epoch column: `app benchmark` results do not record how many training examples their data" in md
+    )
+    # Every count's interval is 2% of its images/s: E_N's is E_N x hypot(2%, 2%), 2.5% at 3 nodes, 2.3% at 9.
+    code, text = report_cli(write(tmp_path / "t.jsonl", on_nodes(0.9, (1, 3, 9))), "--out", tmp_path / "t")
+    assert code == 0, text
+    assert (
+        "CSC gpularge test, batch 64/GPU: PASS: 3 node counts, parallel efficiency 75% or more at each (E_N "
+        "against 1 node, from throughput: 3 nodes 90% ±3%, 9 nodes 81% ±2%)" in " ".join(text.split())
+    )
+    csv_rows = (tmp_path / "t" / "csc.csv").read_text().splitlines()
+    assert csv_rows[0].startswith("batch_per_gpu,nodes,gpus,images_per_s,images_per_s_ci95,jobs,")
+    assert [float(r.split(",")[8]) for r in csv_rows[1:]] == [1.0, 0.9, 0.81]
+
+
+@pytest.mark.parametrize(
+    "rows, line",
+    [
+        (on_nodes(0.9, (1, 2)), None),  # 2 node counts: not a scalability test
+        ([{**r, "env": {"gpu_count": 0, "cpu_count": 128}} for r in on_nodes(0.9, (1, 2, 4))], None),  # CPUs
+        ([{k: v for k, v in r.items() if k != "env"} for r in on_nodes(0.9, (1, 2, 4))], None),  # unrecorded
+        (
+            [*on_nodes(0.9, (1, 2)), *on_nodes(0.9, (4,), model="NVIDIA A100")],
+            "no CSC gpularge scalability test section: the results mix GPU models NVIDIA A100 and NVIDIA GH200 "
+            "480GB; report one model's results",
+        ),
+    ],
+)
+def test_app_report_leaves_the_csc_section_out_where_it_does_not_apply(tmp_path, rows, line):
+    code, text = report_cli(write(tmp_path / "r.jsonl", rows), "--out", tmp_path / "out")
+    assert code == 0, text
+    assert not (tmp_path / "out" / "csc.md").exists() and "CSC gpularge test" not in text
+    md = (tmp_path / "out" / "scaling.md").read_text()
+    assert (f"- {line}\n" in md) if line else "CSC" not in md
+
+
+def test_efficiency_error_bars_hold_the_baselines_interval_and_repeats_give_a_between_job_one(
+    tmp_path, monkeypatch
+):
+    """Issue 36: the efficiency plot's bars carried each point's own interval only; an efficiency divides by the
+    fewest workers' throughput, so its interval is in the bar too. A cell measured in several jobs gets the
+    interval between them (Student's t), not the mean of each job's windows."""
+    import math
+    import statistics
+
+    import matplotlib.figure
+
+    rows = [result(64, 1, 100.0), result(64, 1, 110.0), result(64, 1, 120.0), result(64, 4, 380.0)]
+    table = report.scaling(rows)
+    one, four = table[64]
+    assert one.ci95 == pytest.approx(4.303 * statistics.stdev([100.0, 110.0, 120.0]) / math.sqrt(3))
+    assert four.ci95 == pytest.approx(380.0 * 0.02)  # one job: its windows' interval
+    expected = four.efficiency * math.hypot(four.ci95 / 380.0, one.ci95 / 110.0)
+    assert report.efficiency_ci95(four, one) == pytest.approx(expected)
+    assert report.efficiency_ci95(one, one) == 0.0
+    bars = {}
+    real_savefig = matplotlib.figure.Figure.savefig
+
+    def savefig(fig, path, *args, **kwargs):
+        (container,) = [c for c in fig.axes[0].containers if type(c).__name__ == "ErrorbarContainer"]
+        bars[Path(path).name] = [abs(s[1][1] - s[0][1]) / 2 for s in container.lines[2][0].get_segments()]
+        return real_savefig(fig, path, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    report.plot_scaling(table, tmp_path)
+    assert bars["efficiency.png"] == pytest.approx([0.0, 100 * expected])

@@ -77,6 +77,7 @@ class ScalingRequest:
         from app.study.dataset import train_examples
         from app.study.scaling import plan_scaling
 
+        examples, where = train_examples(cfg)
         return plan_scaling(
             cfg,
             self.workers,
@@ -87,8 +88,9 @@ class ScalingRequest:
             self.name,
             self.cluster,
             self.independent,
-            train_examples(cfg)[0],
+            examples,
             self.images or 0,
+            where,
         )
 
     def job_options(self) -> dict | None:

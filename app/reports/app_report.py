@@ -2,7 +2,8 @@
 
 Reads ``app benchmark`` JSON lines and ``app train`` run directories (metrics.jsonl, summary.json), writes
 Markdown, CSV and PNG files into ``--out``, prints the tables with rich, and says in one line each what they
-mean. Imports neither TensorFlow nor Horovod: it runs on a login node.
+mean; results on GPUs of one model over 3 or more node counts also get the scaling study's section for CSC's
+gpularge test (csc.md, csc.csv). Imports neither TensorFlow nor Horovod: it runs on a login node.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from app.core.errors import UsageError
+from app.reports import csc_section
 from app.reports.benchmarks import (
     SCALING_COLUMNS,
     engine_of,
@@ -104,6 +106,22 @@ def one_engine(
     return results, runs
 
 
+def _csc(results: list[dict], table, what: str, measured: list[str], out: Path, written: list[Path]) -> tuple:
+    """The section for CSC's gpularge test: csc.md and csc.csv into ``out`` (added to ``written``).
+
+    Returns:
+        What to print of it: (title, columns, rows, verdict lines).
+    """
+    data = results[0].get("data") or "not recorded"
+    no_epoch = (
+        f"`app benchmark` results do not record how many training examples their data ({data}) has; "
+        "`app study scaling` records it in its plan"
+    )
+    columns, rows, lines, notes = csc_section.section(results, table, None, no_epoch)
+    written += write_table(out, "csc", columns, rows, [line.strip() for line in [*lines, *notes]], measured)
+    return f"{csc_section.TITLE}: {what}", columns, rows, lines
+
+
 def _write(results: list[dict], runs: list, out: Path, target: float | None) -> tuple[list[Path], list]:
     """Write the tables and plots of ``results`` and ``runs`` into ``out``.
 
@@ -121,11 +139,14 @@ def _write(results: list[dict], runs: list, out: Path, target: float | None) -> 
             f"{results[0].get('model') or 'input pipeline'}, {results[0].get('image_size')} px, "
             f"{results[0].get('precision')}, {engine}"
         )
-        lines = verdicts(table)
+        csc, why_not = csc_section.applies(results, table)
+        lines = [*verdicts(table), *([why_not] if why_not else [])]
         measured = measured_on([(r.get("env"), r.get("precision")) for r in results])
         written += write_table(out, "scaling", SCALING_COLUMNS, rows, lines, measured)
         written += plot_scaling(table, out)
         shown.append((f"Scaling ({kind}): {what}", SCALING_COLUMNS, rows, lines))
+        if csc:
+            shown.append(_csc(results, table, what, measured, out, written))
     if runs:
         accs = [acc for r in runs if (acc := best_accuracy(r)) is not None]
         target = target if target is not None else (min(accs) if accs else 1.0)

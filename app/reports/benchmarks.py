@@ -7,12 +7,14 @@ builds on it.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 from app.core.errors import UsageError, brief
 from app.core.results import is_number, is_positive_int, json_lines, note_to_stderr
+from app.reports.paired import t975
 from app.reports.tables import Col, _pyplot, _save_figure, fixed, percent, times
 
 MAX_RATE = 1e9  # images/s: no benchmark of any machine comes near; more is a damaged or forged line
@@ -124,7 +126,8 @@ def scaling(results: list[dict]) -> dict[int, list[Point]]:
 
     efficiency = throughput(N) x N0 / (N x throughput(N0)), N0 the smallest worker count measured (1 when
     there is a 1-worker result: then it is throughput(N) / (N x throughput(1))). Repeated measurements of
-    the same cell (batch, workers, nodes) are averaged.
+    the same cell (batch, workers, nodes), from several jobs, are averaged, and their interval is the one
+    between those jobs (:func:`between_jobs`) rather than the mean of each job's own.
     """
     check_comparable(results)
     # The same workers on one node and on several are different points (intra- vs inter-node communication).
@@ -140,7 +143,11 @@ def scaling(results: list[dict]) -> dict[int, list[Point]]:
         for n, nodes in counts:
             rows = cells[(batch, n, nodes)]
             thr = statistics.fmean(r["images_per_s"]["mean"] for r in rows)
-            ci = statistics.fmean(float(r["images_per_s"].get("ci95") or 0.0) for r in rows)
+            ci = (
+                between_jobs([r["images_per_s"]["mean"] for r in rows])
+                if len(rows) > 1
+                else float(rows[0]["images_per_s"].get("ci95") or 0.0)
+            )
             wait = statistics.fmean(float(r.get("input_wait_fraction") or 0.0) for r in rows)
             points.append(
                 Point(
@@ -159,6 +166,24 @@ def scaling(results: list[dict]) -> dict[int, list[Point]]:
             )
         table[batch] = points
     return table
+
+
+def between_jobs(values: list[float]) -> float:
+    """The half-width of the 95% interval of the mean of ``values``, one per job (Student's t).
+
+    Two jobs give a wide interval (t = 12.7): that is what two measurements tell.
+    """
+    return t975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def efficiency_ci95(p: Point, base: Point) -> float:
+    """The 95% half-width of ``p``'s efficiency against ``base``: both points' intervals, first order.
+
+    0 for the base itself (exactly 1 by definition) and where either point has no interval (one window).
+    """
+    if p is base or not (p.ci95 > 0 and base.ci95 > 0):
+        return 0.0
+    return p.efficiency * math.hypot(p.ci95 / p.images_per_s, base.ci95 / base.images_per_s)
 
 
 def _cores_shared(rows: list[dict], nodes: int) -> int:
@@ -268,11 +293,12 @@ def plot_scaling(table: dict[int, list[Point]], out: Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for batch, points in table.items():
-        # The bars carry the point's own 95% interval (that of the fewest workers is not folded in).
+        # The bars carry the point's 95% interval and that of the fewest workers, which every efficiency
+        # divides by.
         ax.errorbar(
             [p.workers for p in points],
             [100 * p.efficiency for p in points],
-            yerr=[100 * p.efficiency * p.ci95 / p.images_per_s for p in points],
+            yerr=[100 * efficiency_ci95(p, points[0]) for p in points],
             fmt="o-",
             capsize=3,
             label=f"batch {batch}/worker",

@@ -11,9 +11,11 @@ results/independent-<n>/process-<i>.jsonl) and builds on `app report`'s scaling 
   workers shared one machine's CPU cores, the engine's N workers against N independent processes at once, the
   baseline that separates communication from core sharing;
 - where the time goes: the share of step time spent in collectives, in negotiation and in compute, from
-  the Horovod timelines `app benchmark --timeline` recorded.
+  the Horovod timelines `app benchmark --timeline` recorded;
+- CSC's gpularge scalability test (app.reports.csc_section), with the epoch of the data the plan recorded.
 
-Writes report/scaling.md and .csv, cost.csv, independent.csv, timeline.csv, throughput.png, efficiency.png.
+Writes report/scaling.md and .csv, cost.csv, csc.csv, independent.csv, timeline.csv, throughput.png,
+efficiency.png.
 No TensorFlow: it runs on a login node and in the study's report job.
 """
 
@@ -22,8 +24,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from app.core.errors import UsageError
-from app.core.results import is_number
-from app.reports import benchmarks, csc
+from app.core.results import is_number, is_positive_int
+from app.reports import benchmarks, csc_section
 from app.reports.tables import (
     Col,
     fixed,
@@ -82,11 +84,6 @@ def cost_columns(gpus: bool) -> tuple[Col, ...]:
             fixed(2),
         ),
     )
-
-
-def on_gpus(results: list[dict]) -> bool:
-    """Whether every result was measured on GPUs (its env's gpu_count)."""
-    return all(isinstance(r.get("env"), dict) and (r["env"].get("gpu_count") or 0) > 0 for r in results)
 
 
 def cost_rows(table: dict[int, list[benchmarks.Point]]) -> list[list]:
@@ -245,14 +242,31 @@ def measured_what(results: list[dict]) -> str:
     return f"{r.get('model') or 'input pipeline'}, {r.get('image_size')} px, {r.get('precision')}"
 
 
+def data_epoch(plan: ScalingPlan) -> tuple[csc_section.Epoch | None, str]:
+    """The data the study measured, for the CSC section's epoch column, from its plan; else (None, why)."""
+    data = plan.data
+    name = data.get("name") if isinstance(data.get("name"), str) else "the data"
+    if is_positive_int(data.get("examples")):
+        return csc_section.Epoch(data["examples"], name, str(data.get("from") or "the study's plan")), ""
+    if not data:
+        return None, "this study was planned before scaleout recorded the size of the data it measures"
+    why = f" ({data['from']})" if isinstance(data.get("from"), str) and data["from"] else ""
+    return None, f"the size of {name} was not known when the study was planned{why}"
+
+
 def markdown(
     plan: ScalingPlan,
     what: str,
-    sections: list[tuple[str, tuple, list]],
+    sections: list[tuple],
     lines: list[str],
     measured: list[str],
-    csc_text: list[str] = (),
 ) -> str:
+    """scaling.md: what was measured, each section's table (with the lines under it, where it has some), the
+    verdicts and where it was measured.
+
+    Args:
+        sections: (title, columns, rows) or (title, columns, rows, lines under the table).
+    """
     where = f"Slurm profile {plan.cluster}" if plan.cluster else "local processes"
     out = [
         f"# Scaling study {plan.name}",
@@ -269,12 +283,12 @@ def markdown(
         f"{plan.windows} windows with a 95% confidence interval.",
         "",
     ]
-    for title, columns, rows in sections:
+    for title, columns, rows, *under in sections:
         if not rows:
             continue
         out += [f"## {title}", "", *markdown_table(columns, rows)]
-        if columns is csc.COLUMNS:  # CSC's rule under its table
-            out += ["", *(f"- {line.strip()}" for line in csc_text)]
+        if under:  # CSC's rule under its table
+            out += ["", *(f"- {line.strip()}" for line in under[0])]
         out.append("")
     out += ["## Verdicts", "", *(f"- {line}" for line in lines), ""]
     out += ["## Measured on", "", *(f"- {line}" for line in measured), ""]
@@ -292,9 +306,8 @@ def write_report(folder: Path, plan: ScalingPlan, console) -> list[Path]:
     costs, solo, traces = cost_rows(table), independent_rows(table, independent), timeline_rows(results)
     who = workers_word(results)
     lines = verdicts(table, independent, traces, who)
-    gpus, sampled = on_gpus(results), csc.gpu_samples(results)
-    cost_cols = cost_columns(gpus)
-    csc_rows, csc_lines = csc.rows(table, sampled, csc.wall_times(results)), csc.verdict(table, gpus)
+    cost_cols = cost_columns(csc_section.on_gpus(results))
+    csc_cols, csc_rows, csc_lines, csc_notes = csc_section.section(results, table, *data_epoch(plan))
     sections = [
         ("Throughput, speedup and efficiency", benchmarks.SCALING_COLUMNS, rows),
         (
@@ -305,19 +318,16 @@ def write_report(folder: Path, plan: ScalingPlan, console) -> list[Path]:
         ),
         (f"Workers against independent processes on the same cores ({who})", INDEPENDENT_COLUMNS, solo),
         ("Where the time goes (Horovod timeline)", TIMELINE_COLUMNS, traces),
-        ("CSC gpularge scalability test", csc.COLUMNS, csc_rows),
+        (csc_section.TITLE, csc_cols, csc_rows, [*csc_lines, *csc_notes]),
     ]
     with staged(out) as stage:
         measured = measured_on([(r.get("env"), r.get("precision")) for r in results])
-        csc_text = [*csc_lines, *csc.notes(bool(sampled))]
-        write_text(
-            stage / "scaling.md", markdown(plan, measured_what(results), sections, lines, measured, csc_text)
-        )
+        write_text(stage / "scaling.md", markdown(plan, measured_what(results), sections, lines, measured))
         names = ["scaling.md"]
         for stem, columns, body in (
             ("scaling", benchmarks.SCALING_COLUMNS, rows),
             ("cost", cost_cols, costs),
-            ("csc", csc.COLUMNS, csc_rows),
+            ("csc", csc_cols, csc_rows),
             ("independent", INDEPENDENT_COLUMNS, solo),
             ("timeline", TIMELINE_COLUMNS, traces),
         ):
@@ -325,7 +335,7 @@ def write_report(folder: Path, plan: ScalingPlan, console) -> list[Path]:
                 names.append(write_csv(stage / f"{stem}.csv", columns, body).name)
         names += [p.name for p in benchmarks.plot_scaling(table, stage)]
     written = [out / name for name in names]
-    for title, columns, body in sections:
+    for title, columns, body, *_ in sections:
         if body:
             print_table(console, title, columns, body)
     for line in [*lines, *csc_lines]:

@@ -48,6 +48,17 @@ def train_examples(cfg) -> tuple[int | None, str]:
     return None, f"{d.name} is not prepared in the TFDS data dir {config_mod.tfds_data_dir(d.data_dir)}"
 
 
+def data_name(cfg) -> str:
+    """What a report calls ``cfg``'s data: the TFDS name (with its split when not "train"), the TFRecord
+    folder's name, or "synthetic data"."""
+    d = cfg.data
+    if d.source == "synthetic":
+        return "synthetic data"
+    if d.source == "imagenet":  # ImageNet's TFRecords, or any folder `app data folder-to-tfrecord` wrote
+        return f"{Path(d.data_dir or '.').name or 'data'} (TFRecords)"
+    return d.name if d.train_split == "train" else f"{d.name} {d.train_split}"
+
+
 def _tfds_examples(d) -> tuple[int, str] | None:
     """The split's size from a prepared TFDS folder's dataset_info.json, and that file; or None.
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from app.core import config as config_mod
 from app.core.errors import UsageError, brief, read_regular, show
 from app.core.results import check_images, fewest_steps, steps_for_images
+from app.study.dataset import data_name
 from app.study.files import STUDY_FILE_LIMIT
 from app.study.state import INTERRUPTED, RunState, attempts, running_run, slurm_states, with_job
 
@@ -71,6 +72,9 @@ class ScalingPlan:
     cluster: str | None  # the Slurm profile, or None for local processes
     parts: tuple[PartPlan, ...]
     images: int = 0  # app benchmark --images: the same work at every worker count (0: --steps each)
+    # The data measured, for the report's epoch column: {"name", "examples" (None: unknown), "from"}; {} in
+    # study folders planned before it was recorded. Not part of the identity: the config names the data.
+    data: dict = dataclasses.field(default_factory=dict)
 
     def identity(self) -> dict:
         cfg = {k: v for k, v in self.config.items() if k != "data.data_dir"}
@@ -110,6 +114,21 @@ class ScalingPlan:
         )
 
 
+def _check_batches_fit(workers: list[int], batch_sizes: list[int], train_examples: int) -> None:
+    """app benchmark shards the data over the workers: each needs one batch of its share.
+
+    Raises:
+        UsageError: a batch size larger than what the most workers get each.
+    """
+    big = [(b, n) for b in batch_sizes for n in workers if b > train_examples // n]
+    if big:
+        b, n = big[0]
+        raise UsageError(
+            f"--batch-sizes {b}: more than the {train_examples // n:,} training examples each of {n} "
+            f"workers gets ({train_examples:,} in all); use at most {train_examples // max(workers):,}"
+        )
+
+
 def plan_scaling(
     cfg,
     workers: list[int],
@@ -122,6 +141,7 @@ def plan_scaling(
     independent: bool = False,
     train_examples: int | None = None,
     images: int = 0,
+    examples_from: str = "",
 ) -> ScalingPlan:
     """The benchmarks of RQ1 + RQ2: pure, no I/O.
 
@@ -133,6 +153,7 @@ def plan_scaling(
         cluster: the Slurm profile the study runs on; None: local processes.
         train_examples: the data's training examples, to check every worker gets a batch (None: unknown).
         images: the images every point processes, in place of ``steps`` (0: use ``steps``).
+        examples_from: where ``train_examples`` came from, or why it is unknown (for the report).
 
     Raises:
         UsageError: a name, worker counts, steps, windows, images or batch sizes that make no study.
@@ -160,16 +181,10 @@ def plan_scaling(
             f"--images {images}: too few steps at batch {b} on {n} workers; give at least "
             f"{least * b * n} (5 steps, and one per window, at every point)"
         )
-    # synthetic data repeats: any batch fits
-    if train_examples is not None and cfg.data.source != "synthetic":
-        # app benchmark shards the data over the workers: each needs one batch of its share.
-        big = [(b, n) for b in batch_sizes for n in workers if b > train_examples // n]
-        if big:
-            b, n = big[0]
-            raise UsageError(
-                f"--batch-sizes {b}: more than the {train_examples // n:,} training examples each of {n} "
-                f"workers gets ({train_examples:,} in all); use at most {train_examples // max(workers):,}"
-            )
+    if (
+        train_examples is not None and cfg.data.source != "synthetic"
+    ):  # synthetic data repeats: any batch fits
+        _check_batches_fit(workers, batch_sizes, train_examples)
     parts = []
     for n in workers:
         parts.append(PartPlan(f"workers-{n}", n))
@@ -187,6 +202,7 @@ def plan_scaling(
         cluster,
         tuple(parts),
         images,
+        {"name": data_name(cfg), "examples": train_examples, "from": examples_from},
     )
 
 
