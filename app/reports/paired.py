@@ -132,11 +132,11 @@ def compare(
     if not seeds and not diverged:
         return None
     diffs = [variant[s] - baseline[s] for s in seeds]
-    mean = statistics.fmean(diffs) if diffs else None
     half = t975(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else None
     if diverged:
-        return Paired(len(diffs), mean, half, "worse", "diverged", diverged=diverged)
-    assert mean is not None
+        mean_of_rest = statistics.fmean(diffs) if diffs else None
+        return Paired(len(diffs), mean_of_rest, half, "worse", "diverged", diverged=diverged)
+    mean = statistics.fmean(diffs)
     if half is None:
         return Paired(1, mean, None, "cannot tell")
     if mean + half <= margin:
