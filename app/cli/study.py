@@ -16,7 +16,6 @@ import click
 from app.cli.base import cli
 from app.core.errors import UsageError, brief, one_line
 from app.core.iterables import zip_equal
-from app.reports.paired import MARGIN_PP
 
 
 class StudyGroup(click.Group):
@@ -37,8 +36,8 @@ class StudyGroup(click.Group):
         return super().resolve_command(ctx, args)
 
 
-def _margin(ctx, param, value: float) -> float:
-    if not (math.isfinite(value) and 0 < value <= 100):
+def _margin(ctx, param, value: float | None) -> float | None:
+    if value is not None and not (math.isfinite(value) and 0 < value <= 100):
         raise click.BadParameter(f"{value!r}: a positive number of percentage points, at most 100 (e.g. 0.5)")
     return value
 
@@ -132,11 +131,10 @@ def study_status(study_dir):
 @click.option(
     "--margin",
     type=float,
-    default=MARGIN_PP,
-    show_default=True,
     callback=_margin,
     metavar="PP",
-    help="Large-batch studies: the margin of the verdicts, in percentage points of top-1 error.",
+    help="Large-batch studies: the verdicts' margin in percentage points of top-1 error, instead of the one "
+    "the study was planned with (study.json); another margin is flagged as post hoc in every verdict.",
 )
 def study_report_command(study_dir, margin):
     """Write a study's report from what its runs have written so far (studies/<name>/report/).

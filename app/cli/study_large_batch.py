@@ -23,7 +23,7 @@ from app.cli.study import _margin, study
 from app.cli.study_setup import prepare_study, submit_study
 from app.core.errors import AppError, UsageError, brief
 from app.engines.world import joined_launcher
-from app.reports.paired import MARGIN_PP
+from app.study.large_batch import MARGIN_PP
 
 
 @dataclass(frozen=True)
@@ -171,7 +171,7 @@ def _print_dry_run(request: LargeBatchRequest, plan, cfg, new: bool) -> None:
     callback=_margin,
     metavar="PP",
     help="A variant 'holds' when it is not worse than the baseline by more than this many percentage "
-    "points of top-1 error (the whole 95% interval below it).",
+    "points of top-1 error (the whole 95% interval below it); stored in study.json with alpha 2.5%.",
 )
 @click.option("--name", help="The study's folder name under --out (default: the config's name).")
 @click.option(
@@ -292,7 +292,15 @@ def _plan(request: LargeBatchRequest, cfg):
     local.check_parallel(request.parallel, request.np_, bool(request.cluster))
     examples, where = dataset.train_examples(cfg)
     return large_batch.plan_large_batch(
-        cfg, request.ks, request.seeds, request.np_, request.name, examples, where, request.allow_small_budget
+        cfg,
+        request.ks,
+        request.seeds,
+        request.np_,
+        request.name,
+        examples,
+        where,
+        request.allow_small_budget,
+        request.margin,
     )
 
 
@@ -330,8 +338,13 @@ def _run(request: LargeBatchRequest, plan, cfg, new: bool) -> None:
     failed = local.run_local(
         folder, plan, request.data_dir, request.threads, click.echo, again, request.parallel
     )
-    from app.reports import large_batch as study_report
+    import dataclasses
 
+    from app.reports import large_batch as study_report
+    from app.study.folder import load_plan
+
+    stored = load_plan(folder)  # its margin (none when an older scaleout planned it), the rest as now
+    plan = dataclasses.replace(plan, margin=stored.margin, alpha=stored.alpha)
     study_report.write_report(
         folder, plan, Console(width=None if sys.stdout.isatty() else 120), request.margin
     )

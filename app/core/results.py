@@ -187,13 +187,16 @@ def row_problem(row: object) -> str | None:
     return None
 
 
-def read_metrics(run_dir: Path, note=None, damaged: list | None = None) -> list[dict]:
+def read_metrics(
+    run_dir: Path, note=None, damaged: list | None = None, nulls: list | None = None
+) -> list[dict]:
     """The per-epoch rows of a run's metrics.jsonl ([] before the first epoch ends).
 
     A torn last line (an interrupted write) is skipped with a ``note`` (default: one line on stderr); any
     other damage is an error naming the file and line, or, with a ``damaged`` list (a resume, which must go
     on), left out with a note and kept there as (line number, text). Null values (a metric that was not a
-    finite number) are dropped from their row, as if the metric was absent.
+    finite number) are dropped from their row, as if the metric was absent; with a ``nulls`` list, each is
+    kept there as (epoch, key) of the rows read (a diverged loss is one).
     """
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
@@ -204,6 +207,8 @@ def read_metrics(run_dir: Path, note=None, damaged: list | None = None) -> list[
         wrong = row_problem(row)
         problem = f"{path} line {n}: {wrong}; the file is damaged" if wrong else None
         if isinstance(row, dict):
+            if nulls is not None and not problem:
+                nulls += [(row["epoch"], k) for k, v in row.items() if v is None]
             row = {k: v for k, v in row.items() if v is not None}
         if problem and not lenient:
             raise UsageError(problem)

@@ -16,6 +16,8 @@ import statistics
 from pathlib import Path
 
 from app.core.iterables import zip_equal
+from app.reports import large_batch_time as timing
+from app.reports.large_batch_pairs import CHANCE_TOLERANCE_PP, DEFAULT_RULE, Rule, rule_for
 from app.reports.large_batch_runs import RUN_COLUMNS, RunResult, collect, run_rows
 from app.reports.large_batch_verdicts import (
     MIN_UPDATES,
@@ -27,7 +29,7 @@ from app.reports.large_batch_verdicts import (
     verdicts,
     warnings,
 )
-from app.reports.paired import MARGIN_PP
+from app.reports.paired import POWER, SIGN_SEEDS
 from app.reports.tables import (
     _pyplot,
     _save_figure,
@@ -39,6 +41,7 @@ from app.reports.tables import (
     write_csv,
     write_text,
 )
+from app.study.dataset import num_classes
 from app.study.large_batch import LABELS, VARIANTS, RunPlan, StudyPlan
 
 # ------------------------------------------------------------------------------------------ table
@@ -73,11 +76,15 @@ CSV_COLUMNS = (
     "ci95_high_pp",
     "paired_seeds",
     "verdict",
+    "verdict_rule",
+    "margin_pp",
     "updates_min",
     "updates_max",
     "seeds_done",
     "seeds_planned",
+    *timing.CSV_COLUMNS,
     "budget_limited",
+    "post_hoc_margin",
 )
 
 
@@ -94,12 +101,15 @@ def _num(value: float | None) -> float | str:
     return "" if value is None else round(value, 4)
 
 
-def table_rows(table: list[Cell], margin: float = MARGIN_PP) -> tuple[list[list[str]], list[list]]:
-    """(Markdown rows, CSV rows) of the table; the CSV holds numbers, the Markdown their display."""
+def table_rows(table: list[Cell], rule: Rule = DEFAULT_RULE) -> tuple[list[list[str]], list[list]]:
+    """(Markdown rows, CSV rows) of the table; the CSV holds numbers, the Markdown their display.
+
+    The CSV rows end before the time to accuracy and the flags, which :func:`write_report` adds.
+    """
     base = next((c for c in table if c.variant == "baseline"), None)
     md, rows = [], []
     for c in table:
-        r, pair = c.run, paired(c, base, margin)
+        r, pair = c.run, paired(c, base, rule)
         md.append(
             [
                 str(c.k),
@@ -109,7 +119,7 @@ def table_rows(table: list[Cell], margin: float = MARGIN_PP) -> tuple[list[list[
                 warmup_text(r),
                 error_text(c),
                 "-" if pair is None else pair.text(),
-                "-" if pair is None else pair.verdict,
+                "-" if pair is None else pair.label,
                 c.updates,
                 f"{len(c.errors)}/{len(c.results)}",
             ]
@@ -132,6 +142,8 @@ def table_rows(table: list[Cell], margin: float = MARGIN_PP) -> tuple[list[list[
                 _num(pair and pair.high),
                 "" if pair is None else pair.seeds,
                 "" if pair is None else pair.verdict,
+                "" if pair is None else pair.rule,
+                "" if pair is None else rule.margin,
                 *(("", "") if c.update_range is None else c.update_range),
                 len(c.errors),
                 len(c.results),
@@ -140,9 +152,10 @@ def table_rows(table: list[Cell], margin: float = MARGIN_PP) -> tuple[list[list[
     return md, rows
 
 
-def notes(plan: StudyPlan, margin: float = MARGIN_PP) -> list[str]:
+def notes(plan: StudyPlan, rule: Rule = DEFAULT_RULE) -> list[str]:
     base = plan.runs[0]
     accumulated = any(r.accumulation_steps > 1 for r in plan.runs)
+    m = f"{rule.margin:g}"
     out = [
         "top-1 error: 100 - the validation top-1 accuracy after the last epoch, in %; mean ± the sample "
         "standard deviation over seeds (n - 1, shown from 2 seeds); vs baseline, paired: the mean over seeds "
@@ -154,10 +167,24 @@ def notes(plan: StudyPlan, margin: float = MARGIN_PP) -> list[str]:
         "the LR of the scaled variants is k x the baseline's (Goyal et al.'s linear scaling rule); a "
         "constant warmup trains at the baseline's LR and then jumps to k x; a gradual warmup ramps linearly, "
         "per update, to the schedule's value where it ends (k x, or under cosine a little less)",
-        "verdicts are paired by seed (every variant of seed s shares the baseline's data order and initial "
-        "weights): the mean of the per-seed differences with its 95% t-interval; 'holds' when the whole "
-        f"interval lies below +{margin:g} pp (not worse by more than the margin), 'worse' when it lies "
-        "above, 'cannot tell' otherwise (with the seeds that would tell); one seed gives no interval",
+        "verdicts are paired by seed, as the runs are (every variant of seed s starts from the baseline's "
+        "initial weights of seed s, and reads the data in its order where both run on one worker): the mean "
+        f"of the per-seed differences with its 95% t-interval, a one-sided test at alpha {rule.alpha:.1%} "
+        f"on a margin of {m} pp; 'holds' when the whole interval lies below +{m} pp (not worse by more "
+        f"than the margin), 'worse' when it lies above +{m} pp, or when from {SIGN_SEEDS} seeds on every "
+        f"seed is more than {m} pp worse (a sign test, p = 2^-seeds: the verdict says 'sign test'), or when "
+        "a seed diverged; 'behind' when the interval lies above 0 but reaches below the margin (worse than "
+        "the baseline, by how much is open); 'cannot tell' otherwise, with the seeds that would give the "
+        f"test {POWER:.0%} power if the true difference were the one observed; one seed gives no interval",
+        "diverged: a run whose metrics hold a non-finite loss, or whose final validation accuracy is at "
+        f"chance (at most {CHANCE_TOLERANCE_PP:g} pp above 1 / classes"
+        + (f", {rule.classes} classes from {rule.classes_from}" if rule.classes else f"; {_unknown(rule)}")
+        + "); it counts as beyond any margin. A seed whose run failed, has not finished, or finished without "
+        "a final accuracy is named in its verdict as left out, never paired in silence",
+        "all runs are scored on the same validation images: the intervals cover the seeds, not the "
+        "sampling of those images; two models' difference on n images carries a standard error of about "
+        "sqrt(d / n), d the share of images on which they disagree (0.15-0.2 pp for n = 10,000 and d = "
+        "2-4%)",
         f"updates: optimizer steps per run; a k whose runs make fewer than {MIN_UPDATES} is budget-limited "
         "(the linear scaling rule assumes many steps; with too few the table measures the budget, not the "
         "batch): its verdicts say so and the summary leaves it out",
@@ -177,6 +204,10 @@ def notes(plan: StudyPlan, margin: float = MARGIN_PP) -> list[str]:
             "the global batch); the moving averages are updated once per micro-batch"
         )
     return out
+
+
+def _unknown(rule: Rule) -> str:
+    return f"the classes are unknown ({rule.classes_from or 'not counted'}), so no run is judged at chance"
 
 
 # ------------------------------------------------------------------------------------------ figure
@@ -290,7 +321,8 @@ def plot(results: list[RunResult], path: Path) -> Path:
 # ------------------------------------------------------------------------------------------ output
 
 
-def markdown(plan: StudyPlan, md_rows, runs, lines, warns, margin: float = MARGIN_PP, results=()) -> str:
+def markdown(plan: StudyPlan, tables: dict, lines, warns, rule: Rule = DEFAULT_RULE, results=()) -> str:
+    """The report in Markdown; ``tables`` holds the rows of "table", "time" and "runs", and "time_note"."""
     ks = ", ".join(str(k) for k in plan.ks)
     source = plan.config.get("data.source")
     data = plan.config.get("data.name") if source == "tfds" else source
@@ -298,9 +330,10 @@ def markdown(plan: StudyPlan, md_rows, runs, lines, warns, margin: float = MARGI
         f"# Large-batch study {plan.name}: does accuracy hold at large batches?",
         "",
         f"k = {ks}, {plan.seeds} seed(s) per variant, at most {plan.max_workers} worker(s) per run; "
-        f"{plan.config.get('model.name')} on {data}.",
+        f"{plan.config.get('model.name')} on {data}; verdicts on a margin of {rule.margin:g} pp at alpha "
+        f"{rule.alpha:.1%} one-sided.",
         "",
-        *markdown_table(COLUMNS, md_rows),
+        *markdown_table(COLUMNS, tables["table"]),
         "",
         *(f"- {ln}" for ln in [*lines, *warns]),
         "",
@@ -308,9 +341,15 @@ def markdown(plan: StudyPlan, md_rows, runs, lines, warns, margin: float = MARGI
         "",
         "![training error vs epoch](large_batch.png)",
         "",
+        "## Time to accuracy",
+        "",
+        *markdown_table(timing.COLUMNS, tables["time"]),
+        "",
+        tables["time_note"],
+        "",
         "## Runs",
         "",
-        *markdown_table(RUN_COLUMNS, runs),
+        *markdown_table(RUN_COLUMNS, tables["runs"]),
         "",
         "## Measured on",
         "",
@@ -322,49 +361,62 @@ def markdown(plan: StudyPlan, md_rows, runs, lines, warns, margin: float = MARGI
         "",
         "## How to read it",
         "",
-        *(f"- {ln}" for ln in notes(plan, margin)),
+        *(f"- {ln}" for ln in notes(plan, rule)),
     ]
     return "\n".join(out) + "\n"
 
 
-def write_report(folder: Path, plan: StudyPlan, console, margin: float = MARGIN_PP) -> list[Path]:
-    """Everything the report writes into ``folder``/report; prints the table and the verdicts."""
+def _flag(table: list[Cell], md_rows: list[list[str]], ks: set[int], words: str) -> list[list[str]]:
+    """``md_rows`` with ``words`` after the verdict of each row at a k in ``ks`` that has one."""
+    col = COLUMNS.index("verdict")
+    return [
+        [*r[:col], f"{r[col]} {words}", *r[col + 1 :]] if c.k in ks and r[col] != "-" else r
+        for c, r in zip_equal(table, md_rows)
+    ]
+
+
+def write_report(folder: Path, plan: StudyPlan, console, margin: float | None = None) -> list[Path]:
+    """Everything the report writes into ``folder``/report; prints the table and the verdicts.
+
+    ``margin``: the verdicts' margin when not the plan's own (--margin; flagged as post hoc when the plan has
+    one).
+
+    Raises:
+        UsageError: a study.json whose alpha this version cannot test at.
+    """
+    rule = rule_for(plan, margin, num_classes(plan.config), str(Path(folder) / "study.json"))
     out = report_folder(folder)
     results = collect(folder, plan, lambda message: console.print(f"note: {message}"))
     table = cells(results)
-    md_rows, csv_rows = table_rows(table, margin)
-    runs = run_rows(results)
-    lines, warns = verdicts(table, margin), warnings(results)
+    md_rows, csv_rows = table_rows(table, rule)
+    base = next((c for c in table if c.variant == "baseline"), None)
+    target = None if base is None or base.mean is None else base.mean + rule.margin
+    time_md, time_csv = timing.time_rows(table, target)
+    tables = {"time": time_md, "time_note": timing.time_note(target, rule.margin)}
+    lines, warns = [*rule.lines(folder), *verdicts(table, rule)], warnings(results)
     limited = {c.k for c in table if c.k > 1 and (fewest_updates([c]) or MIN_UPDATES) < MIN_UPDATES}
     if limited:  # each such k's verdicts are budget-limited (lines, the table, a CSV column)
         ks = ", ".join(f"k={k}" for k in sorted(limited))
-        lines = [
+        lines.insert(
+            len(rule.lines(folder)),
             f"budget-limited: the runs at {ks} make fewer than {MIN_UPDATES} updates: their verdicts measure "
             "the budget as much as the batch; train more epochs for verdicts that speak for the batch",
-            *lines,
-        ]
-        col = COLUMNS.index("verdict")
-        md_rows = [
-            [*r[:col], f"{r[col]} (budget-limited)", *r[col + 1 :]] if c.k in limited and r[col] != "-" else r
-            for c, r in zip_equal(table, md_rows)
-        ]
-    csv_rows = [[*r, c.k in limited] for c, r in zip_equal(table, csv_rows)]
+        )
+        md_rows = _flag(table, md_rows, limited, "(budget-limited)")
+    if rule.post_hoc:
+        md_rows = _flag(table, md_rows, {c.k for c in table}, "(post-hoc margin)")
+    csv_rows = [[*r, *t, c.k in limited, rule.post_hoc] for c, r, t in zip_equal(table, csv_rows, time_csv)]
+    runs = run_rows(results)
     with staged(out) as stage:
-        write_text(stage / "large_batch.md", markdown(plan, md_rows, runs, lines, warns, margin, results))
+        write_text(
+            stage / "large_batch.md",
+            markdown(plan, {**tables, "table": md_rows, "runs": runs}, lines, warns, rule, results),
+        )
         write_csv(stage / "large_batch.csv", CSV_COLUMNS, csv_rows)
         write_csv(stage / "large_batch_runs.csv", RUN_COLUMNS, runs)
         plot(results, stage / "large_batch.png")
         plot_vs_k(table, stage / "large_batch_vs_k.png")
-    written = [
-        out / name
-        for name in (
-            "large_batch.md",
-            "large_batch.csv",
-            "large_batch_runs.csv",
-            "large_batch.png",
-            "large_batch_vs_k.png",
-        )
-    ]
+    written = [out / name for name in REPORT_FILES]
     print_table(
         console, f"Large-batch study {plan.name} (top-1 error, Goyal et al.'s Table 1)", COLUMNS, md_rows
     )
@@ -372,3 +424,12 @@ def write_report(folder: Path, plan: StudyPlan, console, margin: float = MARGIN_
         console.print(line, highlight=False)
     console.print(f"wrote {', '.join(str(p) for p in written)}")
     return written
+
+
+REPORT_FILES = (
+    "large_batch.md",
+    "large_batch.csv",
+    "large_batch_runs.csv",
+    "large_batch.png",
+    "large_batch_vs_k.png",
+)

@@ -32,6 +32,13 @@ class RunResult:
     env: dict | None = None  # where it ran (summary.json's env), once it finished
     detail: str = ""  # why it is in its state (app.study.state.RunState.detail), e.g. "exit status 1"
     damage: str = ""  # a damaged file of the run and what happens to it (app.study.state.RunState.damage)
+    non_finite: str = ""  # the first non-finite loss its metrics hold (null there), as "loss at epoch 3"
+    epoch_times: list[float] = field(default_factory=list)  # training seconds of each epoch read
+
+    @property
+    def final_accuracy_missing(self) -> bool:
+        """A finished run whose last epoch has no validation accuracy (null, or no row at all)."""
+        return self.state == "done" and (not self.val_error or self.val_error[-1] is None)
 
     @property
     def final_error(self) -> float | None:
@@ -106,13 +113,16 @@ def collect(folder: Path, plan: StudyPlan, note=None) -> list[RunResult]:
             # damaged lines are left out with a note (the rows it can read make the curve)
             say = (lambda message, name=run.name: note(f"{message} of {name}")) if note else None
             lines: list = []
-            rows = read_metrics(path, say, damaged=lines) if state.state != "pending" else []
+            nulls: list = []
+            rows = read_metrics(path, say, damaged=lines, nulls=nulls) if state.state != "pending" else []
             if note and state.damage and not lines:  # a damaged summary or config, lost rows: said once here
                 note(f"{run.name}: {state.damage}")
         except UsageError as exc:
             (note or (lambda message: None))(f"{exc}; {run.name} left out")
-            rows = []
+            rows, nulls = [], []
         summary = _summary(path) if state.state == "done" else {}
+        bad = next((f"{key} at epoch {epoch}" for epoch, key in nulls if key in ("loss", "val_loss")), "")
+        times = [float(r.get("epoch_time_s", 0.0)) for r in rows]
         out.append(
             RunResult(
                 run,
@@ -121,11 +131,13 @@ def collect(folder: Path, plan: StudyPlan, note=None) -> list[RunResult]:
                 [_error(r, "accuracy") for r in rows],
                 [_error(r, "val_accuracy") for r in rows],
                 updates_per_epoch(path, run.batch_size),
-                sum(float(r.get("epoch_time_s", 0.0)) for r in rows),
+                sum(times),
                 precision if isinstance(precision := summary.get("precision"), str) else None,
                 env if isinstance(env := summary.get("env"), dict) else None,
                 state.detail,
                 state.damage,
+                bad,
+                times,
             )
         )
     return out

@@ -7,14 +7,17 @@ the warnings are about runs whose results cannot speak for the batch size. Pure 
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 
+from app.reports.large_batch_pairs import DEFAULT_RULE, Pairing, Rule, diverged, pairing
 from app.reports.large_batch_runs import RunResult
-from app.reports.paired import MARGIN_PP, Paired, compare, verdict_text
+from app.reports.paired import Paired, compare, t975, verdict_text
 from app.study.large_batch import MIN_BUDGET_UPDATES, VARIANTS, RunPlan
 
-# Verdicts: paired over seeds, on a margin (app.reports.paired).
+# Verdicts: paired over seeds, on a margin (app.reports.paired), the seeds chosen by
+# app.reports.large_batch_pairs.
 # The update budget. Linear scaling says k small steps ~ one step k times larger; it cannot say anything when
 # the large-batch run has too few steps to converge: then the table measures the budget, not the batch. The
 # plan refuses runs at k > 1 under MIN_BUDGET_UPDATES (app/study/large_batch.py says where the number comes
@@ -80,15 +83,20 @@ def error_text(cell: Cell) -> str:
     return f"{cell.mean:.2f}" + (f" ± {cell.std:.2f}" if cell.std is not None else "")
 
 
-def by_seed(cell: Cell) -> dict[int, float]:
-    return {r.run.seed: e for r in cell.results if (e := r.final_error) is not None}
+def judge(cell: Cell, base: Cell | None, rule: Rule) -> tuple[Paired | None, Pairing]:
+    """``cell`` against the baseline, seed by seed, and which seeds paired.
 
-
-def paired(cell: Cell, base: Cell | None, margin: float) -> Paired | None:
-    """``cell`` against the baseline, seed by seed (None for the baseline itself, or with no common seed)."""
+    The comparison is None for the baseline itself, or with no seed that pairs or diverged.
+    """
     if cell.variant == "baseline" or base is None:
-        return None
-    return compare(by_seed(cell), by_seed(base), margin)
+        return None, Pairing()
+    seeds = pairing(cell.results, base.results, rule)
+    return compare(seeds.variant, seeds.baseline, rule.margin, tuple(seeds.diverged)), seeds
+
+
+def paired(cell: Cell, base: Cell | None, rule: Rule) -> Paired | None:
+    """``cell`` against the baseline (:func:`judge`'s comparison)."""
+    return judge(cell, base, rule)[0]
 
 
 # --------------------------------------------------------------------------------------- verdicts
@@ -110,16 +118,19 @@ def _not_done(base: Cell | None) -> str:
     return f"has not finished ({'; '.join(said)})" if said else "has not finished"
 
 
-def verdicts(table: list[Cell], margin: float = MARGIN_PP) -> list[str]:
+def verdicts(table: list[Cell], rule: Rule = DEFAULT_RULE) -> list[str]:
     """One line per k > 1 in words, then which k the recipe (scaled LR + gradual warmup) holds up to."""
     base = next((c for c in table if c.variant == "baseline"), None)
     if base is None or base.mean is None:
         return [f"the baseline (k=1) {_not_done(base)}: nothing to compare yet"]
+    broken = "; ".join(f"seed {r.run.seed} ({why})" for r in base.results if (why := diverged(r, rule)))
     lines = [
         f"baseline (k=1, batch {base.run.global_batch:,}, LR {base.run.lr:g}): top-1 error "
-        f"{error_text(base)}%"
+        f"{error_text(base)}%" + (f"; diverged on {broken}: left out of every pairing" if broken else "")
     ]
     held: dict[int, str] = {}  # k -> the gradual warmup's verdict
+    pairs: dict[str, int] = {}  # "<variant> at k=<k>" -> seeds paired
+    compared: list[str] = []  # gradual against constant warmup, per k
     for k in sorted({c.k for c in table if c.k > 1}):
         at_k = {c.variant: c for c in table if c.k == k}
         parts = []
@@ -127,14 +138,13 @@ def verdicts(table: list[Cell], margin: float = MARGIN_PP) -> list[str]:
             cell = at_k.get(variant)
             if cell is None:
                 continue
-            pair = paired(cell, base, margin)
-            if pair is None:
-                why = "not finished" if cell.mean is None else "no seed finished that the baseline has too"
-                parts.append(f"{PHRASES[variant]} {why}")
-                continue
-            parts.append(verdict_text(PHRASES[variant], pair, margin))
-            if variant == "gradual-warmup":
-                held[k] = pair.verdict
+            pair, seeds = judge(cell, base, rule)
+            parts.append(_variant_text(variant, cell, pair, seeds, rule.margin))
+            if pair is not None:
+                if pair.rule != "diverged":  # the interval decides: how many seeds it has
+                    pairs[f"{PHRASES[variant]} at k={k}"] = pair.seeds
+                if variant == "gradual-warmup":
+                    held[k] = pair.verdict
         few = fewest_updates(at_k.values())
         tail = (
             f" [budget-limited: only {few:,} updates per run, under {MIN_UPDATES}]"
@@ -143,10 +153,53 @@ def verdicts(table: list[Cell], margin: float = MARGIN_PP) -> list[str]:
         )
         batch = next(iter(at_k.values())).run.global_batch
         lines.append(f"k={k} (batch {batch:,}): " + "; ".join(parts) + tail)
-    lines += summary_line(table, held)
+        compared += warmups_compared(k, at_k, rule)
+    lines += summary_line(table, held) + compared
     if base.std is None:
         lines.append("one seed per variant: no interval, so no verdict (--seeds 3 or more gives one)")
+    elif two := [name for name, n in pairs.items() if n == 2]:
+        which = "every variant" if len(two) == len(pairs) else ", ".join(two)
+        lines.append(
+            f"warning: only 2 seeds pair for {which}: with 1 degree of freedom each end of the interval "
+            f"lies {t975(1) / math.sqrt(2):.1f} x the paired spread from the mean "
+            f"({t975(4) / math.sqrt(5):.2f} x at 5 seeds), so such a verdict is seldom more than 'cannot "
+            "tell'; plan --seeds 5 or more"
+        )
     return lines
+
+
+def _variant_text(variant: str, cell: Cell, pair: Paired | None, seeds: Pairing, margin: float) -> str:
+    """A variant's verdict in words, with the seeds that diverged and those left out of the pairing named."""
+    out = PHRASES[variant]
+    if pair is None:
+        out += " not finished" if cell.mean is None else ": no seed pairs"
+    else:
+        out = verdict_text(out, pair, margin, seeds.diverged_text())
+    return out + (f", leaving out {', '.join(seeds.left_out)}" if seeds.left_out else "")
+
+
+def warmups_compared(k: int, at_k: dict[str, Cell], rule: Rule) -> list[str]:
+    """Gradual against constant warmup at ``k``, seed by seed: the claim "gradual beats constant", computed.
+
+    Over the seeds both finished without diverging; none when they share fewer than two such seeds.
+    """
+    gradual, constant = at_k.get("gradual-warmup"), at_k.get("constant-warmup")
+    if gradual is None or constant is None:
+        return []
+    a, b = (
+        {r.run.seed: e for r in c.results if (e := r.final_error) is not None and not diverged(r, rule)}
+        for c in (gradual, constant)
+    )
+    pair = compare(a, b, rule.margin)
+    if pair is None or pair.low is None or pair.high is None:
+        return []
+    if pair.high < 0:
+        said = "gradual warmup better (the whole interval below 0)"
+    elif pair.low > 0:
+        said = "constant warmup better (the whole interval above 0)"
+    else:
+        said = "no difference shown (the interval spans 0)"
+    return [f"k={k}: gradual against constant warmup, paired: {pair.text()}: {said}"]
 
 
 def fewest_updates(table) -> int | None:
@@ -174,7 +227,7 @@ def summary_line(table: list[Cell], verdict: dict[int, str]) -> list[str]:
             "epochs"
         ]
     held = [k for k in judged if verdict[k] == "holds"]
-    unknown = [k for k in judged if verdict[k] == "cannot tell"]
+    unknown = [k for k in judged if verdict[k] in ("cannot tell", "behind")]
     if held and held == judged[: len(held)]:
         top, rest = held[-1], judged[len(held) :]
         after = (

@@ -86,6 +86,7 @@ _TYPES = {
     "int": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
     "int | None": lambda v: v is None or _TYPES["int"](v),
     "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+    "float | None": lambda v: v is None or _TYPES["float"](v),
     "dict": lambda v: isinstance(v, dict),
     "tuple[int, ...]": lambda v: all(_TYPES["int"](x) and x > 0 for x in v),
     "tuple[str, ...]": lambda v: all(isinstance(x, str) for x in v),
@@ -161,6 +162,8 @@ def prepare(folder: Path, plan: StudyPlan | ScalingPlan, cfg, command: list[str]
                 f"report it as it is (`app study report {show(folder, limit=None)}`), and start the study "
                 "under another --name"
             )
+        if old.kind == "large-batch" and old.margin is None:  # planned before the margin was stored
+            plan = dataclasses.replace(plan, margin=None, alpha=None)
         diff = differences(old, plan)
         if diff:
             raise UsageError(

@@ -22,6 +22,11 @@ from app.core import config as config_mod
 from app.core.errors import UsageError, brief, show
 
 MAX_SEEDS = 100  # each seed is a whole grid of runs; more is a typo
+# The verdicts' test (app.reports.paired), stored in study.json so that the report judges by the plan's:
+# the margin in pp of top-1 error (`--margin`), and the one-sided error rate of each test (the 95% two-sided
+# t-interval's ends; only this one is tabulated).
+MARGIN_PP = 0.5
+ALPHA = 0.025
 # The grid of Goyal et al.'s Table 1, in the order the runs go and the table reads.
 VARIANTS = ("baseline", "unscaled", "no-warmup", "constant-warmup", "gradual-warmup")
 LABELS = {
@@ -73,6 +78,9 @@ class StudyPlan:
     # Runs at k > 1 plan fewer than MIN_BUDGET_UPDATES updates and --allow-small-budget accepted it: the
     # report calls its verdicts budget-limited.
     budget_limited: bool = False
+    # The verdicts' margin (pp) and alpha, as planned; None in a study.json written before they were stored.
+    margin: float | None = None
+    alpha: float | None = None
 
     def identity(self) -> dict:
         """What makes two plans the same study.
@@ -89,6 +97,7 @@ class StudyPlan:
             "seeds": self.seeds,
             "np": self.max_workers,
             "runs": runs,
+            **({} if self.margin is None else {"margin": self.margin}),
         }
 
     def to_json(self) -> dict:
@@ -102,7 +111,13 @@ class StudyPlan:
     @classmethod
     def from_json(cls, data: dict) -> StudyPlan:
         runs = tuple(RunPlan(**{**r, "sets": tuple(r["sets"])}) for r in data["runs"])
-        return cls(**{**data, "ks": tuple(data["ks"]), "runs": runs})
+        plan = cls(**{**data, "ks": tuple(data["ks"]), "runs": runs})
+        margin, alpha = plan.margin, plan.alpha
+        if margin is not None and not (isinstance(margin, (int, float)) and 0 < margin <= 100):
+            raise ValueError("margin")
+        if alpha is not None and not (isinstance(alpha, (int, float)) and 0 < alpha < 0.5):
+            raise ValueError("alpha")
+        return plan
 
 
 def parse_ks(text: str) -> list[int]:
@@ -172,6 +187,7 @@ def plan_large_batch(
     train_examples: int | None = None,
     examples_from: str = "",
     allow_small_budget: bool = False,
+    margin: float = MARGIN_PP,
 ) -> StudyPlan:
     """The runs of Goyal et al.'s Table 1 for ``cfg`` (the baseline on one worker): pure, no I/O.
 
@@ -190,6 +206,7 @@ def plan_large_batch(
         train_examples: the data's training examples (None: unknown, so not checked).
         examples_from: where ``train_examples`` came from.
         allow_small_budget: accept runs at k > 1 with fewer than MIN_BUDGET_UPDATES updates.
+        margin: the verdicts' margin in pp, stored with ALPHA in the plan.
 
     Raises:
         UsageError: a plan that cannot answer RQ3 (the message says what to change).
@@ -218,6 +235,8 @@ def plan_large_batch(
         examples_from,
         tuple(runs),
         limited,
+        margin,
+        ALPHA,
     )
 
 
