@@ -30,3 +30,32 @@ def folder(name: str) -> Path:
     if isinstance(packaged, Path) and packaged.is_dir():
         return packaged
     return ROOT / name
+
+
+def find_config(path: str | Path) -> Path:
+    """The file a ``-c``/``--config`` (or a config's ``base:``) names.
+
+    The path as given when it exists: a config the user names is the user's file. When it does not, and it is
+    spelled ``configs/NAME.yaml`` (relative, as the docs write them), scaleout's own copy of that config,
+    if it ships one: so a wheel install takes the documented commands from any folder. Else the path as
+    given, which the caller reports missing.
+    """
+    given = Path(path)
+    if given.exists() or given.is_symlink():
+        return given
+    if not given.is_absolute() and given.parts[:1] == ("configs",) and len(given.parts) == 2:
+        own = folder("configs") / given.name
+        if given.suffix == ".yaml" and own.is_file():
+            return own
+    return given
+
+
+def config_names() -> list[str]:
+    """The configs scaleout ships, as ``configs/NAME.yaml`` (what :func:`find_config` resolves)."""
+    return sorted(f"configs/{p.name}" for p in folder("configs").glob("*.yaml"))
+
+
+def no_such_config(label: str) -> str:
+    """The error line for a config that is not there, named by ``label``: with what scaleout ships."""
+    names = config_names()
+    return f"{label}: no such file" + (f"; scaleout ships {', '.join(names)}" if names else "")
