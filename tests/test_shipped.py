@@ -4,6 +4,7 @@ installed in tests/test_login_node.py."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,22 @@ def test_a_profile_not_there_says_how_to_add_one_in_the_clone_and_in_a_wheel(tmp
         "--cluster mine: unknown cluster; choose from  or add jobs/clusters/mine.yaml to a clone of scaleout and "
         "install that (make login or pip install .)"
     )
+
+
+def test_app_info_reports_a_git_revision_only_for_a_clone(tmp_path, monkeypatch):
+    """An install in a venv inside some git work tree (a clone's .venv-login) is not that tree's revision."""
+    from app.engines.diagnostics import info
+
+    repo = tmp_path / "repo"
+    site = repo / ".venv" / "lib" / "python3.9" / "site-packages"
+    site.mkdir(parents=True)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], check=True)
+    head = subprocess.run(
+        [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    monkeypatch.setattr(shipped, "ROOT", site)
+    assert info._git_revision() is None
+    monkeypatch.setattr(shipped, "ROOT", repo)
+    assert info._git_revision() == head
