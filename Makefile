@@ -57,7 +57,11 @@ $(TF221_VENV)/.installed-$(TF221_VERSION): pyproject.toml
 	scripts/venv.sh tf221 $(TF221_VENV) $(PYTHON_SYS) $(TF221_VERSION)
 	touch $@
 
-$(LOGIN_VENV)/.installed: pyproject.toml
+# .venv-login holds an install of this clone that is not editable (as a wheel's): remade when the package, its
+# configs or its profiles change (a file or folder newer than the marker; folders for files added or removed).
+LOGIN_SOURCES := $(filter-out %__pycache__ %.pyc,$(wildcard setup.py app app/* app/*/* app/*/*/* configs \
+    configs/* jobs jobs/* jobs/clusters/*))
+$(LOGIN_VENV)/.installed: pyproject.toml $(LOGIN_SOURCES)
 	scripts/venv.sh login $(LOGIN_VENV) $(PYTHON_SYS)
 	touch $@
 
