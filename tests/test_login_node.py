@@ -113,11 +113,12 @@ def test_the_login_node_install_has_no_tensorflow_and_renders_both_sites_jobs(lo
     for module in ("tensorflow", "horovod", "tensorflow_datasets"):
         imported = subprocess.run([py, "-c", f"import {module}"], env=VENV_ENV, capture_output=True)
         assert imported.returncode == 1, module
-    # The commands of docs/clusters/roihu.md and lumi.md, in a submit folder that holds no clone and no configs/.
+    # The commands of docs/clusters/roihu.md and lumi.md (step 8; 16 GCDs on LUMI), in a submit folder that holds
+    # no clone and no configs/.
     roihu = app(
         login_venv,
         "submit --cluster roihu --gpus 32 --account project_2001234 -c configs/resnet50_imagenet.yaml "
-        "--data-dir /scratch/project_2001234/imagenet --dry-run",
+        "--data-dir /scratch/project_2001234/imagenet --time 36:00:00 --dry-run",
         cwd=tmp_path,
     )
     assert "#SBATCH --nodes=8" in roihu.stdout and "app train" in roihu.stdout
@@ -125,7 +126,7 @@ def test_the_login_node_install_has_no_tensorflow_and_renders_both_sites_jobs(lo
     lumi = app(
         login_venv,
         "submit --cluster lumi --gpus 16 --account project_465001234 -c configs/resnet50_imagenet.yaml "
-        "--data-dir /scratch/project_465001234/imagenet --dry-run",
+        "--data-dir /scratch/project_465001234/imagenet --time 2-00:00:00 --dry-run",
         cwd=tmp_path,
     )
     assert "#SBATCH --nodes=2" in lumi.stdout and "#SBATCH --gpus-per-node=8" in lumi.stdout
