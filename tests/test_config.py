@@ -640,10 +640,7 @@ def test_control_characters_never_reach_the_terminal_raw(tmp_path):
     code, out = one_line(
         ["train", "--set", "data.source=\x1b]0;owned\x07", "-c", str(tmp_path / "a\nb.yaml")]
     )
-    assert (
-        code == 2
-        and out == f"Error: --config {tmp_path}/a\\nb.yaml: no such file; scaleout ships {SHIPS}"
-    )
+    assert code == 2 and out == f"Error: --config {tmp_path}/a\\nb.yaml: no such file; scaleout ships {SHIPS}"
 
 
 def test_warmup_kind_defaults_to_gradual_and_is_fixed_on_resume(tmp_path):

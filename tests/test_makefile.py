@@ -363,7 +363,12 @@ def test_make_login_installs_the_cli_alone_on_python_3_9(repo, fake):
 
 @pytest.mark.parametrize(
     "change",
-    ["edit app/core/config.py", "add jobs/clusters/mine.yaml", "remove configs/synthetic.yaml", "edit setup.py"],
+    [
+        "edit app/core/config.py",
+        "add jobs/clusters/mine.yaml",
+        "remove configs/synthetic.yaml",
+        "edit setup.py",
+    ],
 )
 def test_make_login_installs_the_clone_again_when_what_it_installs_changes(repo, fake, change):
     """.venv-login is not editable: the clone's code, profiles and configs reach it by installing again."""
