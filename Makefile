@@ -97,14 +97,14 @@ test-tf221: $(TF221_VENV)/.installed-$(TF221_VERSION) test-data ## the tf engine
 	$(TF221_VENV)/bin/pytest -m "tf221 and not horovod" $(PYTEST_ARGS)
 
 lint: install ## ruff check + ruff format --check + mypy (engines, config, cluster) + hadolint on the Dockerfile
-	$(VENV)/bin/ruff check app tests $(wildcard bench)
+	$(VENV)/bin/ruff check app tests $(wildcard bench) setup.py
 	$(VENV)/bin/mypy
-	$(VENV)/bin/ruff format --check app tests $(wildcard bench)
+	$(VENV)/bin/ruff format --check app tests $(wildcard bench) setup.py
 	$(VENV)/bin/hadolint Dockerfile
 
 format: install ## apply ruff's formatting and autofixes
-	$(VENV)/bin/ruff format app tests $(wildcard bench)
-	$(VENV)/bin/ruff check --fix app tests $(wildcard bench)
+	$(VENV)/bin/ruff format app tests $(wildcard bench) setup.py
+	$(VENV)/bin/ruff check --fix app tests $(wildcard bench) setup.py
 
 bench: install ## scaleout against its peers, side by side, as ratios (bench/out/ratios.md; ~30 min on 2 cores)
 	$(VENV)/bin/python -m pip install -q "scikit-image>=0.22"
