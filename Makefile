@@ -57,7 +57,11 @@ $(TF221_VENV)/.installed-$(TF221_VERSION): pyproject.toml
 	scripts/venv.sh tf221 $(TF221_VENV) $(PYTHON_SYS) $(TF221_VERSION)
 	touch $@
 
-$(LOGIN_VENV)/.installed: pyproject.toml
+# .venv-login holds an install of this clone that is not editable (as a wheel's): remade when the package, its
+# configs or its profiles change (a file or folder newer than the marker; folders for files added or removed).
+LOGIN_SOURCES := $(filter-out %__pycache__ %.pyc,$(wildcard setup.py app app/* app/*/* app/*/*/* configs \
+    configs/* jobs jobs/* jobs/clusters/*))
+$(LOGIN_VENV)/.installed: pyproject.toml $(LOGIN_SOURCES)
 	scripts/venv.sh login $(LOGIN_VENV) $(PYTHON_SYS)
 	touch $@
 
@@ -93,14 +97,14 @@ test-tf221: $(TF221_VENV)/.installed-$(TF221_VERSION) test-data ## the tf engine
 	$(TF221_VENV)/bin/pytest -m "tf221 and not horovod" $(PYTEST_ARGS)
 
 lint: install ## ruff check + ruff format --check + mypy (engines, config, cluster) + hadolint on the Dockerfile
-	$(VENV)/bin/ruff check app tests $(wildcard bench)
+	$(VENV)/bin/ruff check app tests $(wildcard bench) setup.py
 	$(VENV)/bin/mypy
-	$(VENV)/bin/ruff format --check app tests $(wildcard bench)
+	$(VENV)/bin/ruff format --check app tests $(wildcard bench) setup.py
 	$(VENV)/bin/hadolint Dockerfile
 
 format: install ## apply ruff's formatting and autofixes
-	$(VENV)/bin/ruff format app tests $(wildcard bench)
-	$(VENV)/bin/ruff check --fix app tests $(wildcard bench)
+	$(VENV)/bin/ruff format app tests $(wildcard bench) setup.py
+	$(VENV)/bin/ruff check --fix app tests $(wildcard bench) setup.py
 
 bench: install ## scaleout against its peers, side by side, as ratios (bench/out/ratios.md; ~30 min on 2 cores)
 	$(VENV)/bin/python -m pip install -q "scikit-image>=0.22"

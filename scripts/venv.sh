@@ -15,7 +15,7 @@
 #   tf221     make test-tf221: tensorflow-cpu VERSION (2.21.0) and its tf_keras, no Horovod at all, as a site
 #             module gives it (CSC's python-tensorflow/2.21 on Roihu).
 #   login     make login: the login-node CLI alone, no TensorFlow, no Horovod, on any Python from 3.9 (a login
-#             node's system Python).
+#             node's system Python); installed as a wheel installs it, not editable.
 # PYTHON makes the venv when DIR has none; pip is upgraded first (Python 3.9's own pip cannot install a
 # pyproject.toml project in editable mode). Horovod comes from scripts/install-stack.sh: its variables pass
 # through, and its wheels are cached in ~/.cache/scaleout/wheels. Each command is shown (+ ...) as it runs.
@@ -116,7 +116,9 @@ login)
     *) usage "$python is Python $v; the login-node CLI needs 3.9 to 3.12 (on LUMI: module load cray-python; or PYTHON_SYS=python3.11)" ;;
     esac
     make_venv
-    run "$py" -m pip install -q -e .
+    # Not editable: what a wheel installs (the profiles, template and configs as package data), so make login
+    # runs the install that Roihu and LUMI get from a wheel; the Makefile reinstalls it when the clone changes.
+    run "$py" -m pip install -q .
     ;;
 *)
     usage "$kind is not cpu, gpu, mpich, compat, tf221 or login"

@@ -15,6 +15,8 @@ from app.core.errors import UsageError
 from conftest import ROOT
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+# What a missing config's error lists: what -c configs/NAME.yaml finds from any folder (app.core.shipped).
+SHIPS = ", ".join(f"configs/{p.name}" for p in CONFIGS)
 
 
 def test_defaults_are_valid():
@@ -166,7 +168,7 @@ def test_saved_config_round_trips():
         (
             ["train", "-c", "missing.yaml"],
             2,
-            "Error: --config missing.yaml: no such file; the shipped configs are in configs/",
+            f"Error: --config missing.yaml: no such file; scaleout ships {SHIPS}",
         ),
         (["train", "--batch-size", "-4"], 2, "Error: train.batch_size: must be > 0, got -4"),
         (
@@ -638,10 +640,7 @@ def test_control_characters_never_reach_the_terminal_raw(tmp_path):
     code, out = one_line(
         ["train", "--set", "data.source=\x1b]0;owned\x07", "-c", str(tmp_path / "a\nb.yaml")]
     )
-    assert (
-        code == 2
-        and out == f"Error: --config {tmp_path}/a\\nb.yaml: no such file; the shipped configs are in configs/"
-    )
+    assert code == 2 and out == f"Error: --config {tmp_path}/a\\nb.yaml: no such file; scaleout ships {SHIPS}"
 
 
 def test_warmup_kind_defaults_to_gradual_and_is_fixed_on_resume(tmp_path):

@@ -353,12 +353,44 @@ def test_make_login_installs_the_cli_alone_on_python_3_9(repo, fake):
     assert fake.calls() == [
         "venv .venv-login",
         "pip install -q --upgrade pip | markers:",
-        "pip install -q -e . | markers:",  # no extra: no TensorFlow, no Horovod
+        "pip install -q . | markers:",  # no extra: no TensorFlow, no Horovod; not editable, as from a wheel
     ]
     assert markers(repo / ".venv-login") == [".installed"]
     assert proc.stdout.endswith(
         "login: .venv-login/bin/app is ready (source .venv-login/bin/activate to call it app)\n"
     )
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "edit app/core/config.py",
+        "add jobs/clusters/mine.yaml",
+        "remove configs/synthetic.yaml",
+        "edit setup.py",
+    ],
+)
+def test_make_login_installs_the_clone_again_when_what_it_installs_changes(repo, fake, change):
+    """.venv-login is not editable: the clone's code, profiles and configs reach it by installing again."""
+    for name in ("setup.py", "app/core/config.py", "jobs/train.sbatch", "configs/synthetic.yaml"):
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text("")
+    (repo / "jobs" / "clusters").mkdir()
+    login = ("login", fake.python_sys())
+    assert make(repo, *login, env=fake.env).returncode == 0
+    fake.calls()
+    assert make(repo, *login, env=fake.env).returncode == 0
+    assert fake.calls() == []  # nothing changed: nothing installed
+    marker = repo / ".venv-login" / ".installed"
+    past = marker.stat().st_mtime - 10
+    os.utime(marker, (past, past))  # the change below is newer, whatever the file system's time resolution
+    verb, name = change.split()
+    if verb == "remove":
+        (repo / name).unlink()
+    else:
+        (repo / name).write_text("# changed\n")
+    assert make(repo, *login, env=fake.env).returncode == 0
+    assert fake.calls()[-1] == "pip install -q . | markers: .installed"  # made again: its time is new
 
 
 # docker or podman: `info` answers $FAKE_INFO, anything else prints its arguments one per line.

@@ -1409,7 +1409,7 @@ def test_a_submit_directory_with_a_comma_or_colon_is_refused_before_it_splits_th
     folder.mkdir()
     monkeypatch.chdir(folder)
     with pytest.raises(UsageError) as err:
-        render("roihu", 4, configs=[str(profiles.ROOT / "configs/synthetic.yaml")])
+        render("roihu", 4, configs=[str(ROOT / "configs/synthetic.yaml")])
     assert "holds a comma or colon, which would split the container's --bind list" in str(err.value)
 
 

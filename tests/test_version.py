@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 
 from app import __version__
 from app.core import version
+from conftest import ROOT
 
 
 def test_identity_is_the_version_and_a_digest_of_the_source():
     name, digest = version.identity().split()
     assert name == __version__ and len(digest) == 12 and int(digest, 16) >= 0
+
+
+def test_the_version_is_the_one_a_wheel_is_built_with():
+    """An install has no git to ask: app.__version__ and the wheel's metadata (pyproject.toml) must agree."""
+    declared = re.search(r'^version = "([^"]+)"$', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert declared is not None and declared.group(1) == __version__
 
 
 def test_the_digest_follows_the_code(tmp_path):

@@ -23,7 +23,7 @@ from app.cluster.checks import MIN_TIME_SECONDS, check_name, check_text, parse_t
 from app.cluster.container import app_line, check_visible, container_image
 from app.cluster.launch import launch_values
 from app.cluster.profile_schema import Cluster, Partition
-from app.cluster.profiles import ROOT, choose_partition, memory_request
+from app.cluster.profiles import JOBS, choose_partition, memory_request
 from app.cluster.request import JobRequest, check_request
 from app.cluster.staging import SHARED_RUN_DIR, plan_stage
 from app.core import modelref, version
@@ -31,7 +31,7 @@ from app.core.config import Config, build
 from app.core.errors import REQUEUE_EXIT_CODE, UsageError, show
 from app.core.rundir import for_run
 
-TEMPLATE = ROOT / "jobs" / "train.sbatch"
+TEMPLATE = JOBS / "train.sbatch"
 SMOKE_TIME = "10"  # --smoke: `app doctor` takes a minute or two; ten leaves room for a slow container start
 # The --set that a tf-engine job across nodes trains with once --accept-unauthenticated-grpc consented.
 TF_CONSENT = "train.tf_accept_unauthenticated_grpc=true"

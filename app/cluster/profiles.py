@@ -1,8 +1,9 @@
 """Cluster profiles: data files (jobs/clusters/<name>.yaml) that say GPUs per node, how to request them,
 partitions and their limits, how srun wires the ranks together (``mpi``: pmix, pmi2, or none for Horovod's
 Gloo rendezvous, see app/engines/launch/rendezvous.py), extra srun options, environment variables, container
-runtime and binds, node-local scratch. A user adds a cluster by adding a file; it is read here, every value
-checked (app.cluster.profile_schema), and a job's partition chosen from it.
+runtime and binds, node-local scratch. A user adds a cluster by adding a file (to the clone; an install that
+is not editable reads its own copies, app.core.shipped); it is read here, every value checked
+(app.cluster.profile_schema), and a job's partition chosen from it.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from pathlib import Path
 from app.cluster.checks import parse_time
 from app.cluster.profile_rules import KEYS
 from app.cluster.profile_schema import Cluster, Partition, ProfileReader
+from app.core import shipped
 from app.core.config import SAFE, SAFE_HINT  # one definition: a config's name is its job's default name
 from app.core.errors import UsageError, show
 from app.core.iterables import zip_equal
 
-ROOT = Path(__file__).resolve().parents[2]
-CLUSTERS = ROOT / "jobs" / "clusters"
+# The clone's jobs/ folder, or a wheel's copy of it (app.core.shipped): the template and the profiles.
+JOBS = shipped.folder("jobs")
+CLUSTERS = JOBS / "clusters"
 
 
 def available() -> list[str]:
@@ -25,26 +28,37 @@ def available() -> list[str]:
 
 
 def _where(path: Path) -> str:
+    """``path`` as messages name it: jobs/clusters/<name>.yaml for the clone's own, else in full."""
     try:
-        return str(path.relative_to(ROOT))
+        return str(Path("jobs") / path.relative_to(shipped.ROOT / "jobs"))
     except ValueError:
         return str(path)
+
+
+def _unknown(name: str) -> str:
+    """The line for a profile that is not there, with how to add one: a file in the clone's jobs/clusters/,
+    which an install from the clone (not editable) has copied."""
+    line = f"--cluster {show(name)}: unknown cluster; choose from {', '.join(available())}"
+    if not SAFE.fullmatch(name):
+        return line
+    if CLUSTERS.parent == shipped.ROOT / "jobs":  # the clone's own folder: read where it is
+        return f"{line} or add jobs/clusters/{name}.yaml"
+    return (
+        f"{line} or add jobs/clusters/{name}.yaml to a clone of scaleout and install that "
+        "(make login or pip install .)"
+    )
 
 
 def load_cluster(name: str) -> Cluster:
     """The profile jobs/clusters/<name>.yaml, every value type- and character-checked."""
     path = CLUSTERS / f"{name}.yaml"
-    # a plain `pip install .` copies the package alone, not the clone's jobs/ folder
     if not CLUSTERS.is_dir():
         raise UsageError(
-            f"scaleout's cluster profiles are not at {CLUSTERS}: install from a clone with "
-            "`pip install -e .` (the profiles, job template and configs stay in the clone)"
+            f"scaleout's cluster profiles are not at {CLUSTERS}: this install lacks them; reinstall from a "
+            "clone or a wheel built from one (pip install ., docs/clusters/other-slurm.md)"
         )
     if not SAFE.fullmatch(name) or not path.is_file():
-        add = f" or add jobs/clusters/{name}.yaml" if SAFE.fullmatch(name) else ""
-        raise UsageError(
-            f"--cluster {show(name)}: unknown cluster; choose from {', '.join(available())}{add}"
-        )
+        raise UsageError(_unknown(name))
     p = ProfileReader(_where(path))
     raw = p.read(path)
     p.unknown(raw, KEYS)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from app.cluster.checks import check_name, check_plain, check_text
 from app.cluster.profile_schema import Cluster
+from app.core import shipped
 from app.core.config import Config
 from app.core.errors import UsageError, show
 
@@ -107,8 +108,8 @@ def _check_arguments(r: JobRequest) -> None:
     # Shell-quoted values: any text but empty, NUL or undecodable.
     for c in r.configs:
         check_text("--config", c)
-        if r.cfg is None and not Path(c).is_file():
-            raise UsageError(f"--config {show(c)}: no such file; the shipped configs are in configs/")
+        if r.cfg is None and not shipped.find_config(c).is_file():
+            raise UsageError(shipped.no_such_config(f"--config {show(c)}"))
     for s in r.sets:
         check_text("--set", s)
     if r.data_dir is not None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from app.core import shipped
 from app.core.errors import UsageError, brief, show
 
 # The schema, re-exported: callers name these as app.core.config's.
@@ -182,11 +183,11 @@ def apply(cfg: Config, values: dict[str, object], where: str) -> Config:
 
 def load_yaml(path: str | Path, _seen: tuple = ()) -> dict[str, object]:
     """Read one experiment file (following its ``base:`` chain) as flat ``section.key`` values."""
-    path = Path(path)
-    label = f"--config {path}" if not _seen else f"{path} (the base: of {_seen[-1].name})"
+    given = Path(path)
+    label = f"--config {given}" if not _seen else f"{given} (the base: of {_seen[-1].name})"
+    path = shipped.find_config(given)  # configs/NAME.yaml, when not here: scaleout's own
     if not path.exists():
-        hint = "; the shipped configs are in configs/" if not _seen else ""
-        raise UsageError(f"{label}: no such file{hint}")
+        raise UsageError(shipped.no_such_config(label) if not _seen else f"{label}: no such file")
     if path.resolve() in _seen:
         raise UsageError(f"{path}: 'base:' chain loops back to itself")
     tree = parse_yaml(read_text(path, label), str(path)) or {}

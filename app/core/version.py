@@ -1,11 +1,14 @@
 """Which scaleout this is: its version and a digest of its source.
 
 A job compares them to tell when the scaleout in its image is not the checkout that rendered its script (a
-login node's clone updated, the image not rebuilt).
+login node's clone or install updated, the image not rebuilt).
 
 The digest is over the code itself (every ``app/**/*.py``, by relative path and content), not a git revision:
-an image built from a .def or a Dockerfile holds no .git, and a checkout with uncommitted edits is not the
-revision it names. Standard library only: login-node commands render it (Python 3.9).
+an image built from a .def or a Dockerfile holds no .git, nor does a wheel's install, and a checkout with
+uncommitted edits is not the revision it names. A wheel holds the same ``.py`` files as the clone it was built
+from, so the two digests agree (tests/test_login_node.py); the shipped configs and profiles are not in it.
+The version is ``app.__version__``, the same as pyproject.toml's (the wheel's metadata; checked in
+tests/test_version.py). Standard library only: login-node commands render it (Python 3.9).
 """
 
 from __future__ import annotations

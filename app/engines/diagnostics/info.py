@@ -13,9 +13,9 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from app import __version__
+from app.core import shipped
 from app.core.compat import import_tensorflow, keras_flavour
 from app.core.config import tfds_data_dir
 from app.core.slurm import SlurmEnv
@@ -116,12 +116,16 @@ def _cpu_model() -> str | None:
 
 
 def _git_revision() -> str | None:
+    """The clone's revision when scaleout runs from a clone; None for an install (pip install ., a wheel),
+    which is no clone even when its venv sits inside some git work tree, whose revision it is not."""
+    if not (shipped.ROOT / ".git").exists():
+        return None
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
             capture_output=True,
             text=True,
-            cwd=Path(__file__).parent,
+            cwd=shipped.ROOT,
             timeout=5,
         )
         return out.stdout.strip() or None
