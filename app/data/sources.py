@@ -133,8 +133,8 @@ def _tfds_source(cfg, rank: int, workers: int) -> Source:
     size = cfg.image_size or info.features[image_key].shape[0]
     if not size:  # images of many sizes (tf_flowers): one is needed to batch them
         raise UsageError(
-            f"data.image_size: {cfg.name}'s images have no one size; set data.image_size (e.g. 224) to resize "
-            "them to"
+            f"data.image_size: {cfg.name}'s images have no one size; set data.image_size (e.g. 224) to "
+            "resize them to"
         )
 
     def split(name):
