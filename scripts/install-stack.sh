@@ -27,7 +27,7 @@
 #        HOROVOD_NCCL_LINK       STATIC (Horovod's default for CUDA) or SHARED
 #        The controller the launch needs (the profile's `mpi`), judged on a Horovod already there and built:
 #        HOROVOD_CONTROLLER      gloo (default: `app train --np`, profiles with mpi: none) or mpi (mpirun, and
-#                                profiles with mpi: pmix or pmi2, such as LUMI's on Cray MPICH)
+#                                profiles with mpi: pmix, pmi2 or cray_shasta, such as LUMI's)
 #        HOROVOD_WITHOUT_GLOO    1: build without Gloo, as LUMI's container has it (needs HOROVOD_CONTROLLER=mpi)
 #        SCALEOUT_MPICXX         the MPI C++ compiler wrapper to build with, e.g. mpicxx.mpich (default: mpicxx
 #                                on PATH, Debian's OpenMPI); part of the cache key

@@ -397,7 +397,7 @@ def test_nccl_operations_without_nccl_h(stack, tmp_path):
 @pytest.mark.parametrize(
     ("check", "controller", "shows", "note"),
     [
-        # LUMI's container: MPI, no Gloo, launched through srun --mpi=pmi2
+        # LUMI's container: MPI, no Gloo, launched through srun (--mpi=cray_shasta)
         ("TensorFlow MPI NCCL", "mpi", "[X] TensorFlow, [X] MPI, [X] NCCL",
          "note: horovodrun --check-build shows [ ] Gloo, so only mpirun or srun --mpi can start it"),
         # a Gloo-only Horovod for a profile with mpi: none (Roihu's)

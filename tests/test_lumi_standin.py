@@ -1,8 +1,8 @@
 """LUMI's launch for real, on a stand-in: LUMI's container runs a Horovod built on Cray MPICH without Gloo, wired
 by MPI through srun. Here the venv .venv-mpich holds a Horovod built on Debian's MPICH without Gloo (make test
-builds it), and profile local-mpich carries lumi.yaml's launch (srun --mpi=pmi2), memory request and environment
-to the real Slurm test cluster: two ranks train, a SIGUSR1 stops both at one step, the job requeues and the run
-completes every epoch once."""
+builds it), and profile local-mpich carries lumi.yaml's memory request and environment (its launch is srun
+--mpi=pmi2) to the real Slurm test cluster: two ranks train, a SIGUSR1 stops both at one step, the job
+requeues and the run completes every epoch once."""
 
 from __future__ import annotations
 
@@ -46,16 +46,17 @@ def test_the_standin_is_built_like_lumis_horovod(standin):
 
 
 def test_lumis_launch_is_the_standins(standin):
-    """What local-mpich runs is lumi.yaml's launch: the same srun --mpi, memory request and environment."""
+    """What local-mpich runs is lumi.yaml's: the same memory request and environment; the launch is srun
+    --mpi=pmi2 where LUMI's is its site default, cray_shasta (HPE's plugin, which the test cluster lacks)."""
     from app.cluster.jobscript import render
     from app.cluster.profiles import load_cluster
     from app.cluster.request import JobRequest
 
     lumi, local = load_cluster("lumi"), load_cluster("local-mpich")
-    assert (local.mpi, local.env) == (lumi.mpi, lumi.env) == ("pmi2", lumi.env)
+    assert local.env == lumi.env and (local.mpi, lumi.mpi) == ("pmi2", "cray_shasta")
     assert lumi.mem_full_node == local.mem_full_node == "0"
     script = render(JobRequest(lumi, 16, ["configs/synthetic.yaml"], account="project_465000123")).script
-    assert "srun --kill-on-bad-exit=1 --mpi=pmi2 " in script and "rendezvous" not in script
+    assert "srun --kill-on-bad-exit=1 --mpi=cray_shasta " in script and "rendezvous" not in script
     assert "#SBATCH --mem=0\n" in script and "#SBATCH --partition=standard-g\n" in script
 
 
