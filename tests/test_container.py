@@ -189,8 +189,11 @@ def test_lumi_def_in_a_stand_in_for_lumis_container(image, tmp_path):
     environment" (an activate script puts it on PATH, a .pth shows its packages to the system Python, as a
     conda environment's Python sees them) and scaleout removed from it. TensorFlow 2.18 CPU instead of 2.16
     ROCm, which the def's own TF_VERSION, TF_KERAS_VERSION and GPU_BUILD arguments allow for, and python3-venv,
-    which a conda Python has built in. Then `app`, as
-    `singularity exec IMAGE app` finds it after %environment, runs from the new venv on that stand-in."""
+    which a conda Python has built in. As LUMI's base deletes the Cray MPICH its Horovod is linked against
+    (AMD's REMOVE_CRAY_DEPS), the stand-in deletes the MPI library its Horovod needs: %post must not load
+    Horovod (issue 35: `horovodrun --check-build` there failed LUMI's build). Then `app`, as `singularity exec
+    IMAGE app` finds it after %environment, runs from the new venv on that stand-in, with the host's MPI
+    library bound back in as LUMI's binds bring back Cray MPICH."""
     standin = tmp_path / "standin"
     standin.mkdir()
     (standin / "Containerfile").write_text(f"""FROM {image}
@@ -201,7 +204,8 @@ RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends python3
     && mkdir -p /opt/miniconda3/bin /usr/local/lib/python3.11/dist-packages \\
     && echo 'export PATH=/opt/venv/bin:$PATH CONDA_PREFIX=/opt/venv CONDA_DEFAULT_ENV=$1' > /opt/miniconda3/bin/activate \\
     && /opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \\
-        > /usr/local/lib/python3.11/dist-packages/standin-conda.pth
+        > /usr/local/lib/python3.11/dist-packages/standin-conda.pth \\
+    && find /usr/lib \\( -name 'libmpi.so.40*' -o -name 'libmpi_cxx.so.40*' \\) -delete
 """)
     run([*PODMAN, "build", "--format", "docker", "-t", "localhost/scaleout:lumi-standin", str(standin)])
     post, files, environment = lumi_definition(TF_VERSION="2.18", TF_KERAS_VERSION="2.18.0", GPU_BUILD="none")
@@ -223,9 +227,19 @@ RUN bash /tmp/post.sh
         str(context),
     ], timeout=1200)  # fmt: skip
     (tmp_path / "env.sh").write_text(environment)
+    python = [*PODMAN, "run", "--rm", *LIMITS, "--entrypoint", "/opt/venv/bin/python"]
+    load = [*python, "localhost/scaleout:lumi-test", "-c", "import horovod.tensorflow"]
+    unbound = subprocess.run(load, capture_output=True, text=True, timeout=300)
+    # Deleted, as LUMI's base deletes Cray MPICH:
+    assert unbound.returncode != 0 and "libmpi" in unbound.stderr, unbound.stderr
+    # The host's OpenMPI (the image's Debian release), bound where the image's was.
+    names = ("libmpi.so.40", "libmpi_cxx.so.40")
+    host_mpi = [f"{p.resolve()}:{p}:ro" for name in names for p in Path("/usr/lib").glob(f"*/{name}")]
+    assert len(host_mpi) == 2, "the host's OpenMPI (libopenmpi3) is needed to bind it back in"
     probe = "PATH=/usr/bin:/bin; . /env.sh; command -v app; app info --json"
     proc = run([
         *PODMAN, "run", "--rm", *LIMITS, "--user", "1000", "-v", f"{tmp_path / 'env.sh'}:/env.sh:ro",
+        *(x for bind in host_mpi for x in ("-v", bind)),
         "--entrypoint", "bash", "localhost/scaleout:lumi-test", "-c", probe,
     ], timeout=300)  # fmt: skip
     where, _, report = proc.stdout.partition("\n")
@@ -233,3 +247,4 @@ RUN bash /tmp/post.sh
     info = json.loads(report)
     assert info["tensorflow"] == "2.18.1" and info["keras"]["flavour"] == "tf_keras"
     assert info["horovod"]["version"] == "0.28.1"  # the container's own Horovod, not a new build
+    assert info["horovod"]["controllers"]["mpi"] is True  # it loads again with the host's MPI bound in
