@@ -201,7 +201,8 @@ def test_dry_run_on_a_cluster_prints_a_job_per_gpu_count_and_a_report_job_after_
     out = tmp_path / "studies"
     code, stdout, stderr = app_main(
         ["study", "scaling", "-c", SYNTHETIC, "--cluster", "local", "--gpus", "1,2", "--batch-sizes", "8,16",
-         "--steps", "10", "--windows", "2", "--timeline", "--out", str(out), "--name", "t", "--dry-run"],
+         "--steps", "10", "--windows", "2", "--timeline", "--out", str(out), "--name", "t", "--dry-run",
+         "--show-scripts"],
         monkeypatch, capsys,
     )  # fmt: skip
     assert code == 0, stderr
@@ -236,9 +237,10 @@ def test_a_submission_while_another_app_study_holds_the_folder_is_refused(tmp_pa
         submit_study(folder, p, cfg(), options, dry_run=False, echo=lambda line: None)
     assert not (folder / JOBS_FILE).exists()
     lines = []
-    with _Lock(folder):  # a dry run only prints
-        submit_study(folder, p, cfg(), options, dry_run=True, echo=lines.append)
-    assert lines[0].startswith("# ---- workers-1")
+    with _Lock(folder):  # a dry run only prints: the summary first, then (asked for) the scripts
+        submit_study(folder, p, cfg(), {**options, "show_scripts": True}, dry_run=True, echo=lines.append)
+    assert lines[0].startswith("3 Slurm job(s)")
+    assert next(line for line in lines if line.startswith("# ---- ")).startswith("# ---- workers-1")
 
 
 def test_a_gpu_count_the_cluster_cannot_hold_fails_before_anything(tmp_path, monkeypatch, capsys):
@@ -657,7 +659,7 @@ def test_large_batch_on_a_cluster_is_a_job_per_run_into_its_run_directory(tmp_pa
     fashion = str(ROOT / "configs" / "study_fashion_mnist.yaml")
     code, stdout, stderr = app_main(
         ["study", "large-batch", "-c", fashion, "--k", "1,4", "--np", "2", "--seeds", "1", "--cluster", "local",
-         "--out", str(out), "--name", "lb", "--time", "30", "--dry-run"], monkeypatch, capsys,
+         "--out", str(out), "--name", "lb", "--time", "30", "--dry-run", "--show-scripts"], monkeypatch, capsys,
     )  # fmt: skip
     assert code == 0, stderr
     assert not out.exists()
@@ -1051,7 +1053,7 @@ def test_a_dry_run_with_images_prints_the_steps_of_every_point(tmp_path, monkeyp
     out = tmp_path / "studies"
     code, stdout, stderr = app_main(
         ["study", "scaling", "-c", SYNTHETIC, "--cluster", "local", "--gpus", "1,2", "--batch-sizes", "8,16",
-         "--images", "1600", "--windows", "2", "--out", str(out), "--name", "t", "--dry-run"],
+         "--images", "1600", "--windows", "2", "--out", str(out), "--name", "t", "--dry-run", "--show-scripts"],
         monkeypatch, capsys,
     )  # fmt: skip
     assert code == 0, stderr

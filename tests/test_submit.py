@@ -1472,7 +1472,9 @@ def test_a_partition_that_needs_an_access_grant_is_named_before_submitting(gpus,
                           cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     note = "Note: partition gpularge on roihu: needs CSC's grant: apply for its 30-day trial in MyCSC"
-    assert proc.stderr.startswith(note) if noted else proc.stderr == ""
+    # after any note, the cost at the time limit (issue 35, item 7): without a note it is stderr's one line
+    assert proc.stderr.startswith(note) if noted else proc.stderr.startswith("Cost: at most ")
+    assert proc.stderr.count("\n") == (2 if noted else 1), proc.stderr
 
 
 def test_an_access_note_must_be_one_printable_line(tmp_path, monkeypatch):

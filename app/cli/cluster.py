@@ -125,7 +125,11 @@ def doctor(megabytes, iterations, threads, np_, engine, as_json, accept_grpc):
     help="Run `app doctor` in the same job shape instead of training (no -c; 10 min; a test partition).",
 )
 @click.option("--accept-unauthenticated-grpc", "accept_grpc", is_flag=True, help=ACCEPT_GRPC_HELP)
-@click.option("--dry-run", is_flag=True, help="Print the rendered script; submit nothing.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Print the rendered script, then (on stderr) its cost at the time limit; submit nothing.",
+)
 @click.option("--test-only", is_flag=True, help="Ask sbatch --test-only whether and when it would run.")
 def submit(
     gpus,
@@ -188,7 +192,13 @@ def submit(
     for note in filter(None, notes):
         click.echo(f"Note: {note}", err=True)
     if dry_run:  # exactly the script sbatch would get (click.echo would strip escape sequences off a pipe)
+        from app.cluster import billing
+
         sys.stdout.write(job.script)
+        sys.stdout.flush()
+        # on stderr, as the notes: stdout stays the script alone
+        charge = billing.Charge(job.job_name, job.gpus, job.nodes, job.partition, job.time_s)
+        click.echo(billing.job_cost(profile, charge), err=True)
         return
     _check_inputs(job, data_dir, configs, sets, resume, smoke)
     answer = submit_stage.sbatch(job, test_only)

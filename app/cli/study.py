@@ -42,6 +42,22 @@ def _margin(ctx, param, value: float | None) -> float | None:
     return value
 
 
+# A study's dry run on Slurm prints a summary with the cost; the job scripts only with this flag.
+SHOW_SCRIPTS_OPTION = click.option(
+    "--show-scripts",
+    is_flag=True,
+    help="With --dry-run and --cluster: print every job script after the summary.",
+)
+
+
+def check_show_scripts(show_scripts: bool, dry_run: bool, cluster: str | None) -> None:
+    """--show-scripts belongs to a dry run on Slurm: one line otherwise."""
+    if show_scripts and not (dry_run and cluster):
+        raise UsageError(
+            "--show-scripts prints a dry run's job scripts: add --dry-run and --cluster, or drop it"
+        )
+
+
 @cli.group(cls=StudyGroup)
 def study() -> None:
     """Answer one of the reference study's questions with one command: plan the runs, run them, report.

@@ -19,7 +19,7 @@ from app.cli.base import (
     slurm_options,
     slurm_words,
 )
-from app.cli.study import _margin, study
+from app.cli.study import SHOW_SCRIPTS_OPTION, _margin, check_show_scripts, study
 from app.cli.study_setup import prepare_study, submit_study
 from app.core.errors import AppError, UsageError, brief
 from app.engines.world import joined_launcher
@@ -103,10 +103,11 @@ def _ks(ctx, param, value: str | None) -> list[int] | None:
         raise click.BadParameter(f"{brief(value)}: {exc}") from None
 
 
-def _print_dry_run(request: LargeBatchRequest, plan, cfg, new: bool) -> None:
-    """Print the dry run: a line and an `app train` command per run, the job scripts, what the study would do.
+def _print_dry_run(request: LargeBatchRequest, plan, cfg, new: bool, show_scripts: bool) -> None:
+    """Print the dry run: a line and an `app train` command per run, the jobs, what the study would do.
 
-    Each run's line gives its shape, LR, warmup, epochs and updates; on Slurm every job script follows.
+    Each run's line gives its shape, LR, warmup, epochs and updates; on Slurm the jobs' summary and cost
+    follow (app.study.slurm), and every job script with ``show_scripts``.
     """
     import shlex
 
@@ -125,7 +126,8 @@ def _print_dry_run(request: LargeBatchRequest, plan, cfg, new: bool) -> None:
         click.echo("  " + shlex.join(["app", *large_batch.train_args(folder, run, request.data_dir, each)]))
     left = len(plan.runs) if new else len(state.todo(folder, plan))
     if request.cluster:
-        slurm_stage.submit_study(folder, plan, cfg, request.job_options(), dry_run=True, echo=click.echo)
+        options = {**(request.job_options() or {}), "show_scripts": show_scripts}
+        slurm_stage.submit_study(folder, plan, cfg, options, dry_run=True, echo=click.echo)
     click.echo(
         f"{len(plan.runs)} runs; would {'create' if new else 'continue'} {quoted(folder)}: {left} to train"
     )
@@ -218,8 +220,12 @@ def _print_dry_run(request: LargeBatchRequest, plan, cfg, new: bool) -> None:
     "MIN_BUDGET_UPDATES); the report calls their verdicts budget-limited.",
 )
 @click.option(
-    "--dry-run", is_flag=True, help="Print the plan and each run's `app train` command (or job); run nothing."
+    "--dry-run",
+    is_flag=True,
+    help="Print the plan and each run's `app train` command (on a cluster: its jobs and their cost); "
+    "run nothing.",
 )
+@SHOW_SCRIPTS_OPTION
 def study_large_batch(
     configs,
     sets,
@@ -234,6 +240,7 @@ def study_large_batch(
     parallel,
     allow_small_budget,
     dry_run,
+    show_scripts,
     **slurm,
 ):
     """RQ3: does accuracy hold at large batches? Goyal et al.'s Table 1 and Figure 2, locally or on Slurm.
@@ -253,6 +260,7 @@ def study_large_batch(
     """
     from app.core import config
 
+    check_show_scripts(show_scripts, dry_run, slurm["cluster"])
     if joined_launcher() and not dry_run:  # every rank would run the whole study into the same folder
         raise UsageError(
             f"app study starts its own `app train` processes: run it once, not under {joined_launcher()}"
@@ -277,7 +285,7 @@ def study_large_batch(
     new = prepare_study(request.folder, plan, cfg, request.again(), request.job_options(), dry_run)
     _print_notes(plan)
     if dry_run:
-        _print_dry_run(request, plan, cfg, new)
+        _print_dry_run(request, plan, cfg, new, show_scripts)
         return
     _run(request, plan, cfg, new)
 

@@ -20,7 +20,7 @@ from app.cli.base import (
     slurm_options,
     slurm_words,
 )
-from app.cli.study import study
+from app.cli.study import SHOW_SCRIPTS_OPTION, check_show_scripts, study
 from app.cli.study_setup import prepare_study, submit_study
 from app.core.errors import AppError, UsageError, brief
 from app.engines.world import joined_launcher
@@ -154,7 +154,8 @@ def refuse_scaling_request(np_list, gpu_list, independent, dry_run: bool, slurm:
 
 
 def print_scaling_plan(folder: Path, plan, cfg, slurm: dict | None, new: bool) -> None:
-    """`app study scaling --dry-run`: each part and its batch sizes left (on Slurm, every job script)."""
+    """`app study scaling --dry-run`: each part and its batch sizes left (on Slurm, the jobs and their cost;
+    every job script too with ``slurm["show_scripts"]``)."""
     from app.core.results import steps_for_images
     from app.study import slurm as slurm_stage
     from app.study.scaling import missing
@@ -240,8 +241,9 @@ def print_scaling_plan(folder: Path, plan, cfg, slurm: dict | None, new: bool) -
     help="CPU threads per worker (0: the node's cores shared among its workers).",
 )
 @click.option(
-    "--dry-run", is_flag=True, help="Print the plan (and on a cluster every job script); run nothing."
+    "--dry-run", is_flag=True, help="Print the plan (on a cluster: its jobs and their cost); run nothing."
 )
+@SHOW_SCRIPTS_OPTION
 def study_scaling(
     configs,
     sets,
@@ -258,6 +260,7 @@ def study_scaling(
     data_dir,
     threads,
     dry_run,
+    show_scripts,
     **slurm,
 ):
     """RQ1 + RQ2: throughput per batch size and speedup as workers are added, measured and reported.
@@ -278,6 +281,7 @@ def study_scaling(
     from app.cli.benchmark import refuse_timeline_on_tf
     from app.core import config
 
+    check_show_scripts(show_scripts, dry_run, slurm["cluster"])
     refuse_scaling_request(np_list, gpu_list, independent, dry_run, slurm)
     refuse_steps_with_images(images, steps, "the steps of every point")
     cfg = config.build(configs, sets, {"data.data_dir": data_dir} if data_dir else {})
@@ -306,7 +310,10 @@ def study_scaling(
     plan = request.plan(cfg)
     new = prepare_study(request.folder, plan, cfg, request.again(), request.job_options(), dry_run)
     if dry_run:
-        print_scaling_plan(request.folder, plan, cfg, request.job_options(), new)
+        options = request.job_options()
+        print_scaling_plan(
+            request.folder, plan, cfg, options and {**options, "show_scripts": show_scripts}, new
+        )
         return
     _run(request, plan, cfg, new)
 

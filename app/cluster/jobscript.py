@@ -59,6 +59,8 @@ class Job:
     command: str = "train"  # or "doctor" (--smoke), or a task's command
     app: str = ""  # how the job script runs `app` (the container's exec line, or the venv's python)
     image: str | None = None  # the container image the job runs (None: runtime native)
+    gpus: int = 0  # GPUs the job holds, and its time limit in seconds (app.cluster.billing prices them)
+    time_s: int = 0
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,8 @@ def render(request: JobRequest) -> Job:
         command=request.task[0] if request.task else command.split()[0],
         app=app,
         image=container_image(cluster, request.image, request.account),
+        gpus=shape.nodes * shape.tasks,
+        time_s=shape.time_s,
     )
 
 
@@ -357,7 +361,19 @@ def render_after(
         app=first.app,
         command=shlex.join(args),
     )
-    return Job(script, name, 1, partition, first.log_dir, first.runs_dir, None, args[0], first.app)
+    return Job(
+        script,
+        name,
+        1,
+        partition,
+        first.log_dir,
+        first.runs_dir,
+        None,
+        args[0],
+        first.app,
+        gpus=1,
+        time_s=AFTER_TIME_S,
+    )
 
 
 def unused_consent(cluster: Cluster, nodes: int) -> str | None:

@@ -174,7 +174,10 @@ KEYS = (
     "scratch",
     "memory",
     "engine",
+    "billing",
 )
+# billing.unit: what the site's allocation counts (GPU-BU on Roihu, GPU-hours on LUMI), printed in dry runs.
+BILLING_UNIT = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,29}")
 # engine: who distributes in the profile's jobs (app.engines.engine): horovod (the image's Horovod) or tf
 # (TensorFlow's own strategies, one task per node, e.g. on a site's TensorFlow module without Horovod).
 ENGINES = ("horovod", "tf")

@@ -16,6 +16,7 @@ import yaml
 from app.cluster.checks import MIN_TIME_SECONDS, PLAIN_PATH, parse_time
 from app.cluster.profile_rules import (
     ACCESS_NOTE,
+    BILLING_UNIT,
     BIND,
     ENGINES,
     ENV_NAME,
@@ -76,6 +77,18 @@ class Scratch:
 
 
 @dataclass(frozen=True)
+class Billing:
+    """A site's price of a GPU-hour in its own unit (app.cluster.billing applies it). A job on part of a node
+    is billed for more GPUs when it asks for more than ``slice_cpus`` cores or ``slice_memory_mib`` MiB of
+    memory per GPU (LUMI's small-g and dev-g)."""
+
+    unit: str  # GPU-BU (Roihu), GPU-hours (LUMI)
+    per_gpu_hour: float
+    slice_cpus: int | None = None
+    slice_memory_mib: int | None = None
+
+
+@dataclass(frozen=True)
 class Cluster:
     name: str
     gpus_per_node: int
@@ -99,6 +112,15 @@ class Cluster:
     mem_full_node: str | None = None
     mem_per_gpu: str | None = None
     engine: str = "horovod"  # or tf: TensorFlow's own strategies, one task per node (app.engines.tfdist)
+    billing: Billing | None = None  # None: the profile names no price (dry runs say so)
+
+
+_MIB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+def memory_mib(size: str) -> float:
+    """A Slurm size matching profile_rules.MEMORY (``60G``; no suffix: MiB, Slurm's default) in MiB."""
+    return int(size.rstrip("KMGT")) * _MIB[size[-1] if size[-1] in _MIB else "M"]
 
 
 # A mapping as YAML gave it: keys and values of any type until checked.
@@ -407,3 +429,31 @@ class ProfileReader:
         if gres is None and "max_gb" not in scratch:
             raise self.fail("scratch without gres needs max_gb: the node-local disk every job gets, in GB")
         return Scratch(env, gres, self.get(scratch, "max_gb", int, None, "scratch."))
+
+    def billing(self, raw: Raw) -> Billing | None:
+        """``billing: {unit, per_gpu_hour, slice_cpus, slice_memory}``; None when the profile has none."""
+        billing = self.get(raw, "billing", dict, None)
+        if billing is None:
+            return None
+        self.unknown(billing, ("unit", "per_gpu_hour", "slice_cpus", "slice_memory"), "billing.")
+        unit = self.get(billing, "unit", str, prefix="billing.")
+        self.match("billing.unit", unit, BILLING_UNIT, "a unit name such as GPU-BU or GPU-hours")
+        price = billing.get("per_gpu_hour")
+        # YAML gives .inf and .nan as floats, and true as a bool (an int to Python)
+        if isinstance(price, bool) or not isinstance(price, (int, float)) or not 0 < price < 1e9:
+            raise self.fail(
+                f"billing.per_gpu_hour must be a number above 0 (the site's price of a GPU-hour in "
+                f"billing.unit, e.g. 200), got {show(price)}"
+            )
+        slice_cpus = self.get(billing, "slice_cpus", int, None, "billing.")
+        memory = billing.get("slice_memory")
+        if memory is not None and (
+            not isinstance(memory, str) or not MEMORY.fullmatch(memory) or memory == "0"
+        ):
+            raise self.fail(
+                f'billing.slice_memory must be a quoted Slurm memory size such as "64G", got {show(memory)}'
+            )
+        mib = None if memory is None else round(memory_mib(memory))
+        if mib is not None and mib < 1:
+            raise self.fail(f"billing.slice_memory {show(memory)} is below 1 MiB; give a size such as 64G")
+        return Billing(unit, float(price), slice_cpus, mib)

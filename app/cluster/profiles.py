@@ -93,6 +93,7 @@ def load_cluster(name: str) -> Cluster:
         mem_full_node=mem_full_node,
         mem_per_gpu=mem_per_gpu,
         engine=engine,
+        billing=p.billing(raw),
     )
 
 

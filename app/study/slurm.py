@@ -181,6 +181,27 @@ def _render_jobs(folder: Path, plan, cfg, cluster, options: dict, echo) -> tuple
     return jobs, active
 
 
+def _print_dry_run(cluster, jobs: list, after, placeholders: list[str], show_scripts: bool, echo) -> None:
+    """A study's dry run on Slurm: its jobs, their shapes and time limits and the total cost
+    (app.cluster.billing); every job script too with ``show_scripts``."""
+    from app.cluster import billing
+
+    charges = [
+        billing.Charge(name, job.gpus, job.nodes, job.partition, job.time_s)
+        for name, job in [*jobs, ("report", after)]
+    ]
+    for line in billing.study_summary(cluster, charges):
+        echo(line)
+    if not show_scripts:
+        echo("(the job scripts: add --show-scripts)")
+        return
+    for (name, job), var in zip_equal(jobs, placeholders):
+        echo(f"# ---- {name}: sbatch --parsable (its id is {var})")
+        echo(job.script.rstrip("\n"))
+    echo(f"# ---- report: sbatch --parsable, after {' '.join(placeholders)}")
+    echo(after.script.rstrip("\n"))
+
+
 def submit_study(
     folder: Path,
     plan: StudyPlan | ScalingPlan,
@@ -200,9 +221,10 @@ def submit_study(
         folder: the study folder.
         plan: the study's plan.
         cfg: the baseline's resolved config.
-        options: cluster, account, partition, time, image, data_dir, stage_gb, accept_grpc and the report's
-            margin, as given.
-        dry_run: print the scripts instead of submitting them (then nothing is recorded).
+        options: cluster, account, partition, time, image, data_dir, stage_gb, accept_grpc, the report's
+            margin and show_scripts (a dry run prints every job script), as given.
+        dry_run: print a summary with the cost (and with show_scripts the scripts) instead of submitting
+            (then nothing is recorded).
         echo: where the study says things.
 
     Returns:
@@ -246,11 +268,7 @@ def _submit_study(folder: Path, plan, cfg, options: dict, dry_run: bool, echo) -
         first, cluster, f"{plan.name}-report", report_args, placeholders, options.get("account")
     )
     if dry_run:
-        for (name, job), var in zip_equal(jobs, placeholders):
-            echo(f"# ---- {name}: sbatch --parsable (its id is {var})")
-            echo(job.script.rstrip("\n"))
-        echo(f"# ---- report: sbatch --parsable, after {' '.join(placeholders)}")
-        echo(after.script.rstrip("\n"))
+        _print_dry_run(cluster, jobs, after, placeholders, bool(options.get("show_scripts")), echo)
         return {}
     ids: dict[str, str] = {}
     try:
