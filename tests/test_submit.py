@@ -212,7 +212,11 @@ def test_partition_choice_and_staging():
         "#SBATCH --account=project_2001234\n", ""
     )
     partial = render("lumi", 4).script
-    assert "--exclusive" not in partial and "--cpu-bind" not in partial and partial.count("--mpi=cray_shasta") == 1
+    assert (
+        "--exclusive" not in partial
+        and "--cpu-bind" not in partial
+        and partial.count("--mpi=cray_shasta") == 1
+    )
     assert "#SBATCH --partition=small-g\n" in partial and "#SBATCH --mem-per-gpu=60G\n" in partial
     assert "--mem=" not in partial and "rendezvous" not in partial
     with pytest.raises(UsageError) as err:  # standard-g takes whole nodes only

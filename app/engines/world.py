@@ -133,8 +133,8 @@ def check_world_size(size: int, env, engine: str = "horovod") -> None:
     raise AppError(
         f"{var}={n} processes were started, but Horovod joined {size}: the ranks did not find each other, so "
         f"{n} separate trainings would run. Check the launcher's MPI plugin (srun --mpi=pmix, pmi2 or "
-        "cray_shasta, as `srun --mpi=list` shows), that the container keeps the launcher's environment (no --cleanenv), and "
-        "that the image's MPI matches the host's (`app info`)"
+        "cray_shasta, as `srun --mpi=list` shows), that the container keeps the launcher's environment (no "
+        "--cleanenv), and that the image's MPI matches the host's (`app info`)"
     )
 
 
