@@ -11,6 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -447,7 +448,8 @@ def test_shared_run_dir_check_says_one_line_per_node(tmp_path):
         ),
         (
             dict(cluster="roihu", gpus=4, account=None),
-            "--account is required on roihu (your project, e.g. project_2001234); or set APP_SUBMIT_ACCOUNT",
+            "--account is required on roihu (your project, e.g. project_2001234); or set APP_SUBMIT_ACCOUNT for "
+            "app submit, APP_STUDY_SCALING_ACCOUNT or APP_STUDY_LARGE_BATCH_ACCOUNT for a study",
         ),
         (
             dict(cluster="lumi", gpus=4, account="p; rm -rf ~"),
@@ -1715,3 +1717,27 @@ def test_consent_to_grpc_where_nothing_opens_it_is_said_in_one_note(tmp_path):
     )
     assert doctor.exit_code == 2
     assert doctor.stderr.startswith("Note: --accept-unauthenticated-grpc changes nothing with --np: one host")
+
+
+def _account_variables(group=cli, parent=None, name="app"):
+    """(command, the environment variable Click reads its --account from) for every command with --account."""
+    ctx = click.Context(group, info_name=name, parent=parent, **({} if parent else cli.context_settings))
+    for sub_name, command in getattr(group, "commands", {}).items():
+        sub_ctx = click.Context(command, info_name=sub_name, parent=ctx)
+        account = next((p for p in command.params if p.name == "account"), None)
+        if account is not None:
+            yield sub_ctx.command_path, sub_ctx, account
+        yield from _account_variables(command, ctx, sub_name) if isinstance(command, click.Group) else ()
+
+
+def test_missing_account_names_the_variable_each_command_reads(monkeypatch):
+    with pytest.raises(UsageError) as error:
+        render("roihu", 4, account=None)
+    found = list(_account_variables())
+    assert {path for path, _, _ in found} >= {"app submit", "app study scaling", "app study large-batch"}
+    for path, ctx, account in found:
+        variable = f"{ctx.auto_envvar_prefix}_ACCOUNT"
+        monkeypatch.setenv(variable, "project_2001234")
+        assert account.resolve_envvar_value(ctx) == "project_2001234", path  # Click reads it ...
+        assert variable in str(error.value), path  # ... and the message names it
+        monkeypatch.delenv(variable)

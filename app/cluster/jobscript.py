@@ -189,8 +189,9 @@ def _job_shape(request: JobRequest) -> _Shape:
     chosen = choose_partition(cluster, nodes, gpus, time_s, request.partition, prefer_test=request.smoke)
     if cluster.account_required and not request.account:
         raise UsageError(
-            f"--account is required on {cluster.name} (your project, e.g. project_2001234); "
-            "or set APP_SUBMIT_ACCOUNT"
+            f"--account is required on {cluster.name} (your project, e.g. project_2001234); or set "
+            "APP_SUBMIT_ACCOUNT for app submit, APP_STUDY_SCALING_ACCOUNT or APP_STUDY_LARGE_BATCH_ACCOUNT "
+            "for a study"
         )
     return _Shape(nodes, min(gpus, gpn), time_limit, time_s, chosen)
 
