@@ -214,3 +214,27 @@ def test_a_full_disk_at_the_start_of_training_is_one_line_and_leaves_nothing(tmp
             "raise the quota), or pass another --run-dir\n"
         )
         assert os.listdir(disk) == [".fill"]
+
+
+@pytest.mark.parametrize("sbatch", [False, True])
+def test_info_without_tensorflow_names_make_login_on_a_login_node(monkeypatch, tmp_path, sbatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name in ("tensorflow", "tf_keras") else real(name, *a),
+    )
+    if sbatch:
+        (tmp_path / "sbatch").write_text("#!/bin/sh\n")
+        (tmp_path / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    result = CliRunner().invoke(cli, ["info"])
+    assert result.exit_code == 1
+    line = f"Error: TensorFlow is not installed in this Python ({sys.executable}): run make install"
+    login = (
+        "; on a Slurm login node, `make login` installs the commands that run there (app submit, "
+        "app study --cluster, app report) without TensorFlow, and training runs in the jobs they submit"
+    )
+    assert result.output.strip() == line + (login if sbatch else "")
