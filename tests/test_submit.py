@@ -962,8 +962,10 @@ def test_smoke_prefers_a_test_partition_and_keeps_the_job_shape(cluster, gpus, p
 
 def _shape(script: str) -> list[str]:
     """A job script without what differs between a smoke test and training of the same time: partition, name,
-    the first comment and echo line, the configs, the run dir (and its check on every node) and the command."""
+    the first comment and echo line, the configs, the run dir (and its check on every node), the command, and
+    the paragraph on how the job stops (training asks for a signal and a requeue, a smoke job does not)."""
     script = script.replace(staging.SHARED_RUN_DIR, "")  # only training has a run dir to check
+    script = re.sub(r"\n# One task per [^\n]*\n(#[^\n]*\n)*", "\n", script, count=1)
     skip = (
         "#SBATCH --partition",
         "#SBATCH --job-name",
@@ -1741,3 +1743,20 @@ def test_missing_account_names_the_variable_each_command_reads(monkeypatch):
         assert account.resolve_envvar_value(ctx) == "project_2001234", path  # Click reads it ...
         assert variable in str(error.value), path  # ... and the message names it
         monkeypatch.delenv(variable)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(),
+        dict(configs=[], smoke=True),
+        dict(task=["benchmark", "--steps", "20"]),
+    ],
+    ids=["train", "smoke", "benchmark"],
+)
+def test_the_script_says_it_requeues_only_when_it_asks_to(kw):
+    script = render("roihu", 4, **kw).script
+    asks = "#SBATCH --signal=USR1@" in script
+    assert asks == ("#SBATCH --requeue\n" in script) == bool(not kw)  # training alone stops and requeues
+    assert ("SIGUSR1" in script) == asks and ("the job requeues itself" in script) == asks
+    assert ("asks for no early signal and no requeue" in script) == (not asks)
