@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from click.testing import CliRunner
 
 from app import __version__
 from app.cli import cli
-from conftest import TINY_SYNTHETIC, run_app, tmpfs
+from conftest import ROOT, TINY_SYNTHETIC, run_app, tmpfs
 
 
 def test_version():
@@ -238,3 +239,16 @@ def test_info_without_tensorflow_names_make_login_on_a_login_node(monkeypatch, t
         "app study --cluster, app report) without TensorFlow, and training runs in the jobs they submit"
     )
     assert result.output.strip() == line + (login if sbatch else "")
+
+
+def test_the_srun_examples_use_a_site_profiles_mpi():
+    from app.cluster import profiles
+
+    sites = {name: profiles.load_cluster(name).mpi for name in ("roihu", "lumi")}
+    help_text = CliRunner().invoke(cli, ["doctor", "--help"]).output
+    headers = [
+        "".join(line for line in path.read_text().splitlines(True) if line.startswith("#"))
+        for path in sorted((ROOT / "configs").glob("*.yaml"))
+    ]
+    shown = re.findall(r"--mpi=([a-z_0-9]+)", help_text + "".join(headers))
+    assert shown and set(shown) <= set(sites.values()), (shown, sites)
