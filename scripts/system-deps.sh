@@ -6,6 +6,13 @@ set -euo pipefail
 
 packages=(openmpi-bin libopenmpi-dev mpich libmpich-dev g++ make python3-venv)
 if [[ $(id -u) != 0 ]]; then
+    # sbatch here and no job around us: a cluster's login node, where training runs in jobs, not in this venv
+    if command -v sbatch >/dev/null && [[ -z ${SLURM_JOB_ID:-} ]]; then
+        echo "system-deps: this looks like a Slurm login node: \`make login\` installs the commands that run" \
+            "here (app submit, app study --cluster, app report) without TensorFlow or root; training runs" \
+            "in the jobs they submit" >&2
+        exit 1
+    fi
     echo "system-deps: run as root or install ${packages[*]} by hand" >&2
     exit 1
 fi

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from click.testing import CliRunner
 
 from app import __version__
 from app.cli import cli
-from conftest import TINY_SYNTHETIC, run_app, tmpfs
+from conftest import ROOT, TINY_SYNTHETIC, run_app, tmpfs
 
 
 def test_version():
@@ -214,3 +215,40 @@ def test_a_full_disk_at_the_start_of_training_is_one_line_and_leaves_nothing(tmp
             "raise the quota), or pass another --run-dir\n"
         )
         assert os.listdir(disk) == [".fill"]
+
+
+@pytest.mark.parametrize("sbatch", [False, True])
+def test_info_without_tensorflow_names_make_login_on_a_login_node(monkeypatch, tmp_path, sbatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name in ("tensorflow", "tf_keras") else real(name, *a),
+    )
+    if sbatch:
+        (tmp_path / "sbatch").write_text("#!/bin/sh\n")
+        (tmp_path / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    result = CliRunner().invoke(cli, ["info"])
+    assert result.exit_code == 1
+    line = f"Error: TensorFlow is not installed in this Python ({sys.executable}): run make install"
+    login = (
+        "; on a Slurm login node, `make login` installs the commands that run there (app submit, "
+        "app study --cluster, app report) without TensorFlow, and training runs in the jobs they submit"
+    )
+    assert result.output.strip() == line + (login if sbatch else "")
+
+
+def test_the_srun_examples_use_a_site_profiles_mpi():
+    from app.cluster import profiles
+
+    sites = {name: profiles.load_cluster(name).mpi for name in ("roihu", "lumi")}
+    help_text = CliRunner().invoke(cli, ["doctor", "--help"]).output
+    headers = [
+        "".join(line for line in path.read_text().splitlines(True) if line.startswith("#"))
+        for path in sorted((ROOT / "configs").glob("*.yaml"))
+    ]
+    shown = re.findall(r"--mpi=([a-z_0-9]+)", help_text + "".join(headers))
+    assert shown and set(shown) <= set(sites.values()), (shown, sites)

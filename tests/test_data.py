@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -613,3 +614,28 @@ def test_converter_refuses_an_empty_class_folder(tmp_path):
         "take a label; remove it or add its images"
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_kaggle_loc_val_solution_labels_validation_by_image_name(tmp_path):
+    """Kaggle's ImageNet Object Localization Challenge file, as docs/training.md describes it: a header
+    ImageId,PredictionString, rows in any order, each image's boxes as `wnid x_min y_min x_max y_max ...`;
+    the first wnid is the class. Found in SRC without --labels."""
+    from app.data import ilsvrc
+
+    for w in ("n01440764", "n01443537"):
+        (tmp_path / "train" / w).mkdir(parents=True)
+        (tmp_path / "train" / w / f"{w}_1.JPEG").write_bytes(b"")
+    (tmp_path / "val").mkdir()
+    for j in (1, 2):
+        (tmp_path / "val" / f"ILSVRC2012_val_{j:08d}.JPEG").write_bytes(b"")
+    (tmp_path / "LOC_val_solution.csv").write_text(
+        "ImageId,PredictionString\n"
+        "ILSVRC2012_val_00000002,n01443537 10 20 110 120 n01443537 5 5 50 50 \n"
+        "ILSVRC2012_val_00000001,n01440764 1 2 3 4 \n"
+    )
+    wnids, _, val = ilsvrc.scan(tmp_path)
+    assert wnids == ["n01440764", "n01443537"]
+    assert [(Path(p).stem, w) for p, w in val] == [
+        ("ILSVRC2012_val_00000001", "n01440764"),
+        ("ILSVRC2012_val_00000002", "n01443537"),
+    ]

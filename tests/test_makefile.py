@@ -484,3 +484,25 @@ def test_make_docker_train_refuses_what_cannot_work_in_one_line(repo, tmp_path, 
         f"docker-train: {says}"
     ]
     assert not (repo / "runs").exists()
+
+
+@pytest.mark.parametrize("login_node", [False, True])
+def test_system_deps_without_root_points_a_login_node_to_make_login(tmp_path, login_node):
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    write_exe(bin_ / "id", "#!/bin/sh\necho 1000\n")  # not root
+    if login_node:
+        write_exe(bin_ / "sbatch", "#!/bin/sh\n")
+    env = {"PATH": str(bin_), "HOME": str(tmp_path)}  # the script needs no other tool before it refuses
+    proc = subprocess.run(
+        [shutil.which("bash"), str(ROOT / "scripts" / "system-deps.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 1
+    if login_node:
+        assert "`make login` installs the commands that run here" in proc.stderr, proc.stderr
+        assert "run as root" not in proc.stderr
+    else:
+        assert proc.stderr.startswith("system-deps: run as root or install openmpi-bin"), proc.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -650,3 +651,22 @@ def test_efficiency_error_bars_hold_the_baselines_interval_and_repeats_give_a_be
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
     report.plot_scaling(table, tmp_path)
     assert bars["efficiency.png"] == pytest.approx([0.0, 100 * expected])
+
+
+@pytest.mark.parametrize("width", [100, 200])
+def test_terminal_tables_never_crop_a_header_or_a_value(width):
+    from app.reports import csc_section
+    from app.reports.tables import print_table
+
+    columns = [c.title for c in csc_section.columns(None)]
+    row = ["256", "2", "8", "12,345.6", "123.4", "3", "1234567", "600.0", "93%", "2%", "1 node", "1.87x"]
+    row += ["0.05", "81", "40,000"]
+    console = Console(file=io.StringIO(), width=width)
+    print_table(console, "CSC", columns, [row])
+    out = console.file.getvalue()
+    assert "…" not in out
+    shown = sorted(ch for ch in out if ch.isalnum() or ch in "%±,./()_'-")
+    assert shown == sorted(ch for text in ["CSC", *columns, *row] for ch in text if not ch.isspace()), out
+    if width == 200:  # wide enough: headers wrap between words, values stay whole
+        words = {w for text in [*columns, *row] for w in text.split()}
+        assert all(re.search(rf"(?<!\S){re.escape(w)}(?!\S)", out) for w in words), out

@@ -11,6 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -451,7 +452,8 @@ def test_shared_run_dir_check_says_one_line_per_node(tmp_path):
         ),
         (
             dict(cluster="roihu", gpus=4, account=None),
-            "--account is required on roihu (your project, e.g. project_2001234); or set APP_SUBMIT_ACCOUNT",
+            "--account is required on roihu (your project, e.g. project_2001234); or set APP_SUBMIT_ACCOUNT for "
+            "app submit, APP_STUDY_SCALING_ACCOUNT or APP_STUDY_LARGE_BATCH_ACCOUNT for a study",
         ),
         (
             dict(cluster="lumi", gpus=4, account="p; rm -rf ~"),
@@ -964,8 +966,10 @@ def test_smoke_prefers_a_test_partition_and_keeps_the_job_shape(cluster, gpus, p
 
 def _shape(script: str) -> list[str]:
     """A job script without what differs between a smoke test and training of the same time: partition, name,
-    the first comment and echo line, the configs, the run dir (and its check on every node) and the command."""
+    the first comment and echo line, the configs, the run dir (and its check on every node), the command, and
+    the paragraph on how the job stops (training asks for a signal and a requeue, a smoke job does not)."""
     script = script.replace(staging.SHARED_RUN_DIR, "")  # only training has a run dir to check
+    script = re.sub(r"\n# One task per [^\n]*\n(#[^\n]*\n)*", "\n", script, count=1)
     skip = (
         "#SBATCH --partition",
         "#SBATCH --job-name",
@@ -1721,3 +1725,44 @@ def test_consent_to_grpc_where_nothing_opens_it_is_said_in_one_note(tmp_path):
     )
     assert doctor.exit_code == 2
     assert doctor.stderr.startswith("Note: --accept-unauthenticated-grpc changes nothing with --np: one host")
+
+
+def _account_variables(group=cli, parent=None, name="app"):
+    """(command, the environment variable Click reads its --account from) for every command with --account."""
+    ctx = click.Context(group, info_name=name, parent=parent, **({} if parent else cli.context_settings))
+    for sub_name, command in getattr(group, "commands", {}).items():
+        sub_ctx = click.Context(command, info_name=sub_name, parent=ctx)
+        account = next((p for p in command.params if p.name == "account"), None)
+        if account is not None:
+            yield sub_ctx.command_path, sub_ctx, account
+        yield from _account_variables(command, ctx, sub_name) if isinstance(command, click.Group) else ()
+
+
+def test_missing_account_names_the_variable_each_command_reads(monkeypatch):
+    with pytest.raises(UsageError) as error:
+        render("roihu", 4, account=None)
+    found = list(_account_variables())
+    assert {path for path, _, _ in found} >= {"app submit", "app study scaling", "app study large-batch"}
+    for path, ctx, account in found:
+        variable = f"{ctx.auto_envvar_prefix}_ACCOUNT"
+        monkeypatch.setenv(variable, "project_2001234")
+        assert account.resolve_envvar_value(ctx) == "project_2001234", path  # Click reads it ...
+        assert variable in str(error.value), path  # ... and the message names it
+        monkeypatch.delenv(variable)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(),
+        dict(configs=[], smoke=True),
+        dict(task=["benchmark", "--steps", "20"]),
+    ],
+    ids=["train", "smoke", "benchmark"],
+)
+def test_the_script_says_it_requeues_only_when_it_asks_to(kw):
+    script = render("roihu", 4, **kw).script
+    asks = "#SBATCH --signal=USR1@" in script
+    assert asks == ("#SBATCH --requeue\n" in script) == bool(not kw)  # training alone stops and requeues
+    assert ("SIGUSR1" in script) == asks and ("the job requeues itself" in script) == asks
+    assert ("asks for no early signal and no requeue" in script) == (not asks)

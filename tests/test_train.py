@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY_SYNTHETIC, run_app
+from conftest import ROOT, TINY_SYNTHETIC, run_app
 from imagenet_fixture import make_tree
 
 pytestmark = pytest.mark.slow
@@ -133,7 +133,7 @@ def test_missing_data_dir(tmp_path):
     )
     assert (
         proc.stderr.strip()
-        == f"Error: data.data_dir {tmp_path / 'nope'}: no such directory; point it at a TFDS data dir"
+        == f"Error: --data-dir {tmp_path / 'nope'}: no such directory; point it at a TFDS data dir"
     )
     assert not (tmp_path / "run").exists()
 
@@ -469,3 +469,36 @@ def test_a_lock_left_by_this_slurm_job_s_earlier_start_is_taken_over_with_a_note
     finally:
         holder.kill()
         holder.wait()
+
+
+@pytest.mark.parametrize(
+    "args, env, where, fix",
+    [
+        (["benchmark", "-c", "configs/fashion_mnist.yaml"], {}, "--data-dir", "point it at a TFDS data dir"),
+        (
+            ["train", "-c", "configs/resnet50_imagenet.yaml"],
+            {"APP_TRAIN_DATA_DIR": "NOPE"},
+            "environment variable APP_TRAIN_DATA_DIR",
+            "convert ImageNet with `app data imagenet-to-tfrecord`",
+        ),
+    ],
+)
+def test_missing_data_dir_names_where_it_was_given(tmp_path, monkeypatch, args, env, where, fix):
+    from click.testing import CliRunner
+
+    from app.cli import cli
+
+    missing = tmp_path / "nope"
+    env = {k: str(missing) for k in env}
+    extra = [] if env else ["--data-dir", str(missing)]
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, [args[0], "-c", str(ROOT / args[2]), *extra], env=env)
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == f"Error: {where} {missing}: no such directory; {fix}"
+    assert list(tmp_path.iterdir()) == []  # no run directory
+
+
+def test_synthetic_data_ignores_a_missing_data_dir():
+    from app.cli.base import refuse_missing_data_dir
+
+    refuse_missing_data_dir("/nonexistent/folder", "synthetic", {})  # the source reads no folder: no error

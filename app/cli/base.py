@@ -15,7 +15,7 @@ from click.core import ParameterSource
 
 from app import __version__
 from app.core.compat import KerasError
-from app.core.errors import REQUEUE_EXIT_CODE, AppError, UsageError, brief, one_line, write_failure
+from app.core.errors import REQUEUE_EXIT_CODE, AppError, UsageError, brief, one_line, show, write_failure
 from app.engines.world import detected_launcher, joined_launcher, rank_from_env, report_to_launcher
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "APP", "max_content_width": 100}
@@ -153,6 +153,23 @@ def option_values(**values) -> tuple[dict[str, object], dict[str, str]]:
         if envvar:
             origins[OPTION_KEYS[name]] = f"environment variable {envvar}"
     return options, origins
+
+
+# How to fill a data folder of each source that reads one (app/data/sources.py says the same in its jobs).
+DATA_DIR_FIX = {
+    "tfds": "point it at a TFDS data dir",
+    "imagenet": "convert ImageNet with `app data imagenet-to-tfrecord`",
+}
+
+
+def refuse_missing_data_dir(data_dir: str | None, source: str, origins: dict[str, str]) -> None:
+    """One line naming --data-dir (or the APP_* variable that set it) when it names no folder and the
+    config's source reads one; before any worker starts or TensorFlow loads. A data folder from a config
+    file or a saved run is checked where it is read, and named by its key, data.data_dir."""
+    if data_dir is None or source not in DATA_DIR_FIX or os.path.isdir(data_dir):
+        return
+    where = origins.get("data.data_dir", "--data-dir")
+    raise UsageError(f"{where} {show(data_dir, limit=None)}: no such directory; {DATA_DIR_FIX[source]}")
 
 
 @click.group(cls=AppGroup, context_settings=CONTEXT)

@@ -17,6 +17,7 @@ from app.cli.base import (
     config_options,
     option_values,
     parse_int_list,
+    refuse_missing_data_dir,
     refuse_steps_with_images,
     relaunch,
 )
@@ -154,6 +155,7 @@ def benchmark(
     check_images(images or 0)
     options, origins = option_values(data_dir=data_dir, seed=seed, precision=precision, engine=engine)
     cfg = config.build(configs, sets, options, origins=origins)
+    refuse_missing_data_dir(data_dir, cfg.data.source, origins)
     timeline = timeline or worker_timeline
     if len(threads) > 1 and not pipeline_only:
         raise UsageError(

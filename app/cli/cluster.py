@@ -36,7 +36,8 @@ def doctor(megabytes, iterations, threads, np_, engine, as_json, accept_grpc):
     \b
     Example:
       app doctor --np 2 --megabytes 10
-      srun --mpi=pmix apptainer exec --nv scaleout.sif app doctor
+      srun --mpi=pmi2 singularity exec scaleout.sif app doctor    # as LUMI's jobs launch it
+      app submit --cluster roihu --gpus 4 --smoke --account project_2001234    # a job does it for you
     """
     if accept_grpc and np_:
         click.echo(

@@ -7,7 +7,7 @@ import os
 
 import click
 
-from app.cli.base import Int, cli, config_options, option_values, relaunch
+from app.cli.base import Int, cli, config_options, option_values, refuse_missing_data_dir, relaunch
 from app.core.compat import import_tensorflow
 from app.core.errors import AppError, UsageError
 
@@ -82,6 +82,7 @@ def train(
         engine=engine,
     )
     cfg, resolved = rundir.for_run(configs, sets, options, run_dir, origins)
+    refuse_missing_data_dir(data_dir, cfg.data.source, origins)
     # every worker gets the same run directory
     relaunch(np_, [] if run_dir else ["--run-dir", str(resolved)], cfg.train.engine)
     from app.engines.faults import StopRequest
@@ -122,6 +123,7 @@ def evaluate(run_dir, configs, sets, data_dir, seed, threads, np_, engine, epoch
     options, origins = option_values(data_dir=data_dir, seed=seed, engine=engine)
     base = config.flat(rundir.load_run_config(saved))
     cfg = config.build(configs, sets, options, base=base, origins=origins)
+    refuse_missing_data_dir(data_dir, cfg.data.source, origins)
     relaunch(np_, engine=cfg.train.engine)
     import_tensorflow()
     from app.training.evaluate import evaluate_run

@@ -193,8 +193,9 @@ def _job_shape(request: JobRequest) -> _Shape:
     chosen = choose_partition(cluster, nodes, gpus, time_s, request.partition, prefer_test=request.smoke)
     if cluster.account_required and not request.account:
         raise UsageError(
-            f"--account is required on {cluster.name} (your project, e.g. project_2001234); "
-            "or set APP_SUBMIT_ACCOUNT"
+            f"--account is required on {cluster.name} (your project, e.g. project_2001234); or set "
+            "APP_SUBMIT_ACCOUNT for app submit, APP_STUDY_SCALING_ACCOUNT or APP_STUDY_LARGE_BATCH_ACCOUNT "
+            "for a study"
         )
     return _Shape(nodes, min(gpus, gpn), time_limit, time_s, chosen)
 
@@ -261,6 +262,17 @@ def _command(smoke: bool, task: Sequence[str] | None) -> tuple[str, str, str]:
     return command, announce, purpose
 
 
+# The job script's words on how it stops: a training job asks for SIGUSR1 and a requeue (stop_lines below).
+# (A backslash that ends a line below is Python's: it joins the line to the next, in the script as one.)
+REQUEUE_COMMENT = """Near the time limit Slurm sends SIGUSR1 ({lead} s
+# ahead) to every task; training agrees on a step, checkpoints there, leaves $RUN_DIR/.stopped and exits with
+# status {code}, and the job requeues itself to continue from that checkpoint (the run directory is
+# keyed by the job id, which a requeue keeps). scancel's SIGTERM stops it the same way; \
+a cancelled job stays ended."""
+NO_REQUEUE_COMMENT = """This job asks for no early signal and no requeue: it runs once,
+# and its time limit (or scancel) ends it with SIGTERM."""
+
+
 def _header(
     request: JobRequest,
     shape: _Shape,
@@ -301,7 +313,9 @@ def _header(
         "memory_line": "".join(f"#SBATCH {m}\n" for m in [memory_request(cluster, full_node)] if m),
         # checked plain: #SBATCH lines are not shell, quotes would be kept
         "log_dir": str(request.log_dir),
-        "signal_seconds": lead,
+        "stop_comment": (
+            REQUEUE_COMMENT.format(lead=lead, code=REQUEUE_EXIT_CODE) if requeue else NO_REQUEUE_COMMENT
+        ),
         # A task (app benchmark) has no stop handler: SIGUSR1 would only end it early, and a requeue would
         # measure again what it measured; a smoke job (app doctor) has no checkpoint to continue from, and
         # reports what it found when its time limit's SIGTERM comes. Training jobs stop cleanly and requeue.

@@ -22,6 +22,7 @@ import importlib.util
 import os
 import random
 import re
+import shutil
 import sys
 import tempfile
 import types
@@ -65,6 +66,18 @@ def _install_alias() -> None:
 _install_alias()
 
 
+def _no_tensorflow() -> str:
+    """Why this command cannot run here, and the install that can: on a login node (sbatch on PATH) the
+    commands that run there need no TensorFlow, and `make login` installs them alone."""
+    message = f"TensorFlow is not installed in this Python ({sys.executable}): run make install"
+    if shutil.which("sbatch"):
+        message += (
+            "; on a Slurm login node, `make login` installs the commands that run there (app submit, "
+            "app study --cluster, app report) without TensorFlow, and training runs in the jobs they submit"
+        )
+    return message
+
+
 def import_tensorflow():
     """Import TensorFlow with Keras 2 and return the ``tf`` module; raise :class:`KerasError` otherwise."""
     already = sys.modules.get("keras")
@@ -74,6 +87,8 @@ def import_tensorflow():
             "import app first or unset whatever imports keras, since Horovod 0.28.1 needs tf_keras (Keras 2)"
         )
     if importlib.util.find_spec("tf_keras") is None:
+        if importlib.util.find_spec("tensorflow") is None:
+            raise KerasError(_no_tensorflow())
         raise KerasError("tf_keras (Keras 2) is not installed, and Horovod 0.28.1 needs it: run make install")
     tf = _import_quietly("tensorflow")
     flavour, version = keras_flavour(tf)

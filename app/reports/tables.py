@@ -165,8 +165,17 @@ def print_table(console, title: str, columns, rows) -> None:
 
     columns, rows = _as_text(columns, rows)
     table = Table(title=title, title_justify="left")
-    for c in columns:
-        table.add_column(c, justify="left" if c in ("run",) else "right")
+    # Never cropped to "…" (a header cut to "speed…", a number to "12,3…"): where the console is wide enough,
+    # each column is as wide as its longest value and its header's longest word (headers wrap between words);
+    # where it is not, every cell folds onto more lines, losing no character.
+    widest = [
+        max([0] + [len(word) for word in c.split()] + [len(r[i]) for r in rows])
+        for i, c in enumerate(columns)
+    ]
+    fits = sum(widest) + 3 * len(widest) + 1 <= console.width  # each cell's padding and its border
+    for c, width in zip_equal(columns, widest):
+        justify = "left" if c in ("run",) else "right"
+        table.add_column(c, justify=justify, overflow="fold", min_width=width if fits else None)
     for r in rows:
         table.add_row(*r)
     console.print(table)
