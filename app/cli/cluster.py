@@ -36,7 +36,7 @@ def doctor(megabytes, iterations, threads, np_, engine, as_json, accept_grpc):
     \b
     Example:
       app doctor --np 2 --megabytes 10
-      srun --mpi=pmi2 singularity exec scaleout.sif app doctor    # as LUMI's jobs launch it
+      srun --mpi=cray_shasta singularity exec scaleout.sif app doctor    # as LUMI's jobs launch it
       app submit --cluster roihu --gpus 4 --smoke --account project_2001234    # a job does it for you
     """
     if accept_grpc and np_:
