@@ -365,3 +365,17 @@ def test_a_dest_that_cannot_be_created_is_one_line(tmp_path):
         2,
         f"Error: DEST {dest}: cannot create it (No such file or directory); give a folder you can write\n",
     )
+
+
+def test_a_fifo_or_a_device_among_the_images_is_skipped_not_read_forever(tmp_path):
+    """A named pipe would block the converter for ever and /dev/zero would fill its memory: neither is read."""
+    from app.core.compat import import_tensorflow
+    from app.data.convert import BadImage, _example
+
+    tf = import_tensorflow()
+    os.mkfifo(tmp_path / "fifo.jpg")
+    (tmp_path / "zero.jpg").symlink_to("/dev/zero")
+    for name in ("fifo.jpg", "zero.jpg"):
+        with pytest.raises(BadImage) as info:
+            _example(tf, lambda v: v, str(tmp_path / name), "a", {"a": 0}, [])
+        assert "not a regular file" in info.value.reason, info.value

@@ -98,6 +98,15 @@ MODEL_FILE = textwrap.dedent(
 
     def helper(shape):
         raise ValueError(f"cannot build for {shape}")
+
+
+    def log_probs(input_shape, num_classes):
+        """Log-probabilities are logits (a softmax of them is the same): not refused as a softmax."""
+        import tensorflow as tf
+
+        inputs = keras.Input(shape=input_shape)
+        x = keras.layers.Dense(num_classes)(keras.layers.Flatten()(inputs))
+        return keras.Model(inputs, keras.layers.Lambda(tf.nn.log_softmax)(x))
     '''
 )
 
@@ -180,7 +189,7 @@ def test_a_users_model_is_wrapped_to_take_pixels_and_give_float32_logits_with_we
     assert model(images).shape == (2, 10)
 
 
-@pytest.mark.parametrize("name", ["mymodel.py:subclassed", "uses_blocks.py:build"])
+@pytest.mark.parametrize("name", ["mymodel.py:subclassed", "uses_blocks.py:build", "mymodel.py:log_probs"])
 def test_a_subclassed_model_and_a_file_importing_its_neighbours_build(user_dir, name):
     model, _ = create(name, user_dir)
     assert model.output.shape[-1] == 10
@@ -189,6 +198,22 @@ def test_a_subclassed_model_and_a_file_importing_its_neighbours_build(user_dir, 
 def test_an_applications_model_builds_untrained_at_the_datas_size_with_logits(user_dir):
     model, _ = create("applications.MobileNetV3Small", user_dir, classes=7)
     assert model.output.shape[-1] == 7 and model.layers[-1].dtype == "float32"
+
+
+def test_an_efficientnet_that_normalizes_itself_gets_raw_pixels_not_normalized_twice(user_dir):
+    """EfficientNetB0-B7 rescale and normalize [0, 255] pixels themselves and cannot be told not to: scaleout
+    feeds them the pixels as they are."""
+    import tensorflow as tf
+
+    pixels = ((120.0, 115.0, 100.0), (60.0, 60.0, 60.0))
+    model, notes = create("applications.EfficientNetB0", user_dir, pixels=pixels)
+    (layer,) = [x for x in model.layers if x.name == "pixels"]
+    assert (layer.mean, layer.std) == ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
+    assert notes == [
+        "note: applications.EfficientNetB0 rescales and normalizes its input itself: scaleout feeds it pixels "
+        "in [0, 255]"
+    ]
+    assert layer(tf.constant(200, tf.uint8, [1, 2, 2, 3])).numpy().max() == 200.0
 
 
 @pytest.mark.parametrize(

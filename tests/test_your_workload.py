@@ -200,6 +200,18 @@ DATA_FILE = textwrap.dedent(
         return arrays(split, rank, workers, seed).take(0)
 
 
+    def out_of_range(split, rank, workers, seed):
+        return arrays(split, rank, workers, seed).map(lambda x, y: (x, y + 3))
+
+
+    def unknown_label_shape(split, rank, workers, seed):
+        def relabel(y):
+            return y
+        return arrays(split, rank, workers, seed).map(
+            lambda x, y: (x, tf.numpy_function(relabel, [y], tf.int64))
+        )
+
+
     def raises(split, rank, workers, seed):
         raise FileNotFoundError("no such file: /data/images.npy")
 
@@ -253,6 +265,7 @@ def test_her_input_function_gives_each_rank_its_share(data_file):
         ("any_size", "return (height, width, channels) images of one size"),
         ("float_labels", "has labels of float32 (); return one integer class index per image"),
         ("forever", "repeats forever; return one pass over the data"),
+        ("unknown_label_shape", "has labels of unknown shape; give them one (tf.ensure_shape(label, ()))"),
         ("empty", "has no elements on rank 0 of 1"),
         ("raises", "mydata.py:{line} (raises): FileNotFoundError: no such file: /data/images.npy"),
         ("missing", "missing is not a function there (it defines any_size, arrays,"),
@@ -285,6 +298,14 @@ def test_her_files_are_read_not_run_before_anything_starts(tmp_path, data_file, 
         "star.py": ("from os import *\n", "anything", None),  # names it cannot read: accepted
         "getattr.py": ("def __getattr__(name):\n    return name\n", "anything", None),
         "nested.py": ("if True:\n    def build(s, n):\n        pass\n", "build", None),
+        "walrus.py": ("if (build := print):\n    pass\n", "build", None),
+        "match.py": ("match 1:\n    case 1:\n        def build(s, n):\n            pass\n", "build", None),
+        "dynamic.py": ("import sys\nsetattr(sys.modules[__name__], 'build', print)\n", "build", None),
+        "deep.py": (
+            "x = " + "1+" * 200000 + "1\n",
+            "build",
+            None,
+        ),  # too deep for the parser: left to the import
     }
     for file, (text, function, words) in cases.items():
         (tmp_path / file).write_text(text)
@@ -313,7 +334,7 @@ def test_her_files_are_read_not_run_before_anything_starts(tmp_path, data_file, 
     assert not run.exists() and "horovodrun" not in proc.stdout
     for sets, words in [
         (["data.name=fashion_mnist"], "data.name: data.source python takes path/to/file.py:function"),
-        ([f"data.name={data_file}:arrays", "data.num_classes=0"], "data.num_classes: must be set (> 0)"),
+        ([f"data.name={data_file}:arrays", "data.num_classes=0"], "data.num_classes: must be set (>= 2)"),
     ]:
         args = ["--set", "data.source=python", *(x for s in sets for x in ("--set", s))]
         proc = run_app(["train", *args, "--run-dir", str(run)], expect=2)
@@ -432,3 +453,33 @@ def test_the_npz_example_reads_its_arrays_and_says_what_is_missing(tmp_path, mon
     monkeypatch.setenv("NPZ_DATA", str(tmp_path / "arrays.npz"))
     spec = _source(example, "load", 1, 2).spec
     assert (spec.train_examples, spec.eval_examples, spec.image_shape) == (10, 3, (10, 10, 3))
+
+
+def test_a_label_outside_the_classes_is_one_line_not_a_nan_loss(data_file):
+    """On a GPU, sparse cross-entropy turns a label out of range into a NaN loss without a word: the pipeline
+    checks each label and names the fix."""
+    import tensorflow as tf
+
+    from app.data.pipeline import input_error, train_dataset
+
+    source = _source(data_file, "out_of_range")  # labels 3 and 4 of 2 classes
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        next(iter(train_dataset(source, 4, 2, 1)))
+    error = input_error(source, info.value)
+    assert isinstance(error, UsageError) and str(error) == (
+        f"data.name {data_file}:out_of_range: returns a label outside [0, 2) (data.num_classes); return class "
+        "indices from 0, or set data.num_classes to the classes"
+    )
+
+
+def test_what_a_python_source_does_not_take_is_refused_in_the_config(data_file):
+    from app.core.config import build
+
+    python = ["data.source=python", f"data.name={data_file}:arrays"]
+    for sets, words in [
+        (["data.num_classes=1"], "data.num_classes: must be set (>= 2) for data.source python"),
+        (["data.num_classes=2", "data.image_size=32"], "data.image_size: data.source python takes images as"),
+    ]:
+        with pytest.raises(UsageError) as info:
+            build(sets=[*python, *sets])
+        assert str(info.value).startswith(words), info.value

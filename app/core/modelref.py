@@ -128,6 +128,8 @@ def check_entry(ref: ModelRef, base: Path | None = None, key: str = "model.name"
         ) from None
     except (ValueError, OSError) as exc:  # null bytes, or the file went away
         raise UsageError(f"{shown}: {show(str(path), limit=None)} is not Python source ({exc})") from None
+    except (RecursionError, MemoryError):  # nested too deep for this parser: left to the import that runs it
+        return path
     names = _top_level_names(tree)
     if names is None or ref.function in names:
         return path
@@ -144,7 +146,11 @@ def _top_level_names(tree: ast.Module) -> dict[str, bool] | None:
     """The names a module binds at its top level (True for functions and classes), in its if/try/with/for
     blocks too, not inside its functions and classes; None when it may bind names its source does not show
     (``from x import *``, a module ``__getattr__``, ``globals()``, ``setattr``, ``exec``)."""
-    if any(isinstance(n, ast.Name) and n.id in ("globals", "setattr", "exec") for n in ast.walk(tree)):
+    dynamic = ("globals", "vars", "setattr", "exec", "modules", "__getattr__")  # modules: sys.modules[...]
+    if any(
+        (isinstance(n, ast.Name) and n.id in dynamic) or (isinstance(n, ast.Attribute) and n.attr in dynamic)
+        for n in ast.walk(tree)
+    ):
         return None
     names: dict[str, bool] = {}
     todo: list[ast.stmt] = list(tree.body)
@@ -160,8 +166,10 @@ def _top_level_names(tree: ast.Module) -> dict[str, bool] | None:
             for alias in node.names:
                 names.setdefault(alias.asname or alias.name.split(".")[0], False)
         else:
-            for field in ("body", "orelse", "finalbody", "handlers"):  # compound statements
+            for field in ("body", "orelse", "finalbody", "handlers", "cases"):  # compound statements
                 todo.extend(getattr(node, field, []))
+            walrus = [n.target for n in ast.walk(node) if isinstance(n, ast.NamedExpr)]
+            names.update({n.id: False for n in walrus if isinstance(n, ast.Name)} | names)
             targets = [*getattr(node, "targets", []), getattr(node, "target", None)]
             for target in (t for t in targets if t is not None):
                 names.update({n.id: False for n in ast.walk(target) if isinstance(n, ast.Name)} | names)

@@ -152,7 +152,13 @@ def _check_data(d: DataConfig, need: Callable[[bool, str, str], None]) -> None:
             "data.source python takes path/to/file.py:function or package.module:function, "
             f"got {show(d.name)}",
         )
-        need(d.num_classes > 0, "data.num_classes", "must be set (> 0) for data.source python")
+        need(d.num_classes >= 2, "data.num_classes", "must be set (>= 2) for data.source python")
+        need(
+            d.image_size == 0,
+            "data.image_size",
+            "data.source python takes images as the function returns them: resize them there and leave "
+            "data.image_size at 0",
+        )
 
 
 def checkpoint_interval(value: str) -> tuple[str, float] | None:

@@ -42,6 +42,7 @@ LABELS = "labels.txt"  # the class names in label order, one a line (the folder 
 CLASS_COUNTS = "class-counts.json"  # images per split and per class, and the skipped files (the same)
 EXTRAS = (LABELS, CLASS_COUNTS)
 MANIFEST_LIMIT = 64 * 2**20  # bytes of the manifest or counts.json: names of a few thousand shards
+IMAGE_LIMIT = 256 * 2**20  # bytes of one image file: larger is no photograph a classifier trains on
 OUTPUT_NAME = re.compile(r"(train|validation)-[0-9]{5}-of-[0-9]{5}")  # the only shard names it writes
 
 
@@ -144,7 +145,10 @@ def _write_shard(
 def _example(tf, feature, path: str, label: str, index: dict[str, int], repaired: list[str]) -> bytes:
     """One image as a serialized tf.train.Example; a file that cannot be read or decoded is a BadImage."""
     try:
-        data = Path(path).read_bytes()
+        data = read_regular(path, "", IMAGE_LIMIT, "image file")  # not a FIFO or /dev/zero: no hang, no flood
+    except UsageError as exc:
+        raise BadImage(path, str(exc).removeprefix(": ")) from None
+    try:
         before = _log_size()
         image = tf.io.decode_image(data, channels=3, expand_animations=False)
         is_rgb_jpeg = data[:3] == b"\xff\xd8\xff" and int(tf.image.extract_jpeg_shape(data)[2]) == 3

@@ -20,9 +20,10 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from app.core.errors import AppError
+from app.core.errors import AppError, UsageError
 from app.data.preprocess import IMAGENET_FEATURES, example_seed
 from app.data.sources import AUTOTUNE, ImagenetSource, Source, count_records
+from app.data.usersource import LABEL_RANGE
 
 
 def train_dataset(
@@ -118,9 +119,14 @@ def input_error(source: Source, exc: Exception, evaluation: bool = False, budget
     """The one-line error for a failure that came out of the input pipeline (a truncated TFRecord, a record of
     another schema, a JPEG that does not decode), naming the file and the record where it can find them within
     ``budget_s`` seconds of reading; ``exc`` itself when the failure did not come from the data."""
-    if source.users_code:  # the researcher's own function: app.core.usercode names her frames
-        return exc
     first = tf_message(exc, 300)
+    if source.users_code:  # the researcher's own function: app.core.usercode names her frames
+        if LABEL_RANGE in str(exc):
+            return UsageError(
+                f"data.name {source.name}: returns a label outside [0, {source.spec.num_classes}) "
+                "(data.num_classes); return class indices from 0, or set data.num_classes to the classes"
+            )
+        return exc
     files = getattr(source, "eval_files", []) if evaluation else source.files
     kept = "" if evaluation else " (checkpoints up to the last finished epoch are intact)"
     if isinstance(exc, tf.errors.DataLossError):

@@ -22,8 +22,9 @@ from app.core.usercode import label, load_function, run, user_errors
 from app.data.base import Source, Spec
 
 KEY = "data.name"
-# Counting a dataset whose length TensorFlow does not know reads it once: past this, say it takes long.
-COUNT_NOTE_AFTER = 1_000_000
+# What a label outside [0, data.num_classes) fails with in the pipeline (app.data.pipeline names the fix): on
+# a GPU the loss would silently become NaN instead.
+LABEL_RANGE = "scaleout: a label outside [0, data.num_classes)"
 
 
 class PythonSource(Source):
@@ -52,9 +53,6 @@ class PythonSource(Source):
         call = f"the data function ({split!r} split)"
         ds = run(self.name, call, lambda: function(split, rank, workers, seed), KEY)
         _check_elements(self.name, split, ds)
-        image, lab = ds.element_spec
-        if lab.dtype != tf.int64:
-            ds = ds.map(lambda x, y: (x, tf.cast(y, tf.int64)))
         n = int(ds.cardinality())
         if n < 0:  # unknown (a filter, a generator) or infinite: count it, once
             if n == tf.data.INFINITE_CARDINALITY:
@@ -69,7 +67,7 @@ class PythonSource(Source):
                 f"{label(self.name, KEY)}: the {split!r} split has no elements on rank {rank} of {workers}; "
                 "check what the function reads and how it shards"
             )
-        return ds, n
+        return ds.map(lambda x, y: (x, _in_range(tf.cast(y, tf.int64), classes))), n
 
     def train_elements(self, epoch):
         return self._train
@@ -82,6 +80,16 @@ class PythonSource(Source):
 
     def preprocess_eval(self, element):
         return element
+
+
+def _in_range(label: tf.Tensor, classes: int) -> tf.Tensor:
+    """``label``, checked to be a class index: an error naming :data:`LABEL_RANGE` otherwise."""
+    checks = [
+        tf.debugging.assert_non_negative(label, message=LABEL_RANGE),
+        tf.debugging.assert_less(label, tf.constant(classes, tf.int64), message=LABEL_RANGE),
+    ]
+    with tf.control_dependencies(checks):
+        return tf.identity(label)
 
 
 def _check_elements(name: str, split: str, ds) -> None:
@@ -105,8 +113,13 @@ def _check_elements(name: str, split: str, ds) -> None:
             "(resize them in the function)"
         )
     if image.dtype not in (tf.uint8, tf.float32, tf.float16, tf.bfloat16):
-        raise UsageError(f"{head} has {image.dtype.name} images; return uint8 pixels or float32")
-    if not lab.dtype.is_integer or (lab.shape.rank not in (0, None) and lab.shape != (1,)):
+        raise UsageError(f"{head} has {image.dtype.name} images; return uint8 pixels or floats (float32)")
+    if lab.shape.rank is None:
+        raise UsageError(
+            f"{head} has labels of unknown shape; give them one (tf.ensure_shape(label, ())), a class "
+            "index each"
+        )
+    if not lab.dtype.is_integer or (lab.shape.rank != 0 and lab.shape != (1,)):
         raise UsageError(
             f"{head} has labels of {lab.dtype.name} {lab.shape}; return one integer class index per image"
         )

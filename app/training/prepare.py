@@ -15,10 +15,10 @@ import tensorflow as tf
 from rich.markup import escape
 
 from app.core import modelref, version
-from app.core.config import Config
+from app.core.config import MIN_IMAGE_SIZE, Config
 from app.core.errors import UsageError
 from app.core.modelref import ModelRef
-from app.data.sources import Spec
+from app.data.sources import Source, Spec, open_source
 from app.engines import engine as distributed
 from app.engines.world import RankThreads, World, threads_per_rank
 from app.training import checkpoint, models, usermodel
@@ -283,3 +283,18 @@ def restore(model, path: Path, run_dir: Path, label: str = "--run-dir") -> None:
             f"{label} {run_dir}: checkpoint {path} does not fit the model built from this config "
             f"({first[:200]}); use the run's own data and model, or start a new --run-dir"
         ) from None
+
+
+def open_data(cfg: Config, world: World) -> Source:
+    """This rank's data source, its images checked against the smallest the model accepts."""
+    source = open_source(cfg.data, world.rank, world.size, cfg.run.seed)
+    spec = source.spec
+    smallest = MIN_IMAGE_SIZE.get(cfg.model.name, 1)
+    if spec.image_shape[0] < smallest:  # data.image_size 0: the dataset's own size, known only now
+        size = f"set data.image_size={max(smallest, 32)}"
+        raise UsageError(
+            f"data.image_size: {spec.name}'s {spec.image_shape[0]} px images are smaller than "
+            f"{cfg.model.name} accepts ({smallest} px); "
+            f"{'resize them in data.name' if source.users_code else size} or pick a smaller model"
+        )
+    return source

@@ -17,14 +17,14 @@ import tensorflow as tf
 from rich.markup import escape
 
 from app.core import modelref
-from app.core.config import MIN_IMAGE_SIZE, Config, dump
+from app.core.config import Config, dump
 from app.core.errors import AppError, Preempted, UsageError
 from app.core.files import write_atomic
 from app.core.results import read_metrics
 from app.core.usercode import user_errors
 from app.core.validation import checkpoint_interval
 from app.data.pipeline import eval_dataset, input_error, train_dataset
-from app.data.sources import ImagenetSource, Source, open_source
+from app.data.sources import ImagenetSource, Source
 from app.engines import engine as distributed
 from app.engines import faults
 from app.engines.world import RankThreads, World
@@ -45,7 +45,7 @@ from app.training.output import (
     reconcile_metrics,
 )
 from app.training.plan import Plan, keep_global_batch, plan, resume_step
-from app.training.prepare import build_model, input_threads, restore, set_precision, setup
+from app.training.prepare import build_model, input_threads, open_data, restore, set_precision, setup
 from app.training.schedule import Schedule, make_schedule
 
 
@@ -264,20 +264,6 @@ def starved(
         f"the {expected:,.0f} images/s a GPU here is expected to consume ({GPU_RATE_VARIABLE}): the GPU will "
         "wait for data; give each task more CPUs (--cpus-per-task) where the node has them"
     )
-
-
-def open_data(cfg: Config, world: World) -> Source:
-    """This rank's data source, its images checked against the smallest the model accepts."""
-    source = open_source(cfg.data, world.rank, world.size, cfg.run.seed)
-    spec = source.spec
-    smallest = MIN_IMAGE_SIZE.get(cfg.model.name, 1)
-    if spec.image_shape[0] < smallest:  # data.image_size 0: the dataset's own size, known only now
-        raise UsageError(
-            f"data.image_size: {spec.name}'s {spec.image_shape[0]} px images are smaller than "
-            f"{cfg.model.name} accepts ({smallest} px); set data.image_size={max(smallest, 32)} or pick a "
-            "smaller model"
-        )
-    return source
 
 
 def latest_checkpoint(run_dir: Path, world: World, note) -> tuple[tuple | None, dict, list[str]]:

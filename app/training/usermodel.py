@@ -62,6 +62,13 @@ def _applications_model(name: str, input_shape, num_classes: int, weights: str |
     return fn(weights=None, classes=num_classes, classifier_activation=None, **kwargs)
 
 
+def _own_preprocessing(model: tf.keras.Model) -> bool:
+    """Whether an applications model rescales raw [0, 255] pixels itself with no switch to stop it
+    (EfficientNetB0-B7 begin with Rescaling(1/255) and Normalization and take no include_preprocessing)."""
+    first = [layer for layer in model.layers if not isinstance(layer, tf.keras.layers.InputLayer)][:1]
+    return bool(first) and isinstance(first[0], tf.keras.layers.Rescaling)
+
+
 def _softmax_output(model: tf.keras.Model) -> bool:
     """Whether the model's last layer (inside nested models too) turns its logits into probabilities."""
     last = model
@@ -70,7 +77,8 @@ def _softmax_output(model: tf.keras.Model) -> bool:
     if isinstance(last, tf.keras.layers.Softmax):
         return True
     function = getattr(last, "activation", None) or getattr(last, "function", None)
-    return function is tf.keras.activations.softmax or "softmax" in getattr(function, "__name__", "")
+    named = getattr(function, "__name__", "")  # tf.nn.softmax in a Lambda; log_softmax gives logits
+    return function is tf.keras.activations.softmax or ("softmax" in named and "log_softmax" not in named)
 
 
 def check_returned(model, name: str, input_shape) -> None:
@@ -166,6 +174,11 @@ def create(
     check_returned(inner, name, input_shape)
     images = tf.keras.Input(shape=input_shape, name="images", dtype="uint8" if pixels else None)
     x = Pixels(*pixels, name="pixels")(images) if pixels else images
+    if ref.kind == "applications" and _own_preprocessing(inner):  # it wants [0, 255]: not normalized twice
+        channels = input_shape[-1]
+        zero, one = (0.0,) * channels, (1.0,) * channels
+        x = Pixels(zero, one, name="pixels")(images) if pixels else tf.keras.layers.Rescaling(127.5, 127.5)(x)
+        note(f"note: {name} rescales and normalizes its input itself: scaleout feeds it pixels in [0, 255]")
     output = run(name, "the model on the data's images", lambda: inner(x))
     check_output(inner, output, name, num_classes)
     regularized = own_regularizers(inner) if weight_decay > 0 else 0
