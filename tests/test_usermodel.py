@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import pytest
 
 from app.core import modelref
 from app.core.errors import UsageError
-from conftest import TINY_SYNTHETIC, run_app
+from conftest import ROOT, TINY_SYNTHETIC, run_app
 
 MODEL_FILE = textwrap.dedent(
     '''
@@ -98,6 +100,10 @@ MODEL_FILE = textwrap.dedent(
 
     def helper(shape):
         raise ValueError(f"cannot build for {shape}")
+
+
+    def interrupted(input_shape, num_classes):
+        raise KeyboardInterrupt  # not an Exception: what else escapes a start before anything is written
 
 
     def log_probs(input_shape, num_classes):
@@ -315,6 +321,11 @@ def test_an_error_inside_the_model_during_training_names_the_users_line_not_ours
     proc = run_app(["train", *TINY_SYNTHETIC, *args], expect=2)
     assert "ends in a softmax" in proc.stderr and not (refused / "model").exists()
     assert not refused.exists()  # not even the directory: runlock.undo removes what the refused run made
+    args = ["--set", f"model.name={source}:interrupted", "--epochs", "1", "--run-dir", str(refused)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "app", "train", *TINY_SYNTHETIC, *args], cwd=ROOT, timeout=300
+    )
+    assert proc.returncode != 0 and not refused.exists()  # whatever ends a start leaves no empty run dir
 
 
 def test_a_job_carries_the_users_model_file_checked_before_it_is_submitted(tmp_path):
@@ -373,6 +384,17 @@ def test_a_job_carries_the_users_model_file_checked_before_it_is_submitted(tmp_p
     )
     proc = submit("mymodel.py:build", *python, f"data.name={outside}:build")
     assert proc.returncode == 2 and "is not inside what the roihu container binds" in proc.stderr, proc.stderr
+    # model.weights, which every start of the job loads: there, and where the container sees it.
+    proc = submit("applications.MobileNetV3Small", "model.weights=nowhere/w.h5")
+    assert proc.returncode == 2 and proc.stderr == (
+        "Error: model.weights nowhere/w.h5: not a readable file here, where the job runs; give the path of the "
+        "pretrained weights file, or drop model.weights\n"
+    )
+    proc = submit("applications.MobileNetV3Small", f"model.weights={outside}")
+    assert proc.returncode == 2 and "model.weights: " in proc.stderr and "container binds" in proc.stderr
+    (tmp_path / "w.h5").write_bytes(b"weights")
+    proc = submit("applications.MobileNetV3Small", "model.weights=w.h5")
+    assert proc.returncode == 0 and "--set model.weights=w.h5" in proc.stdout, proc.stderr
 
 
 def test_model_weights_must_be_a_readable_file_for_an_applications_model(tmp_path):
@@ -394,3 +416,9 @@ def test_model_weights_must_be_a_readable_file_for_an_applications_model(tmp_pat
         f"model.weights {missing}: not a readable file; give the path of the pretrained weights of "
         "applications.MobileNetV3Small (include_top=False), or drop model.weights"
     )
+    junk = tmp_path / "junk.h5"  # not HDF5 at all: h5py's OSError, named as the weights' fault
+    junk.write_bytes(b"not an HDF5 file\n" * 64)
+    with pytest.raises(UsageError) as info:
+        usermodel.create(ref, "applications.MobileNetV3Small", 10, (32, 32, 3), 0.0, None, str(junk))
+    assert str(info.value).startswith(f"model.weights {junk}: cannot be read as Keras weights ("), info.value
+    assert str(info.value).endswith("); give the notop weights file of MobileNetV3Small"), info.value

@@ -9,7 +9,7 @@ import click
 
 from app.cli.base import Int, cli, config_options, option_values, refuse_missing_data_dir, relaunch
 from app.core.compat import import_tensorflow
-from app.core.errors import AppError, UsageError
+from app.core.errors import UsageError
 
 
 @cli.command()
@@ -94,8 +94,8 @@ def train(
 
     try:
         train_and_evaluate(cfg, resolved, threads, request)
-    except AppError:
-        runlock.undo(resolved)  # refused before anything was written (a model that does not build): no trace
+    except BaseException:  # refused or failed before anything was written (a model that does not build)
+        runlock.undo(resolved)  # no trace: only a directory that holds nothing but its lock goes
         raise
 
 

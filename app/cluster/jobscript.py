@@ -12,6 +12,7 @@ on a new cluster. Nothing here imports TensorFlow: it runs instantly on a login 
 from __future__ import annotations
 
 import math
+import os
 import re
 import shlex
 import string
@@ -204,11 +205,18 @@ def _model_file(cfg: Config | None, resume: str | None) -> dict[str, str]:
     """The user's files a new run's ranks import (``model.name``, and ``data.name`` of ``data.source:
     python``, as path/to/file.py:function), read here (the job runs in this directory) and checked to parse
     and define the function, never run: a misspelt name is one line now, not a failed job after its queue
-    wait. A resume builds the run's own copy of its model file when it is gone."""
-    if cfg is None or resume is not None:
+    wait. A resume builds the run's own copy of its model file when it is gone. And ``model.weights``, which
+    every start loads: a readable file here."""
+    if cfg is None:
         return {}
-    found = modelref.entry_files(cfg.model.name, cfg.data.source, cfg.data.name)
-    return {what: str(path) for what, path in found.items()}
+    weights = cfg.model.weights  # loaded at every start, a resume's too
+    if weights and not (os.path.isfile(weights) and os.access(weights, os.R_OK)):
+        raise UsageError(
+            f"model.weights {show(weights, limit=None)}: not a readable file here, where the job runs; give "
+            "the path of the pretrained weights file, or drop model.weights"
+        )
+    found = {} if resume is not None else modelref.entry_files(cfg.model.name, cfg.data.source, cfg.data.name)
+    return {what: str(path) for what, path in found.items()} | ({"model.weights": weights} if weights else {})
 
 
 def _job_name(request: JobRequest) -> tuple[str, Config | None]:

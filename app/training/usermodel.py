@@ -164,9 +164,16 @@ def create(
     if ref.kind == "applications":
         try:
             inner = _applications_model(ref.target, input_shape, num_classes, weights)
-        except ValueError as exc:  # a size or channel count the architecture does not take
+        except OSError as exc:  # h5py: not a weights file, or a damaged one
             raise UsageError(
-                f"{label(name)}: does not fit the data's {tuple(input_shape)} images ({brief(str(exc), 200)})"
+                f"model.weights {show(weights, limit=None)}: cannot be read as Keras weights "
+                f"({brief(str(exc), 200)}); give the notop weights file of {ref.target}"
+            ) from None
+        except ValueError as exc:  # a size or channel count the architecture does not take, or other weights
+            also = f", or model.weights {show(weights, limit=None)} are another model's" if weights else ""
+            raise UsageError(
+                f"{label(name)}: does not fit the data's {tuple(input_shape)} images{also} "
+                f"({brief(str(exc), 200)})"
             ) from None
     else:
         fn = load_function(ref, name)
