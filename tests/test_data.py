@@ -355,6 +355,9 @@ def test_unknown_tfds_dataset(tmp_path):
     with pytest.raises(UsageError) as err:
         sources.open_source(config.build([], ["data.name=fashion_mnistt", f"data.data_dir={tmp_path}"]).data)
     assert str(err.value) == "data.name: unknown TFDS dataset 'fashion_mnistt'; did you mean 'fashion_mnist'?"
+    with pytest.raises(UsageError) as err:  # a name TFDS cannot even parse: the same line, not its traceback
+        sources.open_source(config.build([], ["data.name=fashion-mnist", f"data.data_dir={tmp_path}"]).data)
+    assert str(err.value) == "data.name: unknown TFDS dataset 'fashion-mnist'; did you mean 'fashion_mnist'?"
 
 
 @pytest.mark.parametrize(

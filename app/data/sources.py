@@ -103,10 +103,10 @@ def _tfds_source(cfg, rank: int, workers: int) -> Source:
         raise UsageError(f"data.data_dir {cfg.data_dir}: no such directory; point it at a TFDS data dir")
     try:
         builder = tfds.builder(cfg.name, data_dir=data_dir)
-    except tfds.core.registered.DatasetNotFoundError:
+    except (tfds.core.registered.DatasetNotFoundError, ValueError):  # ValueError: not a name TFDS can parse
         import difflib
 
-        near = difflib.get_close_matches(cfg.name, tfds.list_builders(), n=1)
+        near = difflib.get_close_matches(cfg.name.replace("-", "_"), tfds.list_builders(), n=1)
         hint = f"; did you mean '{near[0]}'?" if near else " (see tfds.list_builders())"
         raise UsageError(f"data.name: unknown TFDS dataset '{cfg.name}'{hint}") from None
     if not builder.is_prepared():
