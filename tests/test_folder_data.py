@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from app.cli import cli
+from app.core.errors import UsageError
 from app.data.folders import default_shards, scan_folders
 from conftest import IN_CI, ROOT, run_app
 
@@ -379,3 +380,16 @@ def test_a_fifo_or_a_device_among_the_images_is_skipped_not_read_forever(tmp_pat
         with pytest.raises(BadImage) as info:
             _example(tf, lambda v: v, str(tmp_path / name), "a", {"a": 0}, [])
         assert "not a regular file" in info.value.reason, info.value
+
+
+def test_unconverted_class_folders_are_named_as_such(tmp_path):
+    """A new user's first try: --data-dir at the photos themselves. The advice is the folder converter."""
+    from app.core.config import build
+    from app.data.sources import open_source
+
+    (tmp_path / "train" / "cats").mkdir(parents=True)
+    with pytest.raises(UsageError) as info:
+        open_source(build(sets=["data.source=imagenet", f"data.data_dir={tmp_path}"]).data)
+    assert "these are images in folders: convert them first with `app data folder-to-tfrecord`" in str(
+        info.value
+    )

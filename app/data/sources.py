@@ -201,10 +201,13 @@ class ImagenetSource(Source):
         val = sorted(str(p) for p in root.glob("validation-*-of-*"))
         if not train or not val:
             missing = "train-*-of-*" if not train else "validation-*-of-*"
-            raise UsageError(
-                f"data.data_dir {root}: no files matching {missing}; convert ImageNet with "
-                "`app data imagenet-to-tfrecord`"
-            )
+            how = "convert ImageNet with `app data imagenet-to-tfrecord`"
+            if (root / "train").is_dir():  # images in folders, not yet converted
+                how = (
+                    "these are images in folders: convert them first with `app data folder-to-tfrecord` "
+                    "(class folders) or `app data imagenet-to-tfrecord` (ImageNet's tree) and pass the result"
+                )
+            raise UsageError(f"data.data_dir {root}: no files matching {missing}; {how}")
         for split, files in (("train", train), ("validation", val)):
             _check_complete(root, split, files)
         counts = _file_counts(root, train + val)
