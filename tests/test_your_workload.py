@@ -212,6 +212,17 @@ DATA_FILE = textwrap.dedent(
         )
 
 
+    def map_asserts(split, rank, workers, seed):
+        def check(x, y):
+            with tf.control_dependencies([tf.debugging.assert_less(y, tf.constant(1, tf.int64), message="odd")]):
+                return tf.identity(x), y
+        return arrays(split, rank, workers, seed).map(check)
+
+
+    def map_asserts_uncounted(split, rank, workers, seed):
+        return map_asserts(split, rank, workers, seed).filter(lambda x, y: True)
+
+
     def raises(split, rank, workers, seed):
         raise FileNotFoundError("no such file: /data/images.npy")
 
@@ -483,3 +494,29 @@ def test_what_a_python_source_does_not_take_is_refused_in_the_config(data_file):
         with pytest.raises(UsageError) as info:
             build(sets=[*python, *sets])
         assert str(info.value).startswith(words), info.value
+
+
+def test_an_error_of_tf_data_inside_her_function_is_one_line_with_its_reason(data_file):
+    """An assert in her map has no Python frame of hers: the line gives tf.data's reason, not TensorFlow's
+    "Graph execution error", while counting and while training."""
+    import tensorflow as tf
+
+    from app.core.usercode import UserCodeError
+    from app.data.pipeline import input_error, train_dataset
+
+    with pytest.raises(UserCodeError) as info:
+        _source(
+            data_file, "map_asserts_uncounted"
+        )  # a filter: its length is counted, and the assert fails then
+    assert str(info.value).startswith(
+        f"data.name {data_file}:map_asserts_uncounted: the data function failed during counting the 'train' split: "
+        "assertion failed: [odd]"
+    ), info.value
+    source = _source(data_file, "map_asserts")
+    with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+        next(iter(train_dataset(source, 16, 2, 1)))
+    error = input_error(source, raised.value)
+    assert isinstance(error, UserCodeError) and "\n" not in str(error)
+    assert str(error).startswith(
+        f"data.name {data_file}:map_asserts: the data function failed during training: assertion failed: [odd]"
+    ), error

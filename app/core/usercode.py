@@ -109,6 +109,25 @@ def where(exc: BaseException) -> str:
     return f" at {filename}:{line} ({function}): {last}"
 
 
+# How tf.data reports an error raised inside a dataset's function (a map's assert, a py_function's exception).
+_DATASET_ERROR = re.compile(
+    r"Error in user-defined function passed to \S+ transformation with iterator: \S+: (.+)"
+)
+
+
+def dataset_where(exc: BaseException) -> str:
+    """:func:`where` for an error raised while the user's tf.data pipeline was read: her frame when one is in
+    it, else the reason tf.data gives (an assert's message), not TensorFlow's "Graph execution error"."""
+    if _places(exc):
+        return where(exc)
+    text = str(exc)
+    if m := _DATASET_ERROR.search(text):
+        return f": {m.group(1).strip()[:300]}"
+    skip = ("[[", "{{", "Detected at", "<stack", "Graph execution error")
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith(skip)]
+    return f": {type(exc).__name__}: {(lines[-1] if lines else '')[:300]}"
+
+
 def run(name: str, what: str, call: Callable[[], T], key: str = "model.name") -> T:
     """``call()`` (the user's code: an import, their model function), with whatever it raises as one
     :class:`UsageError` naming ``what`` failed and where; a ``sys.exit`` in it too (a script's argument

@@ -126,6 +126,12 @@ def input_error(source: Source, exc: Exception, evaluation: bool = False, budget
                 f"data.name {source.name}: returns a label outside [0, {source.spec.num_classes}) "
                 "(data.num_classes); return class indices from 0, or set data.num_classes to the classes"
             )
+        if "IteratorGetNext" in str(exc):  # raised while her dataset was read, not by the model
+            from app.core.usercode import UserCodeError, dataset_where, label
+
+            during = "evaluation" if evaluation else "training"
+            head = f"{label(source.name, 'data.name')}: the data function failed during {during}"
+            return UserCodeError(head + dataset_where(exc))
         return exc
     files = getattr(source, "eval_files", []) if evaluation else source.files
     kept = "" if evaluation else " (checkpoints up to the last finished epoch are intact)"

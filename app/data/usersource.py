@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from app.core.errors import UsageError, show
 from app.core.modelref import parse
-from app.core.usercode import label, load_function, run, user_errors
+from app.core.usercode import UserCodeError, dataset_where, label, load_function, run, user_errors
 from app.data.base import Source, Spec
 
 KEY = "data.name"
@@ -60,8 +60,14 @@ class PythonSource(Source):
                     f"{label(self.name, KEY)}: the {split!r} split repeats forever; return one pass over "
                     "the data (scaleout repeats it per epoch)"
                 )
-            with user_errors(self.name, f"counting the {split!r} split", KEY):
-                n = int(ds.reduce(tf.constant(0, tf.int64), lambda k, _: k + 1))
+            try:
+                with user_errors(self.name, f"counting the {split!r} split", KEY):
+                    n = int(ds.reduce(tf.constant(0, tf.int64), lambda k, _: k + 1))
+            except tf.errors.OpError as exc:  # no frame of hers in it: the reason tf.data gives
+                head = (
+                    f"{label(self.name, KEY)}: the data function failed during counting the {split!r} split"
+                )
+                raise UserCodeError(head + dataset_where(exc)) from None
         if n == 0:
             raise UsageError(
                 f"{label(self.name, KEY)}: the {split!r} split has no elements on rank {rank} of {workers}; "
