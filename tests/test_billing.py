@@ -157,8 +157,23 @@ def test_the_rule_the_docs_quote_is_the_profiles():
 def test_roihus_scaling_study_reaches_32_gpus_with_a_summary_and_its_total(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HOME", str(tmp_path))  # the study folder lies where Roihu's container sees it
     out = tmp_path / "studies"
-    args = ["study", "scaling", "-c", SYNTHETIC, "--cluster", "roihu", "--gpus", "4,8,16,32", "--batch-sizes",
-            "64", "--account", "project_2001234", "--out", str(out), "--dry-run"]  # fmt: skip
+    args = [
+        "study",
+        "scaling",
+        "-c",
+        SYNTHETIC,
+        "--cluster",
+        "roihu",
+        "--gpus",
+        "4,8,16,32",
+        "--batch-sizes",
+        "64",
+        "--account",
+        "project_2001234",
+        "--out",
+        str(out),
+        "--dry-run",
+    ]
     code, stdout, stderr = app_main(args, monkeypatch, capsys)
     assert code == 0, stderr
     # (4 + 8 + 16 + 32) GPUs x 4 h (the profile's default time) x 200, and the report job: 1 GPU x 15 min
@@ -176,9 +191,24 @@ def test_roihus_scaling_study_reaches_32_gpus_with_a_summary_and_its_total(tmp_p
 
 def test_a_study_on_a_profile_without_a_rule_says_so(tmp_path, monkeypatch, capsys):
     code, stdout, stderr = app_main(
-        ["study", "scaling", "-c", SYNTHETIC, "--cluster", "local", "--gpus", "1,2", "--batch-sizes", "8",
-         "--out", str(tmp_path / "s"), "--dry-run"], monkeypatch, capsys,
-    )  # fmt: skip
+        [
+            "study",
+            "scaling",
+            "-c",
+            SYNTHETIC,
+            "--cluster",
+            "local",
+            "--gpus",
+            "1,2",
+            "--batch-sizes",
+            "8",
+            "--out",
+            str(tmp_path / "s"),
+            "--dry-run",
+        ],
+        monkeypatch,
+        capsys,
+    )
     assert code == 0, stderr
     assert (
         "3 Slurm job(s), 4 GPUs in all; cost: no billing rule in the profile jobs/clusters/local.yaml\n"

@@ -844,8 +844,10 @@ def test_the_csc_section_judges_every_node_count_against_the_fewest_and_names_wh
         "CSC gpularge test, batch 64/GPU: FAIL: parallel efficiency below 75% at 8 nodes (E_N against 1 node, "
         f"from throughput: 2 nodes 95% ±1%, 4 nodes 86% ±1%, 8 nodes {e8:.0%} ±{half:.0%})"
     )
-    assert "judged from throughput (images/s per GPU against the fewest nodes), not wall-times: the results " \
-        "record no wall-times;" in lines[1]  # fmt: skip
+    assert (
+        "judged from throughput (images/s per GPU against the fewest nodes), not wall-times: the results "
+        "record no wall-times;" in lines[1]
+    )
     assert [r[1] for r in rows] == [1, 2, 4, 8] and [r[8] for r in rows] == [1.0, 0.95, 0.855, round(e8, 4)]
     assert rows[0][9] is None and rows[3][9] == round(half, 4) and [r[10] for r in rows] == ["throughput"] * 4
     assert rows[0][11] is None and [r[11] for r in rows[1:]] == [1.9, 1.8, 1.6]  # per doubling, secondary
@@ -896,9 +898,7 @@ def test_the_csc_section_judges_every_node_count_against_the_fewest_and_names_wh
     assert csc_section.gpu_samples([{**results[0], "gpu_samples": {"utilization_pct": float("nan")}}]) == {}
 
 
-def walled(
-    nodes_seconds, images: int, target: int | None = None, per_node: int = 4, **kw
-) -> list[dict]:  # fmt: skip
+def walled(nodes_seconds, images: int, target: int | None = None, per_node: int = 4, **kw) -> list[dict]:
     """Results of `--images images`: each node count's steps, throughput from its wall-time (or ``kw``'s)."""
     out = []
     for n, seconds in nodes_seconds:
@@ -935,8 +935,17 @@ def test_the_csc_section_judges_wall_times_of_the_same_input_and_says_when_it_ca
     mixed = [*results[:2], {**results[2], "images_target": 2 * images}]
     assert "processed different --images (10240, 20480)" in judged(mixed)[0][1]
     # Unreadable wall-times are left out: no wall-time at that count, so throughput.
-    for bad in ({"wall_s": float("nan")}, {"wall_s": -1.0}, {"wall_s": 0}, {"wall_s": float("inf")},
-                {"wall_s": 1e300}, {"wall_s": "55"}, {"steps": "20"}, {"steps": 0}, {"steps": 10**15}):  # fmt: skip
+    for bad in (
+        {"wall_s": float("nan")},
+        {"wall_s": -1.0},
+        {"wall_s": 0},
+        {"wall_s": float("inf")},
+        {"wall_s": 1e300},
+        {"wall_s": "55"},
+        {"steps": "20"},
+        {"steps": 0},
+        {"steps": 10**15},
+    ):
         lines, rows = judged([results[0], {**results[1], **bad}, results[2]])
         assert rows[1][7] is None and "no wall-time at 2 nodes" in lines[1], bad
 
@@ -990,11 +999,21 @@ def test_the_csc_epoch_is_of_the_data_the_plan_measured_or_left_out_with_why(tmp
     rows = {n: 1000.0 * n for n in (1, 2, 4)}
     for name, examples, where, says in (
         ("known", 60000, "/d/fashion_mnist/3.0.1/dataset_info.json", None),
-        ("unknown", None, "fashion_mnist is not prepared in the TFDS data dir /d", "the size of fashion_mnist "
-         "was not known when the study was planned (fashion_mnist is not prepared in the TFDS data dir /d)"),
-        ("old", "old", "", "this study was planned before scaleout recorded the size of the data it measures"),
+        (
+            "unknown",
+            None,
+            "fashion_mnist is not prepared in the TFDS data dir /d",
+            "the size of fashion_mnist "
+            "was not known when the study was planned (fashion_mnist is not prepared in the TFDS data dir /d)",
+        ),
+        (
+            "old",
+            "old",
+            "",
+            "this study was planned before scaleout recorded the size of the data it measures",
+        ),
         ("edited", -5, "", "the size of fashion_mnist was not known when the study was planned"),
-    ):  # fmt: skip
+    ):
         folder = tmp_path / name
         c = config.build([str(ROOT / "configs" / "fashion_mnist.yaml")], [])
         known = examples if name == "known" else None
@@ -1020,8 +1039,10 @@ def test_the_csc_epoch_is_of_the_data_the_plan_measured_or_left_out_with_why(tmp
             assert [float(r["epoch_minutes"]) for r in table] == [
                 round(60000 / v / 60, 3) for v in rows.values()
             ]
-            assert ("- epoch: the minutes one pass over fashion_mnist's 60,000 training examples (from "
-                    "/d/fashion_mnist/3.0.1/dataset_info.json) would take at that throughput") in md  # fmt: skip
+            assert (
+                "- epoch: the minutes one pass over fashion_mnist's 60,000 training examples (from "
+                "/d/fashion_mnist/3.0.1/dataset_info.json) would take at that throughput"
+            ) in md
         else:
             assert "epoch_minutes" not in table[0] and "epoch of" not in md and "ImageNet" not in md
             assert f"- no epoch column: {says}\n" in md

@@ -322,8 +322,16 @@ def test_time_and_updates_to_the_baselines_accuracy_minus_the_margin(tmp_path, t
     assert "| 1 | baseline | 2/2 |" in md
     assert "baseline's mean final error plus 0.5 pp (7.50% top-1 error)" in md
     gradual = next(r for r in rows if r["variant"] == "gradual-warmup")
-    assert [gradual[c] for c in ("target_top1_error_pct", "seeds_reached", "epochs_to_target", "updates_to_target",
-                                 "seconds_to_target")] == ["7.5", "2", "4.0", "232.0", "8.0"]  # fmt: skip
+    assert [
+        gradual[c]
+        for c in (
+            "target_top1_error_pct",
+            "seeds_reached",
+            "epochs_to_target",
+            "updates_to_target",
+            "seconds_to_target",
+        )
+    ] == ["7.5", "2", "4.0", "232.0", "8.0"]
     unscaled = next(r for r in rows if r["variant"] == "unscaled")
     assert (unscaled["seeds_reached"], unscaled["seconds_to_target"]) == ("0", "")
 
@@ -359,8 +367,13 @@ def test_time_to_accuracy_waits_for_the_baseline(tmp_path):
 )
 def test_the_classes_of_a_studys_data_without_tensorflow(tmp_path, monkeypatch, sets, files, expected):
     monkeypatch.setattr(dataset, "DEBIAN_FASHION_MNIST", tmp_path / "no-debian")
-    flat = {"data.source": "tfds", "data.name": "fashion_mnist", "data.num_classes": 0, "data.data_dir": str(tmp_path),
-            **sets}  # fmt: skip
+    flat = {
+        "data.source": "tfds",
+        "data.name": "fashion_mnist",
+        "data.num_classes": 0,
+        "data.data_dir": str(tmp_path),
+        **sets,
+    }
     for name, text in files.items():
         if name == "tfds":
             tfds_folder(tmp_path, text, flat["data.name"])
