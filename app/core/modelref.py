@@ -168,11 +168,11 @@ def _top_level_names(tree: ast.Module) -> dict[str, bool] | None:
         else:
             for field in ("body", "orelse", "finalbody", "handlers", "cases"):  # compound statements
                 todo.extend(getattr(node, field, []))
-            walrus = [n.target for n in ast.walk(node) if isinstance(n, ast.NamedExpr)]
-            names.update({n.id: False for n in walrus if isinstance(n, ast.Name)} | names)
-            targets = [*getattr(node, "targets", []), getattr(node, "target", None)]
-            for target in (t for t in targets if t is not None):
-                names.update({n.id: False for n in ast.walk(target) if isinstance(n, ast.Name)} | names)
+            # What an assignment, a for loop, a with's `as` or a walrus binds: every name in its targets.
+            bound = [n.target for n in ast.walk(node) if isinstance(n, ast.NamedExpr)]
+            bound += [t for t in (*getattr(node, "targets", []), getattr(node, "target", None)) if t]
+            for name in (n.id for target in bound for n in ast.walk(target) if isinstance(n, ast.Name)):
+                names.setdefault(name, False)
     return names
 
 

@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from app.core.errors import AppError, UsageError
+from app.core.usercode import UserCodeError, dataset_where, label
 from app.data.preprocess import IMAGENET_FEATURES, example_seed
 from app.data.sources import AUTOTUNE, ImagenetSource, Source, count_records
 from app.data.usersource import LABEL_RANGE
@@ -123,12 +124,10 @@ def input_error(source: Source, exc: Exception, evaluation: bool = False, budget
     if source.users_code:  # the researcher's own function: app.core.usercode names her frames
         if LABEL_RANGE in str(exc):
             return UsageError(
-                f"data.name {source.name}: returns a label outside [0, {source.spec.num_classes}) "
+                f"{label(source.name, 'data.name')}: returns a label outside [0, {source.spec.num_classes}) "
                 "(data.num_classes); return class indices from 0, or set data.num_classes to the classes"
             )
         if "IteratorGetNext" in str(exc):  # raised while her dataset was read, not by the model
-            from app.core.usercode import UserCodeError, dataset_where, label
-
             during = "evaluation" if evaluation else "training"
             head = f"{label(source.name, 'data.name')}: the data function failed during {during}"
             return UserCodeError(head + dataset_where(exc))
