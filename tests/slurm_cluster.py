@@ -41,7 +41,10 @@ SlurmctldPidFile={root}/slurmctld.pid
 SlurmdPidFile={root}/slurmd.pid
 SlurmctldLogFile={root}/slurmctld.log
 SlurmdLogFile={root}/slurmd.log
-ProctrackType=proctrack/linuxproc
+# pgid: a signal to a step goes to each task's whole process group, and a task whose first process dies takes
+# the rest of its group with it, as under the cgroup plugin of the sites (linuxproc would let an orphaned
+# process live on, and hide what a wrapper script that dies of a signal does to the process it started).
+ProctrackType=proctrack/pgid
 TaskPlugin=task/none
 MpiDefault=none
 ReturnToService=2

@@ -354,3 +354,27 @@ def test_a_stop_asked_for_while_starting_ends_with_status_3(tmp_path):
         out
     )
     assert (run / ".stopped").is_file() and not (run / "checkpoints").exists()
+
+
+def test_app_takes_back_the_signals_its_task_shell_ignored_and_only_those(tmp_path):
+    """A job's task shell ignores SIGUSR1 and SIGTERM for a wrapper standing as python (app/cluster/launch.py:
+    HOLD); `app` gives itself their default actions back as it starts and keeps the marker from its children.
+    A signal ignored without the marker (nohup's, a user's) stays ignored."""
+    from app.cluster.launch import HOLD
+
+    code = (
+        "import os, signal, sys; from app.core.signals import release_held; release_held(); "
+        "print([signal.getsignal(s) == signal.SIG_IGN for s in (signal.SIGUSR1, signal.SIGTERM)], "
+        "'SCALEOUT_HELD_SIGNALS' in os.environ)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("SCALEOUT_HELD_SIGNALS", None)
+    for shell, expected in ((HOLD, "[False, False] False"), ('trap "" USR1 TERM; ', "[True, True] False")):
+        proc = subprocess.run(
+            ["bash", "-c", shell + 'exec "$@"', "task", sys.executable, "-c", code],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.stdout.strip() == expected, proc.stderr

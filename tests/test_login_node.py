@@ -139,6 +139,19 @@ def test_the_login_node_install_has_no_tensorflow_and_renders_both_sites_jobs(lo
     assert "app study report" in study.stdout
     # the cost on Python 3.9 too: (4 + 8) GPUs x 4 h x 200, and the report job's 1 GPU x 15 min
     assert "at their time limits they cost at most 9,650 GPU-BU:" in study.stdout
+    # A module profile's job runs the Python that submits it: this one has no TensorFlow, so it is refused
+    # here (not after the queue wait), naming the module and the venv to make on top of it.
+    module = app(
+        login_venv,
+        "submit --cluster roihu-module --gpus 4 --smoke --account project_2001234 --dry-run",
+        expect=2,
+        cwd=tmp_path,
+    )
+    assert module.stderr.startswith("Error: --cluster roihu-module: its jobs run no container but the Python")
+    assert "which has no TensorFlow; load python-tensorflow/2.21 and run app submit from the venv" in (
+        module.stderr
+    )
+    assert module.stderr.count("\n") == 1 and not module.stdout
     app(login_venv, "doctor --help", cwd=tmp_path)
     app(login_venv, f"study status {tmp_path / 'none'}", expect=2, cwd=tmp_path)  # one line, no traceback
     assert list(tmp_path.iterdir()) == []  # dry runs: nothing written

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
+import sysconfig
+from pathlib import Path
 
 import pytest
 
@@ -148,13 +152,40 @@ run: {log_every: 1, tensorboard: false, stop_check_every: 1, evaluate: false}
 """
 
 
-@pytest.mark.parametrize("profile", ["local", "local-tf"])  # Horovod through srun's PMIx; the tf engine
+# A stand-in for CSC's module wrappers (CSCfi/hpc-container-wrapper, generate_wrappers.sh): the venv's python is
+# a bash script that runs the container as its child, without exec, and the container's shell execs the real
+# python under the wrapper's name, where it finds the venv (pyvenv.cfg and lib/ beside bin/, as tykky makes
+# them). Slurm's signals reach every process of the step, this bash included.
+WRAPPER = """#!/bin/bash
+bash -c 'exec -a "$0" "$1" "${@:2}"' "$0" {python} "$@"
+exit $?  # (a command after it keeps bash the parent, as the real wrappers' if-else does)
+"""
+
+
+def module_venv(top: Path) -> Path:
+    """A venv whose python is a non-exec bash wrapper around this venv's base interpreter (``WRAPPER``)."""
+    (top / "bin").mkdir(parents=True)
+    shutil.copy(Path(sys.prefix) / "pyvenv.cfg", top / "pyvenv.cfg")
+    packages = Path(sysconfig.get_paths()["purelib"])
+    (top / packages.relative_to(sys.prefix)).parent.mkdir(parents=True)
+    (top / packages.relative_to(sys.prefix)).symlink_to(packages)
+    python = top / "bin" / "python"
+    python.write_text(WRAPPER.replace("{python}", shlex.quote(sys._base_executable)))
+    python.chmod(0o755)
+    return python
+
+
+# Horovod through srun's PMIx; the tf engine, through a site module's python wrapper
+@pytest.mark.parametrize("profile", ["local", "local-tf"])
 def test_usr1_checkpoints_requeues_and_resumes(cluster, tmp_path, profile):
     import time
 
     (tmp_path / "longer.yaml").write_text(LONGER)
     env = {**cluster.env, "PYTHONPATH": str(ROOT)}
-    job = submit_job(cluster, tmp_path, "--cluster", profile, "--gpus", "2", "-c", "longer.yaml")
+    python = sys.executable if profile == "local" else str(module_venv(tmp_path / "venv"))
+    job = submit_job(
+        cluster, tmp_path, "--cluster", profile, "--gpus", "2", "-c", "longer.yaml", python=python
+    )
     log = tmp_path / "logs" / f"longer-{job}.out"
     deadline = time.time() + 300
     while "epoch 1/3 step 2/60" not in (log.read_text() if log.exists() else ""):

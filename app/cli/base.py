@@ -16,6 +16,7 @@ from click.core import ParameterSource
 from app import __version__
 from app.core.compat import KerasError
 from app.core.errors import REQUEUE_EXIT_CODE, AppError, UsageError, brief, one_line, show, write_failure
+from app.core.signals import release_held
 from app.engines.world import detected_launcher, joined_launcher, rank_from_env, report_to_launcher
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "APP", "max_content_width": 100}
@@ -391,6 +392,7 @@ def main() -> None:
     Click's own usage errors (a bad option value, a missing argument) become one line too, like every other
     bad input, with where to find help instead of the usage block.
     """
+    release_held()
     try:
         code = cli.main(prog_name="app", standalone_mode=False)
     except click.UsageError as exc:

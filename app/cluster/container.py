@@ -4,6 +4,7 @@ the profile's binds; and the check that every path the ranks read or write is in
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shlex
@@ -42,6 +43,8 @@ def app_line(request: JobRequest, staged_bind: list[str]) -> str:
             raise UsageError(
                 f"--image: {cluster.name} runs without a container (runtime native); drop --image"
             )
+        if request.python is None:
+            check_tensorflow_here(cluster)
         return f"{shlex.quote(request.python or sys.executable)} -m app"
     if image is None:
         image = _profile_image(cluster, request.account)
@@ -59,6 +62,30 @@ def app_line(request: JobRequest, staged_bind: list[str]) -> str:
     bind = ",".join([*binds, *staged_bind, "$PWD"])
     return " ".join(
         x for x in (runtime, "exec", gpu_flag, f'--bind "{bind}"', shlex.quote(image), "app") if x
+    )
+
+
+def check_tensorflow_here(cluster: Cluster) -> None:
+    """A job without a container runs the Python that renders it: refused here when it has no TensorFlow (a
+    login node's venv), which the job would find only after its queue wait. Looked up, not imported."""
+    try:
+        found = importlib.util.find_spec("tensorflow") is not None
+    except (ImportError, ValueError):
+        found = False
+    if found:
+        return
+    modules = cluster.container.modules
+    if modules:
+        how = (
+            f"load {' '.join(modules)} and run app submit from the venv made on top of it (python3 -m "
+            "venv --system-site-packages, then pip install 'scaleout[train]'; docs/clusters/, "
+            '"Without an image")'
+        )
+    else:
+        how = "run app submit from a venv with TensorFlow (make install)"
+    raise UsageError(
+        f"--cluster {cluster.name}: its jobs run no container but the Python that runs app submit "
+        f"({show(sys.executable, limit=None)}), which has no TensorFlow; {how}"
     )
 
 

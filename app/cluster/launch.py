@@ -11,6 +11,7 @@ import shlex
 from app.cluster.profile_rules import ENV_PLACEHOLDERS, PLACEHOLDER, TASK_PLACEHOLDERS
 from app.cluster.profile_schema import Cluster
 from app.core.ports import TF_PORT_BASE, TF_PORT_SPAN
+from app.core.signals import HELD_VAR
 
 
 def _env_value(value: str) -> str:
@@ -35,11 +36,30 @@ def _environment(cluster: Cluster) -> tuple[str, str]:
     lines = "".join(f"export {n}={_env_value(v)}\n" for n, v in job)
     if lines:
         lines = f"# From the profile jobs/clusters/{cluster.name}.yaml (env):\n{lines}"
-    prefix = ""
-    if task:
-        script = "".join(f"export {n}={_env_value(v)}; " for n, v in task) + 'exec "$@"'
-        prefix = f"bash -c {shlex.quote(script)} scaleout-task "
-    return lines, prefix
+    steps = [f"export {n}={_env_value(v)}; " for n, v in task]
+    if cluster.container.runtime == "native":
+        steps.insert(0, HOLD)
+        lines += HOLD_COMMENT
+    if not steps:
+        return lines, ""
+    script = "".join(steps) + 'exec "$@"'
+    return lines, f"bash -c {shlex.quote(script)} scaleout-task "
+
+
+# A job without a container runs the venv's python, which on CSC's module routes is a wrapper script: bash
+# that runs the module's Apptainer container as its child (CSC's tykky wrappers: CSCfi/hpc-container-wrapper,
+# generate_wrappers.sh, run `apptainer exec` without exec). Slurm's --signal=USR1 and scancel's SIGTERM reach
+# every process of the step, and such a bash dies of them: its task ends, Slurm kills what is left, and
+# Python never checkpoints. A signal ignored before exec stays ignored across exec, and bash cannot trap one
+# it found ignored, so each task's shell ignores them before it runs the wrapper; `app` gives itself the
+# default actions back as it starts (app/core/signals.py: release_held), and its training handlers take them
+# from there. (Apptainer's starter catches every signal and passes it on to the container.)
+HOLD = f'trap "" USR1 TERM; export {HELD_VAR}=SIGUSR1,SIGTERM; '
+HOLD_COMMENT = (
+    "# Each task's shell ignores SIGUSR1 and SIGTERM before it runs python, so that a wrapper script\n"
+    "# standing as python (a site module's) survives them; app takes them back as it starts\n"
+    "# (app/cluster/launch.py: HOLD).\n"
+)
 
 
 RENDEZVOUS_WAIT_S = 120  # a container image on a parallel file system can take a minute to start

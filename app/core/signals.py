@@ -13,8 +13,24 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import time
 from collections.abc import Callable
+
+# Set by a job's task shell that ignored these signals (named) before it ran `app` through what may be a
+# wrapper script (app/cluster/launch.py: HOLD).
+HELD_VAR = "SCALEOUT_HELD_SIGNALS"
+
+
+def release_held() -> None:
+    """Give this process back the default action of the signals its job's task shell ignored for the wrappers
+    between them (SCALEOUT_HELD_SIGNALS), and keep them from this process's own children: `app` dies of a stop
+    signal until it installs its handler, as it does when started without a wrapper."""
+    held = os.environ.pop(HELD_VAR, "")
+    for name in held.split(","):
+        number = getattr(signal.Signals, name, None) if name in ("SIGUSR1", "SIGTERM") else None
+        if number is not None and signal.getsignal(number) == signal.SIG_IGN:
+            signal.signal(number, signal.SIG_DFL)
 
 
 def catches(pid: int, signum: int) -> bool:
