@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from app.cluster.checks import MIN_TIME_SECONDS, check_text, parse_time, signal_lead
+from app.cluster.checks import MIN_TIME_SECONDS, check_output_place, check_text, parse_time, signal_lead
 from app.cluster.container import app_line, check_visible, container_image
 from app.cluster.launch import launch_values
 from app.cluster.profile_schema import Cluster, Partition
@@ -80,6 +80,10 @@ def render(request: JobRequest) -> Job:
     check that can fail, fails here."""
     check_request(request)
     cluster = request.cluster
+    outputs = [("the job log folder", Path(request.log_dir)), ("the runs folder", Path(request.runs_dir))]
+    given = request.resume if request.resume is not None else request.into
+    outputs += [("the run directory", Path(given))] if given is not None else []
+    check_output_place(cluster.name, cluster.no_output_under, outputs)
     shape = _job_shape(request)
     across = cluster.engine == "tf" and shape.nodes > 1
     if across and not request.accept_grpc:
