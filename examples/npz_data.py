@@ -7,8 +7,8 @@ scaleout calls ``load(split, rank, workers, seed)`` once per split (``data.train
 "train" and "test" unless the config says otherwise) on every rank. It returns a ``tf.data.Dataset`` of
 unbatched ``(image, label)`` pairs, the ones this rank reads: sharding is yours (here every ``workers``-th
 element from ``rank`` on). Images of one size, uint8 pixels (scaleout normalizes them to [-1, 1]) or float32
-(taken as they are); labels are class indices below ``data.num_classes``. scaleout shuffles (a seed per epoch),
-batches, prefetches and repeats per epoch; augmentation is yours to add here (docs/your-model.md).
+(taken as they are); labels are class indices below ``data.num_classes``. scaleout shuffles (a seed per
+epoch), batches, prefetches and repeats per epoch; augmentation is yours to add here (docs/your-model.md).
 
 This one reads NumPy arrays from the .npz file that ``$NPZ_DATA`` names (``train_images``: N x H x W x C
 uint8, ``train_labels``: N integers; ``test_images``, ``test_labels`` likewise), as

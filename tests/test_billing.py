@@ -176,8 +176,8 @@ def test_roihus_scaling_study_reaches_32_gpus_with_a_summary_and_its_total(tmp_p
     ]
     code, stdout, stderr = app_main(args, monkeypatch, capsys)
     assert code == 0, stderr
-    # (4 + 8 + 16 + 32) GPUs x 4 h (the profile's default time) x 200, and the report job: 1 GPU x 15 min
-    assert "5 Slurm job(s), 61 GPUs in all; at their time limits they cost at most 48,050 GPU-BU:\n" in stdout
+    # (4 + 8 + 16 + 32) GPUs x 4 h (the profile's default time) x 200; no report job (a login-node command)
+    assert "4 Slurm job(s), 60 GPUs in all; at their time limits they cost at most 48,000 GPU-BU:\n" in stdout
     assert (
         "  workers-32: 32 GPU(s) on 8 node(s), partition gpularge, time limit 4 h: at most 25,600 GPU-BU"
         in stdout
@@ -185,8 +185,8 @@ def test_roihus_scaling_study_reaches_32_gpus_with_a_summary_and_its_total(tmp_p
     assert "#SBATCH" not in stdout and "(the job scripts: add --show-scripts)" in stdout
     assert not out.exists()
     code, stdout, _ = app_main([*args, "--show-scripts"], monkeypatch, capsys)
-    assert code == 0 and stdout.count("#!/bin/bash") == 5
-    assert stdout.index("cost at most 48,050 GPU-BU") < stdout.index("#!/bin/bash")
+    assert code == 0 and stdout.count("#!/bin/bash") == 4
+    assert stdout.index("cost at most 48,000 GPU-BU") < stdout.index("#!/bin/bash")
 
 
 def test_a_study_on_a_profile_without_a_rule_says_so(tmp_path, monkeypatch, capsys):
@@ -211,7 +211,7 @@ def test_a_study_on_a_profile_without_a_rule_says_so(tmp_path, monkeypatch, caps
     )
     assert code == 0, stderr
     assert (
-        "3 Slurm job(s), 4 GPUs in all; cost: no billing rule in the profile jobs/clusters/local.yaml\n"
+        "2 Slurm job(s), 3 GPUs in all; cost: no billing rule in the profile jobs/clusters/local.yaml\n"
         in stdout
     )
 

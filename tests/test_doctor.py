@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from app.engines.diagnostics.doctor import bandwidths, nccl_network, nccl_path, slingshot_used
+from app.engines.diagnostics.doctor import bandwidths
+from app.engines.diagnostics.nccllog import nccl_network, nccl_path, slingshot_used
 from conftest import run_app
 
 
@@ -213,3 +214,53 @@ def test_the_input_row_never_ends_the_doctor_in_a_traceback():
     row = guarded_input_check(report, stopped)
     assert not row["ok"] and row["detail"] == "stopped by SIGTERM while measuring the input pipeline"
     assert report["stopped"] is True  # rank 0 then waits for nobody, as after any stop
+
+
+class _OneProcess:
+    """The engine as check_transport sees it: a name, and all_gather on a job of one process."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def all_gather(self, obj) -> list:
+        return [obj]
+
+
+@pytest.mark.parametrize(
+    "engine_name, rocm, world, library, instead",
+    [
+        # the tf engine on ROCm: one process over 2 GCDs, MWMS asked for NCCL (RCCL) and its log stayed silent
+        ("tf", True, {"size": 1, "replicas": 2}, "RCCL", "MultiWorkerMirroredStrategy fell back to TensorFlow's ring"),
+        ("horovod", False, {"size": 2}, "NCCL", "Horovod reduced through its CPU operations (MPI or Gloo"),
+    ],
+)  # fmt: skip
+def test_a_collective_library_that_never_initialised_on_gpus_is_a_warning(
+    monkeypatch, engine_name, rocm, world, library, instead
+):
+    from app.engines import engine
+    from app.engines.diagnostics.doctor import check_transport, render
+    from app.engines.world import World
+
+    monkeypatch.setattr(engine, "_current", _OneProcess(engine_name))
+    build = {"version": "0.28.1", "tensor_operations": {"nccl": True}}
+    gpus = ["/physical_device:GPU:0", "/physical_device:GPU:1"]
+    check = check_transport(None, build, gpus, World(**world), {}, rocm=rocm, logged=True)
+    assert check.ok  # a warning, not a problem: the allreduce row already says whether the sums were right
+    assert check.detail.startswith(
+        f"{library} never initialised; warning: {library} was expected for the allreduce over 2 GPUs, so {instead}"
+    ), check.detail
+    assert f"far slower than {library} between GPUs" in check.detail
+    import io
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    render({"size": 1, "checks": [check.__dict__]}, Console(file=out, width=400))
+    assert any(" warning " in row and "never initialised" in row for row in out.getvalue().splitlines())
+    # Where it did initialise, where the log was the user's own (NCCL_DEBUG set), or on one GPU: no warning.
+    named = check_transport("IB", build, gpus, World(**world), {}, rocm=rocm, logged=True)
+    assert named.ok and named.detail == "NCCL/RCCL, network: IB"
+    theirs = check_transport(None, build, gpus, World(**world), {}, rocm=rocm, logged=False)
+    assert theirs.ok and theirs.detail == "NCCL/RCCL (its log named no network)"
+    alone = check_transport(None, build, gpus[:1], World(), {}, rocm=rocm, logged=True)
+    assert alone.ok and "warning" not in alone.detail

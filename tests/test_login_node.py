@@ -137,8 +137,8 @@ def test_the_login_node_install_has_no_tensorflow_and_renders_both_sites_jobs(lo
         cwd=tmp_path,
     )
     assert "app study report" in study.stdout
-    # the cost on Python 3.9 too: (4 + 8) GPUs x 4 h x 200, and the report job's 1 GPU x 15 min
-    assert "at their time limits they cost at most 9,650 GPU-BU:" in study.stdout
+    # the cost on Python 3.9 too: (4 + 8) GPUs x 4 h x 200 (the report is a login-node command, no job)
+    assert "at their time limits they cost at most 9,600 GPU-BU:" in study.stdout
     # A module profile's job runs the Python that submits it: this one has no TensorFlow, so it is refused
     # here (not after the queue wait), naming the module and the venv to make on top of it.
     module = app(

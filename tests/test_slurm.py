@@ -229,7 +229,22 @@ def test_tasks_that_did_not_join_one_job_are_refused(cluster, tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def test_scaling_study_submits_a_job_per_gpu_count_and_a_report_job_after_them(cluster, tmp_path):
+def study_status_then_report(cluster, folder) -> str:
+    """After a study's jobs have ended: `app study status` offers the report command (no report job), and
+    `app study report` (the login-node command) writes the report; status's output."""
+    env = {**cluster.env, "PYTHONPATH": str(ROOT)}
+    app = [sys.executable, "-m", "app", "study"]
+    run = {"cwd": folder.parent, "env": env, "capture_output": True, "text": True, "timeout": 120}
+    status = subprocess.run([*app, "status", str(folder)], **run)
+    assert status.returncode == 0, status.stdout + status.stderr
+    offer = f"every job has ended: write the report with `app study report {folder}` (on the login node)"
+    assert status.stdout.splitlines()[-1] == offer, status.stdout
+    report = subprocess.run([*app, "report", str(folder)], **run)
+    assert report.returncode == 0, report.stdout + report.stderr
+    return status.stdout
+
+
+def test_scaling_study_submits_a_job_per_gpu_count_and_status_then_offers_the_report(cluster, tmp_path):
     (tmp_path / "tiny.yaml").write_text(TINY)
     proc = subprocess.run(
         [sys.executable, "-m", "app", "study", "scaling", "-c", "tiny.yaml", "--cluster", "local", "--gpus", "1,2",
@@ -240,19 +255,16 @@ def test_scaling_study_submits_a_job_per_gpu_count_and_a_report_job_after_them(c
     ids = [
         line.split()[2].rstrip(":") for line in proc.stdout.splitlines() if line.startswith("submitted job")
     ]
-    assert len(ids) == 3 and f"the report, after {ids[0]}, {ids[1]}" in proc.stdout, proc.stdout
+    assert len(ids) == 2 and "the report" not in "".join(proc.stdout.splitlines()[:-1]), proc.stdout
     folder = tmp_path / "studies" / "sc"
-    assert json.loads((folder / "jobs.json").read_text()) == {
-        "workers-1": ids[0],
-        "workers-2": ids[1],
-        "report": ids[2],
-    }
-    cluster.wait(ids[2])  # the report job: it starts only after both benchmark jobs have ended
+    assert proc.stdout.splitlines()[-1].startswith(f"when the jobs have ended, `app study report {folder}`")
+    assert json.loads((folder / "jobs.json").read_text()) == {"workers-1": ids[0], "workers-2": ids[1]}
+    for job in ids:
+        cluster.wait(job)
+    status = study_status_then_report(cluster, folder)
+    assert "2 done of 2 parts" in status, status
     md = (folder / "report" / "scaling.md").read_text()
     assert "| 8 | 1 | 1 |" in md and "| 8 | 2 | 1 |" in md, md  # batch 8 at 1 and at 2 workers, one node
-    status = subprocess.run([sys.executable, "-m", "app", "study", "status", str(folder)], cwd=tmp_path,
-                            env=cluster.env, capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert "2 done of 2 parts" in status.stdout, status.stdout + status.stderr
 
 
 def test_a_study_part_whose_partition_refuses_it_is_named_and_the_rest_runs_with_its_report(
@@ -260,7 +272,7 @@ def test_a_study_part_whose_partition_refuses_it_is_named_and_the_rest_runs_with
 ):
     """A profile whose 2-GPU jobs land on a partition that needs an access grant (as Roihu's gpularge does)
     that this project lacks: sbatch --test-only refuses that job before anything is submitted; the 1-GPU
-    job and the report after it are submitted, the refusal is one line."""
+    job is submitted, the refusal is one line, and the report made after it shows only what ran."""
     from click.testing import CliRunner
 
     from app.cli import cli
@@ -288,10 +300,11 @@ def test_a_study_part_whose_partition_refuses_it_is_named_and_the_rest_runs_with
     assert "Note: partition gated on local-gated: opened on request\n" in out
     assert "Note: workers-2 is not submitted: sbatch --test-only refuses it on partition gated (" in out, out
     ids = [line.split()[2].rstrip(":") for line in out.splitlines() if line.startswith("submitted job")]
-    assert len(ids) == 2 and f"the report, after {ids[0]}\n" in out, out
+    assert len(ids) == 1, out
     folder = tmp_path / "studies" / "gt"
-    assert json.loads((folder / "jobs.json").read_text()) == {"workers-1": ids[0], "report": ids[1]}
-    cluster.wait(ids[1])
+    assert json.loads((folder / "jobs.json").read_text()) == {"workers-1": ids[0]}
+    cluster.wait(ids[0])
+    study_status_then_report(cluster, folder)
     md = (folder / "report" / "scaling.md").read_text()
     assert "| 8 | 1 | 1 |" in md and "| 8 | 2 |" not in md, md
 
@@ -305,7 +318,7 @@ run: {log_every: 1, tensorboard: false}
 """
 
 
-def test_large_batch_study_trains_each_run_in_a_job_and_reports_after_them(cluster, tmp_path):
+def test_large_batch_study_trains_each_run_in_a_job_and_status_then_offers_the_report(cluster, tmp_path):
     (tmp_path / "tiny.yaml").write_text(LARGE_BATCH_TINY)
     proc = subprocess.run(
         [sys.executable, "-m", "app", "study", "large-batch", "-c", "tiny.yaml", "--k", "1,2", "--np", "2",
@@ -316,9 +329,12 @@ def test_large_batch_study_trains_each_run_in_a_job_and_reports_after_them(clust
     ids = [
         line.split()[2].rstrip(":") for line in proc.stdout.splitlines() if line.startswith("submitted job")
     ]
-    assert len(ids) == 6, proc.stdout  # 5 runs (the baseline and 4 variants at k = 2) and the report
-    cluster.wait(ids[-1], timeout=900)
+    assert len(ids) == 5, proc.stdout  # 5 runs (the baseline and 4 variants at k = 2), no report job
+    for job in ids:
+        cluster.wait(job, timeout=900)
     folder = tmp_path / "studies" / "lb"
+    status = study_status_then_report(cluster, folder)
+    assert "5 done of 5 runs" in status, status
     for run in ("baseline-k1-s1", "unscaled-k2-s1", "gradual-warmup-k2-s1"):
         summary = json.loads(
             (folder / "runs" / run / "summary.json").read_text()
@@ -326,6 +342,3 @@ def test_large_batch_study_trains_each_run_in_a_job_and_reports_after_them(clust
         assert summary["workers"] == (1 if run.startswith("baseline") else 2), summary
     table = (folder / "report" / "large_batch.md").read_text()
     assert "| 2 | 16 | scaled LR, gradual warmup |" in table, table
-    status = subprocess.run([sys.executable, "-m", "app", "study", "status", str(folder)], cwd=tmp_path,
-                            env=cluster.env, capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert "5 done of 5 runs" in status.stdout, status.stdout + status.stderr

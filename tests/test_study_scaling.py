@@ -32,7 +32,7 @@ from app.study.folder import load_plan, prepare
 from app.study.local import run_local, run_scaling_local
 from app.study.scaling import PartPlan, benchmark_args, missing, part_states, plan_scaling
 from app.study.slurm import submit_study
-from app.study.state import JOBS_FILE, RunState, attempts, read_jobs, slurm_states, with_job
+from app.study.state import JOBS_FILE, RunState, attempts, read_jobs, report_advice, slurm_states, with_job
 from conftest import ROOT, TINY_SYNTHETIC
 
 SYNTHETIC = str(ROOT / "configs" / "synthetic.yaml")
@@ -195,7 +195,7 @@ def test_a_damaged_jobs_file_is_no_jobs(tmp_path):
 # --------------------------------------------------------------------------- Slurm job scripts
 
 
-def test_dry_run_on_a_cluster_prints_a_job_per_gpu_count_and_a_report_job_after_them(
+def test_dry_run_on_a_cluster_prints_a_job_per_gpu_count_and_how_the_report_is_made(
     tmp_path, monkeypatch, capsys
 ):
     out = tmp_path / "studies"
@@ -208,16 +208,20 @@ def test_dry_run_on_a_cluster_prints_a_job_per_gpu_count_and_a_report_job_after_
     assert code == 0, stderr
     assert not out.exists()  # a dry run writes nothing
     scripts = stdout.split("# ---- ")[1:]
-    assert [s.split(":", 1)[0] for s in scripts] == ["workers-1", "workers-2", "report"]
+    assert [s.split(":", 1)[0] for s in scripts] == ["workers-1", "workers-2"]  # no report job
     for script, gpus in zip(scripts[:2], (1, 2), strict=True):
         assert f"#SBATCH --ntasks-per-node={gpus}" in script and f"--gres=gpu:{gpus}" in script
         assert f"benchmark \"${{CONFIG_ARGS[@]}}\" \"${{SET_ARGS[@]}}\" --batch-sizes 8,16 --steps 10 --windows 2 " \
                f"--results {out}/t/results/workers-{gpus}.jsonl --timeline" in script  # fmt: skip
         assert f"CONFIG_ARGS=(-c {out}/t/config.yaml)" in script
         assert f"RUN_DIR={out}/t/results\n" in script  # no runs/<name>-<id> folder for a benchmark
-    report_job = scripts[2]
-    assert "#SBATCH --dependency=afterany:$JOB_WORKERS_1:$JOB_WORKERS_2" in report_job
-    assert f"-m app study report {out}/t\n" in report_job
+    assert "--dependency" not in stdout and "study report" not in "".join(scripts)
+    summary = stdout.split("# ---- ")[0]
+    assert "\n2 Slurm job(s), 3 GPUs in all" in summary
+    assert (
+        f"when the jobs have ended, `app study report {out}/t` on the login node writes the report "
+        f"(`app study status {out}/t` says when)\n"
+    ) in summary
     assert stdout.rstrip().endswith(f"2 parts; would create {out}/t")
     for script in scripts:
         body = script.split("\n", 1)[1].split("\n2 parts;")[0]
@@ -239,7 +243,7 @@ def test_a_submission_while_another_app_study_holds_the_folder_is_refused(tmp_pa
     lines = []
     with _Lock(folder):  # a dry run only prints: the summary first, then (asked for) the scripts
         submit_study(folder, p, cfg(), {**options, "show_scripts": True}, dry_run=True, echo=lines.append)
-    assert lines[0].startswith("3 Slurm job(s)")
+    assert lines[0].startswith("2 Slurm job(s)")
     assert next(line for line in lines if line.startswith("# ---- ")).startswith("# ---- workers-1")
 
 
@@ -610,6 +614,41 @@ def test_a_local_study_never_trains_a_run_its_slurm_job_trains(tmp_path, monkeyp
     assert failed == [r.name for r in p.runs]
     assert said[0] == f"[1/{len(p.runs)}] {p.runs[0].name}: its Slurm job 100 is pending; skipped here"
     assert not any(said_line.startswith("+ ") for said_line in said)  # nothing was started
+
+
+def test_status_says_the_jobs_left_then_offers_the_report_command(tmp_path, monkeypatch, capsys):
+    # No report job: once every job of the study has ended, status names the login-node command that writes it.
+    folder = tmp_path / "my study"
+    p = splan(cluster="local")
+    prepare(folder, p, cfg(), ["app"])
+    (folder / JOBS_FILE).write_text(json.dumps({"workers-1": "100", "workers-2": "101", "report": "102"}))
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    squeue = bin_ / "squeue"
+    squeue.write_text("#!/bin/sh\necho '101 PENDING'\necho '102 PENDING'\n")  # 102: an old report job
+    squeue.chmod(0o755)
+    sacct = bin_ / "sacct"
+    sacct.write_text("#!/bin/sh\necho '100|COMPLETED'\n")
+    sacct.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_}:/usr/bin:/bin")
+    code, stdout, stderr = app_main(["study", "status", str(folder)], monkeypatch, capsys)
+    assert code == 0, stderr
+    command = f"app study report '{folder}'"
+    assert stdout.splitlines()[-1] == (
+        f"1 job(s) still queued or running (101); when they have ended, `{command}` writes the report"
+    )
+    squeue.write_text("#!/bin/sh\n")  # both ended: squeue no longer lists them, sacct has one, not the other
+    code, stdout, stderr = app_main(["study", "status", str(folder)], monkeypatch, capsys)
+    assert code == 0, stderr
+    assert (
+        stdout.splitlines()[-1]
+        == f"every job has ended: write the report with `{command}` (on the login node)"
+    )
+
+
+def test_status_of_a_local_study_offers_no_report_command(tmp_path):
+    assert report_advice(tmp_path, {}) is None
+    assert report_advice(tmp_path, {"report": ("102", "COMPLETED")}) is None  # only an old report job's id
 
 
 # ------------------------------------------------------------------------------- real, end to end

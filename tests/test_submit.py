@@ -1249,6 +1249,12 @@ PLACEHOLDERS = "{job_id}, {user}, {node_id}, {local_id}, {proc_id}"
          "scratch.gres 'nvme:1;x': letters, digits and . _ : , / = - only"),
         (GOOD_PROFILE.replace("  max_gb: 161", "  #"), "scratch without gres needs max_gb: the node-local disk every job gets, in GB"),
         (GOOD_PROFILE.replace("name: roihu", 'name: "roihu\\n"'), f"name 'roihu\\n': {SAFE_HINT}"),
+        (GOOD_PROFILE.replace('no_output_under: ["/projappl",', 'no_output_under: ["projappl",'),
+         "no_output_under: projappl is not a plain absolute path such as /projappl"),
+        (GOOD_PROFILE.replace('no_output_under: ["/projappl",', 'no_output_under: ["//",'),
+         "no_output_under: / would refuse every folder; name folders such as /projappl"),
+        (GOOD_PROFILE.replace('no_output_under: ["/projappl", "/users"]', "no_output_under: /projappl"),
+         "no_output_under must be a list, got /projappl"),
     ],
 )  # fmt: skip
 def test_invalid_cluster_profiles_one_line(text, problem, monkeypatch, tmp_path):
@@ -1766,3 +1772,51 @@ def test_the_script_says_it_requeues_only_when_it_asks_to(kw):
     assert asks == ("#SBATCH --requeue\n" in script) == bool(not kw)  # training alone stops and requeues
     assert ("SIGUSR1" in script) == asks and ("the job requeues itself" in script) == asks
     assert ("asks for no early signal and no requeue" in script) == (not asks)
+
+
+def _profile_keeping_free(tmp_path, monkeypatch, *folders: Path) -> None:
+    """The local profile as `kept` whose no_output_under names ``folders`` (its folder made in ``tmp_path``)."""
+    clusters = tmp_path / "clusters"
+    clusters.mkdir(parents=True)
+    local = (GOLDEN.parents[1] / "jobs" / "clusters" / "local.yaml").read_text()
+    local = local.replace("name: local\n", "name: kept\n")
+    listed = ", ".join(f'"{f}"' for f in folders)
+    (clusters / "kept.yaml").write_text(f"{local}\nno_output_under: [{listed}]\n")
+    monkeypatch.setattr(profiles, "CLUSTERS", clusters)
+
+
+def test_a_submit_from_a_folder_the_profile_keeps_free_of_job_output_is_one_line(tmp_path, monkeypatch):
+    # Roihu's /projappl and LUMI's /project hold software, not runs/ and logs/; here a stand-in folder, also
+    # named through a symlink (the comparison is of resolved paths).
+    projappl = tmp_path / "projappl"
+    (projappl / "me" / "scaleout").mkdir(parents=True)
+    (tmp_path / "alias").symlink_to(projappl)
+    (tmp_path / "project").mkdir()  # as LUMI's /project: a link per project, into /pfs where cwd resolves
+    (tmp_path / "project" / "me").symlink_to(projappl / "me")
+    (tmp_path / "scratch").mkdir()
+    for kept in (projappl, tmp_path / "alias", tmp_path / "project"):
+        _profile_keeping_free(tmp_path / f"profile-{kept.name}", monkeypatch, kept)
+        monkeypatch.chdir(kept / "me" / "scaleout")
+        args = ["submit", "--cluster", "kept", "--gpus", "1", "-c", SYNTHETIC, "--dry-run"]
+        result = CliRunner().invoke(cli, args)
+        assert (result.exit_code, result.output) == (
+            2,
+            f"Error: the job log folder {projappl}/me/scaleout/logs lies under {kept}, which the kept profile "
+            "keeps free of job output (no_output_under): put job output on scratch, e.g. cd /scratch/<project> "
+            "and submit from there\n",
+        )
+    monkeypatch.chdir(tmp_path / "scratch")  # from scratch it renders
+    assert CliRunner().invoke(cli, args).exit_code == 0
+
+
+def test_a_study_whose_folder_the_profile_keeps_free_of_job_output_is_refused(tmp_path, monkeypatch):
+    projappl = tmp_path / "projappl"
+    projappl.mkdir()
+    _profile_keeping_free(tmp_path, monkeypatch, projappl)
+    monkeypatch.chdir(tmp_path)
+    args = ["study", "scaling", "-c", SYNTHETIC, "--cluster", "kept", "--gpus", "1,2", "--batch-sizes", "8"]
+    result = CliRunner().invoke(cli, [*args, "--out", str(projappl / "studies"), "--dry-run"])
+    assert result.exit_code == 2 and result.output.startswith(
+        f"Error: workers-1: the run directory {projappl}/studies/synthetic-scaling/results lies under {projappl}, "
+    ), result.output
+    assert not (projappl / "studies").exists()

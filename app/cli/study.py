@@ -78,7 +78,8 @@ def study_status(study_dir):
     """Show each planned run (or part) of a study: pending, running, partial (epochs done), done or failed.
 
     Read from the study folder's files (study.json, the run directories or results, attempts.jsonl) and, for a
-    study on Slurm, from squeue and sacct about the jobs in its jobs.json.
+    study on Slurm, from squeue and sacct about the jobs in its jobs.json; its last line then says how many
+    jobs have not ended, or, once all have, the `app study report` command that writes the report.
 
     \b
     Example:
@@ -91,12 +92,14 @@ def study_status(study_dir):
 
     from app.study.folder import load_plan
     from app.study.scaling import part_states
-    from app.study.state import states
+    from app.study.state import report_advice, slurm_states, states
 
     plan = load_plan(study_dir)
+    jobs = slurm_states(study_dir)
+    advice = report_advice(study_dir, jobs)
     console = Console(width=None if sys.stdout.isatty() else 120, highlight=False)
     if plan.kind == "scaling":
-        found = part_states(study_dir, plan)
+        found = part_states(study_dir, plan, jobs)
         where = f"Slurm profile {plan.cluster}" if plan.cluster else "local processes"
         table = Table(
             title=f"scaling study {plan.name}: workers {','.join(map(str, plan.workers))}, batch sizes "
@@ -118,8 +121,10 @@ def study_status(study_dir):
         counts = Counter(s.state for s in found)
         order = ("done", "running", "partial", "failed", "pending")
         console.print(", ".join(f"{counts[s]} {s}" for s in order if counts[s]) + f" of {len(found)} parts")
+        if advice:
+            console.print(advice, soft_wrap=True, markup=False)
         return
-    found = states(study_dir, plan)
+    found = states(study_dir, plan, jobs)
     table = Table(
         title=f"{plan.kind} study {plan.name}: k {','.join(map(str, plan.ks))}, {plan.seeds} seed(s)",
         title_justify="left",
@@ -140,6 +145,8 @@ def study_status(study_dir):
     counts = Counter(s.state for s in found)
     order = ("done", "running", "partial", "failed", "pending")
     console.print(", ".join(f"{counts[s]} {s}" for s in order if counts[s]) + f" of {len(found)} runs")
+    if advice:
+        console.print(advice, soft_wrap=True, markup=False)
 
 
 @study.command("report")
@@ -155,8 +162,9 @@ def study_status(study_dir):
 def study_report_command(study_dir, margin):
     """Write a study's report from what its runs have written so far (studies/<name>/report/).
 
-    A study's own command writes it at the end; this writes it for a study on Slurm (its report job runs
-    this) or one still under way.
+    A study's own command writes it at the end of a local study; a study on Slurm has no report job: run this
+    on the login node (it needs no TensorFlow) when `app study status` says its jobs have ended, or any time
+    for a report of what is there so far.
 
     \b
     Example:

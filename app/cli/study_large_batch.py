@@ -59,11 +59,7 @@ class LargeBatchRequest:
         """What the study's Slurm jobs are rendered with (app.study.slurm); None for a study run here."""
         if not self.cluster:
             return None
-        return {
-            **self.slurm,
-            "data_dir": self.data_dir,
-            "margin": self.margin if self.margin != MARGIN_PP else None,
-        }
+        return {**self.slurm, "data_dir": self.data_dir}
 
     def again(self) -> list[str]:
         """The `app study large-batch` command that continues this study."""
@@ -250,7 +246,8 @@ def study_large_batch(
     (train.warmup_epochs). Runs go one after another as `app train` processes under
     studies/<name>/runs/<variant>-k<k>-s<seed>; run the same command again to continue (finished runs are
     skipped, others resume). With --cluster each run is a Slurm job on up to --np GPUs (requeued at its time
-    limit) and a report job starts when they have ended. The report goes to studies/<name>/report/.
+    limit); when they have ended, `app study report` (on the login node) writes the report, and `app study
+    status` says when. The report goes to studies/<name>/report/.
 
     \b
     Example:

@@ -191,7 +191,7 @@ def print_scaling_plan(folder: Path, plan, cfg, slurm: dict | None, new: bool) -
     "gpu_list",
     callback=_counts("worker count", "--gpus 1,2,4,8"),
     metavar="N,N,...",
-    help="GPU counts on a Slurm cluster (with --cluster): one job each, then a report job.",
+    help="GPU counts on a Slurm cluster (with --cluster): one job each.",
 )
 @click.option(
     "--batch-sizes",
@@ -266,10 +266,11 @@ def study_scaling(
     """RQ1 + RQ2: throughput per batch size and speedup as workers are added, measured and reported.
 
     Every per-worker batch size is measured (app benchmark) at every worker count: locally with --np one count
-    after another, or on a Slurm cluster with --cluster and --gpus, one job per GPU count and a report job
-    that starts when they have ended. Results go to studies/<name>/results/, the report to
-    studies/<name>/report/ (scaling.md, cost.csv, throughput.png, efficiency.png, ...). Run the same command
-    again to continue: measured batch sizes are kept, jobs still queued are not submitted twice.
+    after another, or on a Slurm cluster with --cluster and --gpus, one job per GPU count (when they have
+    ended, `app study report` on the login node writes the report; `app study status` says when). Results
+    go to studies/<name>/results/, the report to studies/<name>/report/ (scaling.md, cost.csv,
+    throughput.png, efficiency.png, ...). Run the same command again to continue: measured batch sizes are
+    kept, jobs still queued are not submitted twice.
 
     \b
     Example:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import click
 
-from app.cli.base import quoted
 from app.core.errors import AppError, UsageError
 
 
@@ -53,7 +52,4 @@ def submit_study(folder: Path, plan, cfg, slurm: dict, new: bool = False) -> Non
         if new and not (folder / JOBS_FILE).exists():
             shutil.rmtree(folder, ignore_errors=True)
         raise
-    click.echo(
-        f"follow it with `app study status {quoted(folder)}`; the report job writes "
-        f"{quoted(folder / 'report')}"
-    )
+    click.echo(slurm_stage.report_line(folder))

@@ -4,7 +4,9 @@ be shell-quoted, and Slurm time limits (parsed as sbatch does). The rule they se
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 
 from app.core.config import SAFE, SAFE_HINT  # one definition: a config's name is its job's default name
 from app.core.errors import UsageError, show
@@ -132,3 +134,33 @@ def check_inputs(image: str | None, data_dir: str | None, source: str | None) ->
             f"--data-dir {show(data_dir, limit=None)}: not a TFDS folder "
             "(no <dataset>/<version>/dataset_info.json below it); prepare the dataset there first"
         )
+
+
+def _under(path: Path, folder: str) -> bool:
+    """Whether ``path`` (absolute) lies in ``folder``, as given or resolved (symlinks followed).
+
+    A folder of per-project symlinks counts too (LUMI's /project/<project> links into /pfs, where the current
+    directory resolves): the entry of ``folder`` named like a part of the resolved path, resolved.
+    """
+    real = path.resolve()
+    tops = {Path(folder), Path(folder).resolve()}
+    tops |= {(Path(folder) / part).resolve() for part in real.parts[1:] if (Path(folder) / part).is_symlink()}
+    return any(p == top or top in p.parents for p in (path, real) for top in tops)
+
+
+def check_output_place(cluster: str, folders: tuple[str, ...], outputs: list[tuple[str, Path]]) -> None:
+    """Refuse a job whose output (``outputs``: what and where, relative to the current directory) lands under
+    one of ``folders``, which the profile ``cluster`` keeps free of job output (its ``no_output_under``).
+
+    Compared as given and resolved (:func:`_under`), so a folder that does not exist here still counts. One
+    line naming the folder and the fix.
+    """
+    for what, path in outputs:
+        where = Path(os.path.abspath(path))
+        for folder in folders:
+            if _under(where, folder):
+                raise UsageError(
+                    f"{what} {show(str(where), limit=None)} lies under {folder}, which the {cluster} "
+                    "profile keeps free of job output (no_output_under): put job output on scratch, "
+                    "e.g. cd /scratch/<project> and submit from there"
+                )

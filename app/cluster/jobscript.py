@@ -1,5 +1,5 @@
 """The job script of `app submit`: jobs/train.sbatch filled in for a job request on a cluster profile (the
-job's shape, launch, container, staging and requeue), and the report job a study runs after its jobs.
+job's shape, launch, container, staging and requeue); a study's jobs are rendered here too.
 
 No user string is pasted raw into shell. Values that land on ``#SBATCH`` lines or in names (job name,
 account, partition, time, image, every cluster profile value) must match a small safe character set and are
@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import shlex
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from app.cluster.checks import MIN_TIME_SECONDS, check_name, check_text, parse_time, signal_lead
+from app.cluster.checks import MIN_TIME_SECONDS, check_output_place, check_text, parse_time, signal_lead
 from app.cluster.container import app_line, check_visible, container_image
 from app.cluster.launch import launch_values
 from app.cluster.profile_schema import Cluster, Partition
@@ -81,6 +80,10 @@ def render(request: JobRequest) -> Job:
     check that can fail, fails here."""
     check_request(request)
     cluster = request.cluster
+    outputs = [("the job log folder", Path(request.log_dir)), ("the runs folder", Path(request.runs_dir))]
+    given = request.resume if request.resume is not None else request.into
+    outputs += [("the run directory", Path(given))] if given is not None else []
+    check_output_place(cluster.name, cluster.no_output_under, outputs)
     shape = _job_shape(request)
     across = cluster.engine == "tf" and shape.nodes > 1
     if across and not request.accept_grpc:
@@ -330,72 +333,6 @@ def _header(
         "stop_lines": f"#SBATCH --signal=USR1@{lead}\n#SBATCH --requeue\n" if requeue else "",
         "requeue_code": REQUEUE_EXIT_CODE,
     }
-
-
-AFTER_TIME_S = 15 * 60  # the report job's time limit (#SBATCH --time below)
-# (A backslash that ends a line below is Python's: it joins the line to the next, in the script as one.)
-AFTER_TEMPLATE = """#!/bin/bash
-# scaleout: {purpose} for {cluster}, rendered by app/cluster/jobscript.py (render_after). \
-It starts when the jobs it
-# depends on have ended, however they ended (afterany), and runs one command on one task.
-#SBATCH --job-name={job_name}
-#SBATCH --nodes=1
-#SBATCH --ntasks=1
-#SBATCH --cpus-per-task=1
-#SBATCH {gpu_request}
-#SBATCH --time=00:15:00
-#SBATCH --partition={partition}
-{account_line}{memory_line}#SBATCH --output={log_dir}/%x-%j.out
-#SBATCH --dependency=afterany:{after}
-
-if command -v module >/dev/null 2>&1; then module purge >/dev/null 2>&1 || true; fi
-unset PYTHONPATH PYTHONHOME
-for name in $(compgen -e); do case $name in APP_* | SCALEOUT_*) unset "$name" ;; esac; done  # as its jobs
-export PYTHONNOUSERSITE=1 MPLCONFIGDIR=${{TMPDIR:-/tmp}}
-{app} {command}
-"""
-
-
-def render_after(
-    first: Job, cluster: Cluster, name: str, args: list[str], after: list[str], account: str | None = None
-) -> Job:
-    """A one-task job that runs ``app ARGS`` after the jobs ``after`` (their ids, or placeholders in a dry
-    run) have ended: a study's report. It runs `app` as ``first`` (a job of the same study, rendered by
-    :func:`render`) does, with one GPU (GPU partitions may refuse jobs without one) on the first partition
-    that takes a 1-GPU job of 15 minutes, a test partition first."""
-    check_name("--name", name)
-    for word in args:
-        check_text(f"app {args[0]}", word)
-    for job_id in after:
-        if not re.fullmatch(r"[0-9]{1,12}|\$[A-Z0-9_]{1,40}", job_id):
-            raise UsageError(f"job id {show(job_id)}: not a Slurm job id")
-    partition = choose_partition(cluster, 1, 1, AFTER_TIME_S, None, prefer_test=True).name
-    script = AFTER_TEMPLATE.format(
-        purpose=f"app {' '.join(args[:2])}",
-        cluster=cluster.name,
-        job_name=name,
-        gpu_request=cluster.gpu_request.format(gpus=1),
-        partition=partition,
-        account_line=f"#SBATCH --account={account}\n" if account else "",
-        log_dir=first.log_dir,
-        memory_line="".join(f"#SBATCH {m}\n" for m in [memory_request(cluster, False)] if m),
-        after=":".join(after),
-        app=first.app,
-        command=shlex.join(args),
-    )
-    return Job(
-        script,
-        name,
-        1,
-        partition,
-        first.log_dir,
-        first.runs_dir,
-        None,
-        args[0],
-        first.app,
-        gpus=1,
-        time_s=AFTER_TIME_S,
-    )
 
 
 def unused_consent(cluster: Cluster, nodes: int) -> str | None:

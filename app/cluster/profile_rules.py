@@ -175,6 +175,7 @@ KEYS = (
     "memory",
     "engine",
     "billing",
+    "no_output_under",
 )
 # billing.unit: what the site's allocation counts (GPU-BU on Roihu, GPU-hours on LUMI), printed in dry runs.
 BILLING_UNIT = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,29}")

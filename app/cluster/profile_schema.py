@@ -113,6 +113,9 @@ class Cluster:
     mem_per_gpu: str | None = None
     engine: str = "horovod"  # or tf: TensorFlow's own strategies, one task per node (app.engines.tfdist)
     billing: Billing | None = None  # None: the profile names no price (dry runs say so)
+    # Folders the site keeps free of job output (Roihu's /projappl, LUMI's /project, homes): a job's runs/ and
+    # logs/ may not land under them (app.cluster.checks.check_output_place).
+    no_output_under: tuple[str, ...] = ()
 
 
 _MIB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
@@ -429,6 +432,20 @@ class ProfileReader:
         if gres is None and "max_gb" not in scratch:
             raise self.fail("scratch without gres needs max_gb: the node-local disk every job gets, in GB")
         return Scratch(env, gres, self.get(scratch, "max_gb", int, None, "scratch."))
+
+    def no_output_under(self, raw: Raw) -> tuple[str, ...]:
+        """``no_output_under: [/projappl, /users]``: plain absolute folders, not / itself."""
+        folders = self.get(raw, "no_output_under", list, [])
+        for folder in folders:
+            if not isinstance(folder, str) or not PLAIN_PATH.fullmatch(folder) or not folder.startswith("/"):
+                raise self.fail(
+                    f"no_output_under: {show(folder)} is not a plain absolute path such as /projappl"
+                )
+            if folder.strip("/") == "":
+                raise self.fail(
+                    "no_output_under: / would refuse every folder; name folders such as /projappl"
+                )
+        return tuple(folders)
 
     def billing(self, raw: Raw) -> Billing | None:
         """``billing: {unit, per_gpu_hour, slice_cpus, slice_memory}``; None when the profile has none."""

@@ -94,6 +94,7 @@ def load_cluster(name: str) -> Cluster:
         mem_per_gpu=mem_per_gpu,
         engine=engine,
         billing=p.billing(raw),
+        no_output_under=p.no_output_under(raw),
     )
 
 

@@ -16,7 +16,7 @@ results/independent-<n>/process-<i>.jsonl) and builds on `app report`'s scaling 
 
 Writes report/scaling.md and .csv, cost.csv, csc.csv, independent.csv, timeline.csv, throughput.png,
 efficiency.png.
-No TensorFlow: it runs on a login node and in the study's report job.
+No TensorFlow: it runs on a login node (`app study report`).
 """
 
 from __future__ import annotations

@@ -1,20 +1,20 @@
-"""The Slurm executor: a job per run or part still to do, and a report job after them.
+"""The Slurm executor: a job per run or part still to do.
 
 The jobs are rendered by app.cluster.jobscript and submitted with sbatch (app.cluster.submit); their ids go to
-jobs.json for `app study status`.
+jobs.json for `app study status`, which offers `app study report` (a login-node command, no TensorFlow) once
+they have ended. No report job: it would hold a GPU or a test partition for work that needs neither.
 """
 
 from __future__ import annotations
 
 import json
-import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 from app.core.config import NAME_MAX
 from app.core.errors import AppError, UsageError, show
 from app.core.files import write_atomic
-from app.core.iterables import zip_equal
 from app.study.files import _Lock
 from app.study.large_batch import StudyPlan, run_dir
 from app.study.scaling import ScalingPlan, benchmark_args, missing
@@ -71,7 +71,7 @@ def _check_job_names(study: str, parts: list[str]) -> None:
 
     The one line names --name and how long it may be, not a name the user never typed.
     """
-    longest = max([*parts, "report"], key=len)
+    longest = max(parts, key=len)
     if len(study) + 1 + len(longest) > NAME_MAX:
         raise UsageError(
             f"the study name {show(study)} (--name, else the config's name): {len(study)} characters, too "
@@ -98,7 +98,7 @@ def _without_refused(jobs: list, cluster, echo) -> list:
     """``jobs`` less those that ``sbatch --test-only`` refuses on a partition the site opens only on request.
 
     Such a partition is a profile's ``access`` (Roihu's gpularge). Each refused job is said in one line
-    before anything is submitted, so the study submits what can run and its report after those.
+    before anything is submitted, so the study submits what can run (its report shows the rest as not run).
 
     Raises:
         AppError: none can run, or sbatch failed otherwise.
@@ -132,17 +132,16 @@ def _without_refused(jobs: list, cluster, echo) -> list:
         )
     if refused:
         echo(
-            f"submitting the {len(kept)} job(s) that can run; the report follows them and shows "
-            f"{', '.join(refused)} as not run"
+            f"submitting the {len(kept)} job(s) that can run; the report (`app study report`, when they "
+            f"have ended) shows {', '.join(refused)} as not run"
         )
     return kept
 
 
-def _render_jobs(folder: Path, plan, cfg, cluster, options: dict, echo) -> tuple[list, dict[str, str]]:
-    """(name, job) of each run or part still to do, its script rendered and so checked; and the active jobs.
+def _render_jobs(folder: Path, plan, cfg, cluster, options: dict, echo) -> list:
+    """(name, job) of each run or part still to do, its script rendered and so checked.
 
-    The jobs of this study still queued or running, by name: their runs or parts are said and not rendered
-    again.
+    A run or part whose job of this study is still queued or running is said and not rendered again.
     """
     from app.cluster import jobscript
 
@@ -178,28 +177,33 @@ def _render_jobs(folder: Path, plan, cfg, cluster, options: dict, echo) -> tuple
         except UsageError as exc:
             raise UsageError(str(exc) if str(exc).startswith("--gpus") else f"{item.name}: {exc}") from None
         jobs.append((item.name, job))
-    return jobs, active
+    return jobs
 
 
-def _print_dry_run(cluster, jobs: list, after, placeholders: list[str], show_scripts: bool, echo) -> None:
+def report_line(folder: Path) -> str:
+    """What a study on Slurm says after its jobs, submitted or planned: how its report is made."""
+    where = shlex.quote(str(folder))  # a shell word: people copy it
+    return (
+        f"when the jobs have ended, `app study report {where}` on the login node writes the report "
+        f"(`app study status {where}` says when)"
+    )
+
+
+def _print_dry_run(cluster, folder: Path, jobs: list, show_scripts: bool, echo) -> None:
     """A study's dry run on Slurm: its jobs, their shapes and time limits and the total cost
-    (app.cluster.billing); every job script too with ``show_scripts``."""
+    (app.cluster.billing), and how the report is made; every job script too with ``show_scripts``."""
     from app.cluster import billing
 
-    charges = [
-        billing.Charge(name, job.gpus, job.nodes, job.partition, job.time_s)
-        for name, job in [*jobs, ("report", after)]
-    ]
+    charges = [billing.Charge(name, job.gpus, job.nodes, job.partition, job.time_s) for name, job in jobs]
     for line in billing.study_summary(cluster, charges):
         echo(line)
+    echo(report_line(folder))
     if not show_scripts:
         echo("(the job scripts: add --show-scripts)")
         return
-    for (name, job), var in zip_equal(jobs, placeholders):
-        echo(f"# ---- {name}: sbatch --parsable (its id is {var})")
+    for name, job in jobs:
+        echo(f"# ---- {name}: sbatch --parsable")
         echo(job.script.rstrip("\n"))
-    echo(f"# ---- report: sbatch --parsable, after {' '.join(placeholders)}")
-    echo(after.script.rstrip("\n"))
 
 
 def submit_study(
@@ -210,10 +214,10 @@ def submit_study(
     dry_run: bool,
     echo,
 ) -> dict[str, str]:
-    """Render and submit a job per part or run still to do and a report job after them; return the ids.
+    """Render and submit a job per part or run still to do; return the ids.
 
-    Every script is rendered first (:func:`scaling_jobs`, :func:`large_batch_jobs`, and a report job that
-    depends on them, afterany), so a GPU count the cluster cannot hold fails before anything is submitted;
+    Every script is rendered first (:func:`scaling_jobs`, :func:`large_batch_jobs`), so a GPU count the
+    cluster cannot hold fails before anything is submitted;
     the ids go to jobs.json. A part whose job is still queued or running is not submitted twice (two
     submissions at once: the second is refused, as a second local study is).
 
@@ -221,14 +225,14 @@ def submit_study(
         folder: the study folder.
         plan: the study's plan.
         cfg: the baseline's resolved config.
-        options: cluster, account, partition, time, image, data_dir, stage_gb, accept_grpc, the report's
-            margin and show_scripts (a dry run prints every job script), as given.
+        options: cluster, account, partition, time, image, data_dir, stage_gb, accept_grpc and
+            show_scripts (a dry run prints every job script), as given.
         dry_run: print a summary with the cost (and with show_scripts the scripts) instead of submitting
             (then nothing is recorded).
         echo: where the study says things.
 
     Returns:
-        Part or run name (and "report") -> Slurm job id; {} when nothing was submitted.
+        Part or run name -> Slurm job id; {} when nothing was submitted.
     """
     if dry_run:
         return _submit_study(folder, plan, cfg, options, dry_run, echo)
@@ -243,7 +247,7 @@ def _submit_study(folder: Path, plan, cfg, options: dict, dry_run: bool, echo) -
 
     cluster = profiles.load_cluster(options["cluster"])
     folder = Path(folder)
-    jobs, active = _render_jobs(folder, plan, cfg, cluster, options, echo)
+    jobs = _render_jobs(folder, plan, cfg, cluster, options, echo)
     for note in dict.fromkeys(n for _, job in jobs if (n := profiles.access_note(cluster, job.partition))):
         echo(f"Note: {note}")
     if jobs and options.get("accept_grpc"):
@@ -259,28 +263,14 @@ def _submit_study(folder: Path, plan, cfg, options: dict, dry_run: bool, echo) -
     if not dry_run:
         check_study_inputs(cfg, options)
         jobs = _without_refused(jobs, cluster, echo)
-    report_args = ["study", "report", str(folder)]
-    if options.get("margin") is not None:  # a margin other than the report's default
-        report_args += ["--margin", f"{options['margin']:g}"]
-    placeholders = [f"$JOB_{re.sub(r'[^A-Z0-9]', '_', name.upper())}" for name, _ in jobs]
-    first = jobs[0][1]
-    after = jobscript.render_after(
-        first, cluster, f"{plan.name}-report", report_args, placeholders, options.get("account")
-    )
     if dry_run:
-        _print_dry_run(cluster, jobs, after, placeholders, bool(options.get("show_scripts")), echo)
+        _print_dry_run(cluster, folder, jobs, bool(options.get("show_scripts")), echo)
         return {}
     ids: dict[str, str] = {}
     try:
         for name, job in jobs:
             ids[name] = submit_stage.sbatch(job).split(";")[0].strip()
             echo(f"submitted job {ids[name]}: {name}, {job.nodes} node(s), partition {job.partition}")
-        waits = [ids[n] for n, _ in jobs] + sorted(v for k, v in active.items() if k != "report")
-        after = jobscript.render_after(
-            first, cluster, f"{plan.name}-report", report_args, waits, options.get("account")
-        )
-        ids["report"] = submit_stage.sbatch(after).split(";")[0].strip()
-        echo(f"submitted job {ids['report']}: the report, after {', '.join(waits)}")
     finally:
         if ids:
             _write_jobs(folder, {**read_jobs(folder), **ids})

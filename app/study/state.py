@@ -25,7 +25,7 @@ from app.study.large_batch import RunPlan, StudyPlan, run_dir
 INTERRUPTED = 130  # attempts.jsonl's status of a run ended by Ctrl-C (resumable, like a stop)
 QUEUED = ("PENDING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED")  # Slurm states of a waiting job
 ACTIVE = (*QUEUED, "RUNNING", "COMPLETING")  # a job that has not ended: never submitted twice
-JOBS_FILE = "jobs.json"  # part name (and "report") -> the Slurm job id that runs it, per submission
+JOBS_FILE = "jobs.json"  # part or run name -> the Slurm job id that runs it, per submission
 
 
 @dataclass(frozen=True)
@@ -128,8 +128,11 @@ def saved_config_problem(run_path: Path) -> str:
     return ""
 
 
-def states(folder: Path, plan: StudyPlan) -> list[RunState]:
-    last, jobs = attempts(folder), slurm_states(folder)
+def states(folder: Path, plan: StudyPlan, jobs: dict | None = None) -> list[RunState]:
+    """Each run's state, from its files and its Slurm job (``jobs``: :func:`slurm_states`, read when not
+    given)."""
+    last = attempts(folder)
+    jobs = jobs if jobs is not None else slurm_states(folder)
     # the runs the study's lock names (several: --parallel)
     current = set((running_run(folder) or "").split(","))
     return [
@@ -196,3 +199,22 @@ def slurm_states(folder: Path) -> dict[str, tuple[str, str]]:
                 if len(fields) >= 2 and fields[0] in jobs.values():
                     states.setdefault(fields[0], fields[1].upper())
     return {part: (job, states.get(job, "?")) for part, job in jobs.items()}
+
+
+def report_advice(folder: Path, jobs: dict[str, tuple[str, str]]) -> str | None:
+    """`app study status`'s last line for a study on Slurm (``jobs``: :func:`slurm_states`), None for a local
+    one: how many of its jobs have not ended, or, when none is left, the command that writes the report.
+
+    A job neither squeue nor sacct knows ("?") has ended long ago. A "report" entry (a report job that older
+    versions submitted) is not one of the study's jobs.
+    """
+    waiting = sorted(job for name, (job, state) in jobs.items() if name != "report" and state in ACTIVE)
+    if not any(name != "report" for name in jobs):
+        return None
+    command = f"app study report {shlex.quote(str(folder))}"
+    if waiting:
+        return (
+            f"{len(waiting)} job(s) still queued or running ({', '.join(waiting)}); when they have ended, "
+            f"`{command}` writes the report"
+        )
+    return f"every job has ended: write the report with `{command}` (on the login node)"

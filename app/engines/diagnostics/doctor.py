@@ -17,26 +17,24 @@ Run it the way training runs (``srun app doctor`` inside a job, ``app submit --s
    this command turns on (NCCL_DEBUG=INFO into a temporary file) unless NCCL_DEBUG is already set; when the
    job asks for Slingshot (NCCL_SOCKET_IFNAME=hsn..., LUMI's profile) and the log shows another path, a
    problem; without NCCL the allreduce goes through Horovod's CPU operations (or TensorFlow's own reduction
-   under the tf engine). The controller (MPI or Gloo) is in 3.
+   under the tf engine); on a GPU node whose allreduce spans several GPUs, NCCL (RCCL on ROCm) that never
+   initialised is a warning. The controller (MPI or Gloo) is in 3.
 
 A failed check exits with status 1 after the table, naming the first problem and what to check.
 """
 
 from __future__ import annotations
 
-import contextlib
-import glob
 import os
-import re
 import shutil
 import socket
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 
 from app.core import version
 from app.core.errors import AppError
+from app.engines.diagnostics.nccllog import nccl_log_dir, nccl_network, nccl_path, slingshot_used
 from app.engines.world import (
     allocated_gpus,
     check_gpus_seen,
@@ -54,79 +52,6 @@ class Check:
     name: str
     ok: bool
     detail: str
-
-
-def _nccl_log_dir() -> str | None:
-    """Turn on NCCL's INIT/NET log into a private folder, unless the user configured NCCL's logging."""
-    if "NCCL_DEBUG" in os.environ:
-        return None
-    folder = tempfile.mkdtemp(prefix="scaleout-doctor-")
-    os.environ.update(
-        NCCL_DEBUG="INFO",
-        NCCL_DEBUG_SUBSYS="INIT,NET",
-        NCCL_DEBUG_FILE=os.path.join(folder, "nccl.%h.%p.log"),  # NCCL expands %h (host) and %p (pid)
-    )
-    return folder
-
-
-_NETWORK = re.compile(r"Using network (.+)$")
-# NCCL's and RCCL's own INFO lines (NCCL_DEBUG_SUBSYS=INIT,NET), as nccl-tests and the OFI plugins print them:
-#   NET/Plugin: Loaded net plugin AWS Libfabric (v6)       which network plugin loaded (LUMI: aws-ofi-rccl)
-#   NET/OFI Selected Provider is cxi (found 4 nics)         the libfabric provider (cxi: Slingshot-11)
-#   NET/Socket : Using [0]hsn0:10.1.2.3<0> [1]hsn1:...      the interfaces of the socket transport
-#   NET/IB : Using [0]mlx5_0:1/IB ...                       InfiniBand devices
-_PLUGIN = re.compile(r"NET/Plugin\s*:?\s*(Loaded .+)$")
-# "Selected Provider is cxi (found 4 nics)" (aws-ofi-rccl), "Selected provider is cxi, fabric is cxi" (newer).
-_PROVIDER = re.compile(r"NET/OFI .*Selected provider is ([A-Za-z0-9_;+-]+)", re.IGNORECASE)
-_USING = re.compile(r"NET/(?:Socket|IB)\s*:\s*Using (.+)$")
-_DEVICE = re.compile(r"\[\d+\]([A-Za-z0-9_.-]+)[:<]")
-
-
-def _nccl_lines(folder: str | None):
-    if folder is None:
-        return
-    for path in sorted(glob.glob(os.path.join(folder, "nccl.*.log"))):
-        with contextlib.suppress(OSError), open(path, errors="replace") as f:
-            yield from (line.strip() for line in f)
-
-
-def nccl_network(folder: str | None) -> str | None:
-    """The network NCCL/RCCL said it uses ("IB", "Socket", "AWS Libfabric", ...), or None if it never ran."""
-    return next((m.group(1).strip() for line in _nccl_lines(folder) if (m := _NETWORK.search(line))), None)
-
-
-def nccl_path(folder: str | None) -> dict:
-    """What NCCL/RCCL's log says of the path under the network; empty where the log is silent.
-
-    The plugin it loaded, the libfabric provider (cxi is Slingshot-11's), the interfaces or devices its
-    transport uses.
-    """
-    out: dict = {}
-    for line in _nccl_lines(folder):
-        if (m := _PLUGIN.search(line)) and "plugin" not in out:
-            out["plugin"] = m.group(1).strip()[:120]
-        elif (m := _PROVIDER.search(line)) and "provider" not in out:
-            out["provider"] = m.group(1)
-        elif (m := _USING.search(line)) and "devices" not in out:
-            out["devices"] = _DEVICE.findall(m.group(1))[:16]
-    return out
-
-
-def slingshot_used(path: dict) -> tuple[bool | None, str]:
-    """Whether the log shows Slingshot's RDMA carrying the gradients, and how; (None, "") with no path shown.
-
-    Libfabric's cxi provider (the OFI plugin on Slingshot-11) is; another provider, or RCCL's socket
-    transport, is not, even over the hsn interfaces (TCP over Slingshot, without RDMA: what RCCL falls back to
-    when the plugin does not load, and what NCCL_SOCKET_IFNAME=hsn... alone gives).
-    """
-    if "provider" in path:
-        if path["provider"].lower() == "cxi":
-            return True, "RDMA through libfabric's cxi provider"
-        return False, f"libfabric provider {path['provider']}, not cxi"
-    if path.get("devices"):
-        over = "hsn" if all(d.startswith("hsn") for d in path["devices"]) else ",".join(path["devices"])
-        return False, f"TCP sockets over {over}, no RDMA: the OFI plugin did not load"
-    return None, ""
 
 
 def bandwidths(nbytes: int, seconds: float, size: int) -> tuple[float, float]:
@@ -176,7 +101,7 @@ def run(
 
     import_tensorflow()
     dist.use(engine)  # an engine that cannot run here is one line, before anything is made
-    nccl_dir = _nccl_log_dir()
+    nccl_dir = nccl_log_dir()
     checks: list[Check] = []
     _stop_on_signals()
     try:
@@ -260,7 +185,12 @@ def _run(
     allreduce, check = check_allreduce(tf, world, gpus, megabytes, iterations)
     checks.append(check)
     network = nccl_network(nccl_dir)
-    checks.append(check_transport(network, hvd_build, gpus, world, nccl_path(nccl_dir)))
+    path = nccl_path(nccl_dir)
+    checks.append(
+        check_transport(
+            network, hvd_build, gpus, world, path, rocm=tf_build["rocm"], logged=nccl_dir is not None
+        )
+    )
     return {
         "rank": world.rank,
         "size": world.size,
@@ -406,23 +336,51 @@ def check_allreduce(tf, world, gpus: list[str], megabytes: float, iterations: in
     return {"bytes": count * 4, "seconds": slowest, "algorithm_gbps": algorithm, "bus_gbps": bus}, check
 
 
+def never_initialised(library: str, engine: str, devices: int) -> str:
+    """The transport row's warning when ``library`` (NCCL or RCCL) wrote no network to its log on a GPU node
+    whose allreduce spans ``devices`` GPUs: the collective went another way, through host memory."""
+    instead = (
+        "MultiWorkerMirroredStrategy fell back to TensorFlow's ring (gRPC through host memory)"
+        if engine == "tf"
+        else "Horovod reduced through its CPU operations (MPI or Gloo, through host memory)"
+    )
+    return (
+        f"{library} never initialised; warning: {library} was expected for the allreduce over {devices} "
+        f"GPUs, so {instead}: every gradient is copied off the GPU and back, far slower than {library} "
+        "between GPUs (the allreduce row's GB/s is what this path gave); check that the build has "
+        f"{library} (its library in the image or module)"
+    )
+
+
 def check_transport(
-    network: str | None, hvd_build: dict, gpus: list[str], world, path: dict | None = None
+    network: str | None,
+    hvd_build: dict,
+    gpus: list[str],
+    world,
+    path: dict | None = None,
+    rocm: bool = False,
+    logged: bool = True,
 ) -> Check:
     """5. The path gradients take, the same network on every rank.
 
     NCCL/RCCL and the network its log named (its plugin, libfabric provider and interfaces), or Horovod's CPU
     operations (TensorFlow's ring or local reduction under the tf engine); and where the job asks for
     Slingshot (NCCL_SOCKET_IFNAME names hsn interfaces, as the LUMI profile does), that Slingshot carries it.
+    On a GPU node whose allreduce spans several GPUs, a library (RCCL on ROCm, ``rocm``, else NCCL) whose log
+    this command turned on (``logged``) and which named no network never initialised: a warning.
     """
     from app.engines import engine as dist
 
     path = path or {}
     ops = hvd_build.get("tensor_operations", {}) if hvd_build["version"] else {}
-    if dist.current_name() == "tf":  # MWMS's NCCL implementation (RCCL in TensorFlow-ROCm) on GPUs
+    engine = dist.current_name()
+    if engine == "tf":  # MWMS's NCCL implementation (RCCL in TensorFlow-ROCm) on GPUs
         ops = {"nccl": True}
     problem = ""
-    if gpus and ops.get("nccl"):
+    devices = world.workers  # the GPUs the allreduce spans (the tf engine: a replica per GPU of a process)
+    if gpus and ops.get("nccl") and network is None and logged and devices > 1:
+        transport = never_initialised("RCCL" if rocm else "NCCL", engine, devices)
+    elif gpus and ops.get("nccl"):
         transport = f"NCCL/RCCL, network: {network}" if network else "NCCL/RCCL (its log named no network)"
         transport += "".join(
             f", {label} {value}"
