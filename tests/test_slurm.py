@@ -257,7 +257,8 @@ def test_scaling_study_submits_a_job_per_gpu_count_and_status_then_offers_the_re
     ]
     assert len(ids) == 2 and "the report" not in "".join(proc.stdout.splitlines()[:-1]), proc.stdout
     folder = tmp_path / "studies" / "sc"
-    assert proc.stdout.splitlines()[-1].startswith(f"when the jobs have ended, `app study report {folder}`")
+    # the folder as the study names it (--out's default, relative to where it was started)
+    assert proc.stdout.splitlines()[-1].startswith("when the jobs have ended, `app study report studies/sc`")
     assert json.loads((folder / "jobs.json").read_text()) == {"workers-1": ids[0], "workers-2": ids[1]}
     for job in ids:
         cluster.wait(job)
