@@ -635,20 +635,40 @@ def test_status_says_the_jobs_left_then_offers_the_report_command(tmp_path, monk
     assert code == 0, stderr
     command = f"app study report '{folder}'"
     assert stdout.splitlines()[-1] == (
-        f"1 job(s) still queued or running (101); when they have ended, `{command}` writes the report"
+        f"1 job(s) still queued or running (101); when they have ended, `{command}` writes the report; job "
+        "102 is a report job of an older scaleout, still pending: scancel 102"
     )
-    squeue.write_text("#!/bin/sh\n")  # both ended: squeue no longer lists them, sacct has one, not the other
+    squeue.write_text("#!/bin/sh\n")  # all ended: squeue no longer lists them, sacct has one, not the others
     code, stdout, stderr = app_main(["study", "status", str(folder)], monkeypatch, capsys)
     assert code == 0, stderr
-    assert (
-        stdout.splitlines()[-1]
-        == f"every job has ended: write the report with `{command}` (on the login node)"
+    # no part wrote its results (the jobs failed or were cancelled): the study's command submits them again
+    assert stdout.splitlines()[-1] == (
+        "every job has ended, 2 without its results (workers-1, workers-2): run the study's command again to "
+        f"submit them (what is done is skipped), or write the report of what is done with `{command}`"
     )
+    squeue.write_text("#!/bin/sh\nexit 1\n")  # the controller does not answer: nothing is known
+    code, stdout, stderr = app_main(["study", "status", str(folder)], monkeypatch, capsys)
+    assert code == 0, stderr
+    assert stdout.splitlines()[-1].startswith("squeue did not answer, so whether the study's jobs have ended")
+
+
+def test_a_finished_study_on_a_cluster_has_nothing_to_submit(tmp_path):
+    """Every part measured: running the study's command again submits nothing and says so (no job to name)."""
+    folder = tmp_path / "s"
+    p = splan(cluster="local")
+    prepare(folder, p, cfg(), ["app"])
+    for part in p.parts:
+        write_results(folder, part, [result(b, part.workers, 100.0) for b in p.batch_sizes])
+    for dry_run in (True, False):
+        lines: list[str] = []
+        assert submit_study(folder, p, cfg(), {"cluster": "local"}, dry_run=dry_run, echo=lines.append) == {}
+        assert lines == [f"nothing to submit: every part is done or its job is queued or running (see `app "
+                         f"study status {folder}`)"]  # fmt: skip
 
 
 def test_status_of_a_local_study_offers_no_report_command(tmp_path):
-    assert report_advice(tmp_path, {}) is None
-    assert report_advice(tmp_path, {"report": ("102", "COMPLETED")}) is None  # only an old report job's id
+    assert report_advice(tmp_path, {}, []) is None
+    assert report_advice(tmp_path, {"report": ("102", "COMPLETED")}, []) is None  # an old report job's id
 
 
 # ------------------------------------------------------------------------------- real, end to end
@@ -710,7 +730,9 @@ def test_large_batch_on_a_cluster_is_a_job_per_run_into_its_run_directory(tmp_pa
         "constant-warmup-k4-s1",
         "gradual-warmup-k4-s1",
     ]
-    assert [s.split(":", 1)[0] for s in scripts] == [*names, "report"]
+    # no report job
+    assert [s.split("\n", 1)[0] for s in scripts] == [f"{n}: sbatch --parsable" for n in names]
+    assert f"`app study report {out}/lb` on the login node writes the report" in stdout
     baseline, gradual = scripts[0], scripts[4]
     assert (
         "#SBATCH --ntasks-per-node=1" in baseline and "#SBATCH --ntasks-per-node=2" in gradual
@@ -718,9 +740,7 @@ def test_large_batch_on_a_cluster_is_a_job_per_run_into_its_run_directory(tmp_pa
     assert f"RUN_DIR={out}/lb/runs/gradual-warmup-k4-s1\n" in gradual and "#SBATCH --time=30" in gradual
     assert "--set train.accumulation_steps=2" in gradual and "--set train.warmup=gradual" in gradual
     assert "#SBATCH --requeue" in gradual  # at its time limit a run checkpoints and continues in the same job
-    vars_ = ":".join(f"$JOB_{n.upper().replace('-', '_')}" for n in names)
-    assert f"#SBATCH --dependency=afterany:{vars_}\n" in scripts[5]
-    assert f"-m app study report {out}/lb\n" in scripts[5]
+    assert "--dependency" not in stdout
 
 
 def test_slurm_only_options_without_a_cluster_are_refused(tmp_path, monkeypatch, capsys):
@@ -823,7 +843,7 @@ def test_a_part_the_site_refuses_is_left_out_and_the_rest_submitted(gated, monke
     )
     lines = []
     ids = submit_study(folder, p, cfg(), {"cluster": "gated"}, dry_run=False, echo=lines.append)
-    assert ids == {"workers-1": "101", "report": "102"}
+    assert ids == {"workers-1": "101"}  # and no report job
     assert any(line.startswith("Note: workers-2 is not submitted: sbatch --test-only refuses it on partition gated (")
                for line in lines), lines  # fmt: skip
 

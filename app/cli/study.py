@@ -96,7 +96,6 @@ def study_status(study_dir):
 
     plan = load_plan(study_dir)
     jobs = slurm_states(study_dir)
-    advice = report_advice(study_dir, jobs)
     console = Console(width=None if sys.stdout.isatty() else 120, highlight=False)
     if plan.kind == "scaling":
         found = part_states(study_dir, plan, jobs)
@@ -121,6 +120,9 @@ def study_status(study_dir):
         counts = Counter(s.state for s in found)
         order = ("done", "running", "partial", "failed", "pending")
         console.print(", ".join(f"{counts[s]} {s}" for s in order if counts[s]) + f" of {len(found)} parts")
+        advice = report_advice(
+            study_dir, jobs, [p.name for p, s in zip_equal(plan.parts, found) if s.state != "done"]
+        )
         if advice:
             console.print(advice, soft_wrap=True, markup=False)
         return
@@ -145,6 +147,9 @@ def study_status(study_dir):
     counts = Counter(s.state for s in found)
     order = ("done", "running", "partial", "failed", "pending")
     console.print(", ".join(f"{counts[s]} {s}" for s in order if counts[s]) + f" of {len(found)} runs")
+    advice = report_advice(
+        study_dir, jobs, [r.name for r, s in zip_equal(plan.runs, found) if s.state != "done"]
+    )
     if advice:
         console.print(advice, soft_wrap=True, markup=False)
 

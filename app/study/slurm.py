@@ -71,6 +71,8 @@ def _check_job_names(study: str, parts: list[str]) -> None:
 
     The one line names --name and how long it may be, not a name the user never typed.
     """
+    if not parts:  # every part or run is done: no job to name
+        return
     longest = max(parts, key=len)
     if len(study) + 1 + len(longest) > NAME_MAX:
         raise UsageError(

@@ -24,7 +24,21 @@ from app.study.large_batch import RunPlan, StudyPlan, run_dir
 
 INTERRUPTED = 130  # attempts.jsonl's status of a run ended by Ctrl-C (resumable, like a stop)
 QUEUED = ("PENDING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED")  # Slurm states of a waiting job
-ACTIVE = (*QUEUED, "RUNNING", "COMPLETING")  # a job that has not ended: never submitted twice
+# A job that has not ended (never submitted twice): Slurm's states of a job that waits, runs, or is held or
+# stopped on its way (squeue's JOB STATE CODES).
+ACTIVE = (
+    *QUEUED,
+    "RUNNING",
+    "COMPLETING",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "SPECIAL_EXIT",
+    "STOPPED",
+    "SIGNALING",
+    "STAGE_OUT",
+    "RESV_DEL_HOLD",
+)
+NO_ANSWER = "NO ANSWER"  # squeue did not answer (missing, failed, timed out): whether a job ended is unknown
 JOBS_FILE = "jobs.json"  # part or run name -> the Slurm job id that runs it, per submission
 
 
@@ -183,6 +197,7 @@ def slurm_states(folder: Path) -> dict[str, tuple[str, str]]:
         return {}
     ids = ",".join(sorted(set(jobs.values())))
     states: dict[str, str] = {}
+    answered = False  # by squeue, which knows every job that has not ended
     for argv in (
         ["squeue", "-h", "-j", ids, "-o", "%i %T"],
         ["sacct", "-n", "-X", "-P", "-j", ids, "-o", "JobID,State"],
@@ -194,27 +209,49 @@ def slurm_states(folder: Path) -> dict[str, tuple[str, str]]:
             proc = subprocess.run(
                 [exe, *argv[1:]], capture_output=True, text=True, timeout=30, errors="replace"
             )
+            answered = answered or (argv[0] == "squeue" and proc.returncode == 0)
             for line in proc.stdout.splitlines():
                 fields = line.replace("|", " ").split()
                 if len(fields) >= 2 and fields[0] in jobs.values():
                     states.setdefault(fields[0], fields[1].upper())
-    return {part: (job, states.get(job, "?")) for part, job in jobs.items()}
+    unknown = "?" if answered else NO_ANSWER
+    return {part: (job, states.get(job, unknown)) for part, job in jobs.items()}
 
 
-def report_advice(folder: Path, jobs: dict[str, tuple[str, str]]) -> str | None:
+def report_advice(folder: Path, jobs: dict[str, tuple[str, str]], not_done: list[str]) -> str | None:
     """`app study status`'s last line for a study on Slurm (``jobs``: :func:`slurm_states`), None for a local
-    one: how many of its jobs have not ended, or, when none is left, the command that writes the report.
+    one: how many of its jobs have not ended; when none is left, the command that writes the report, and the
+    parts or runs (``not_done``) that ended without their results, which the study's command submits again.
 
-    A job neither squeue nor sacct knows ("?") has ended long ago. A "report" entry (a report job that older
-    versions submitted) is not one of the study's jobs.
+    A job neither squeue nor sacct knows ("?") has ended long ago; when squeue did not answer, nothing is
+    known. A "report" entry (a report job that older versions submitted) is not one of the study's jobs: one
+    still waiting is named, to be cancelled (it would hold a GPU for work that needs none).
     """
-    waiting = sorted(job for name, (job, state) in jobs.items() if name != "report" and state in ACTIVE)
     if not any(name != "report" for name in jobs):
         return None
     command = f"app study report {shlex.quote(str(folder))}"
+    old = jobs.get("report")
+    cancel = (
+        f"; job {old[0]} is a report job of an older scaleout, still {old[1].lower()}: scancel {old[0]}"
+        if old and old[1] in ACTIVE
+        else ""
+    )
+    if any(state == NO_ANSWER for name, (_, state) in jobs.items() if name != "report"):
+        return (
+            "squeue did not answer, so whether the study's jobs have ended is not known; `squeue --me` "
+            f"shows them, and `{command}` writes the report of what is done"
+        )
+    waiting = sorted(job for name, (job, state) in jobs.items() if name != "report" and state in ACTIVE)
     if waiting:
         return (
             f"{len(waiting)} job(s) still queued or running ({', '.join(waiting)}); when they have ended, "
-            f"`{command}` writes the report"
+            f"`{command}` writes the report" + cancel
         )
-    return f"every job has ended: write the report with `{command}` (on the login node)"
+    if not_done:
+        shown = ", ".join(not_done[:5]) + (f" and {len(not_done) - 5} more" if len(not_done) > 5 else "")
+        return (
+            f"every job has ended, {len(not_done)} without its results ({shown}): run the study's command "
+            f"again to submit them (what is done is skipped), or write the report of what is done with "
+            f"`{command}`" + cancel
+        )
+    return f"every job has ended: write the report with `{command}` (on the login node)" + cancel
