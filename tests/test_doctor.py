@@ -230,7 +230,9 @@ class _OneProcess:
     "engine_name, rocm, world, library, instead",
     [
         # the tf engine on ROCm: one process over 2 GCDs, MWMS asked for NCCL (RCCL) and its log stayed silent
-        ("tf", True, {"size": 1, "replicas": 2}, "RCCL", "MultiWorkerMirroredStrategy fell back to TensorFlow's ring"),
+        ("tf", True, {"size": 1, "replicas": 2}, "RCCL", "MirroredStrategy reduced through one device"),
+        # across 2 processes (nodes), MWMS
+        ("tf", True, {"size": 2}, "RCCL", "MultiWorkerMirroredStrategy fell back to TensorFlow's ring"),
         ("horovod", False, {"size": 2}, "NCCL", "Horovod reduced through its CPU operations (MPI or Gloo"),
     ],
 )  # fmt: skip
@@ -264,3 +266,20 @@ def test_a_collective_library_that_never_initialised_on_gpus_is_a_warning(
     assert theirs.ok and theirs.detail == "NCCL/RCCL (its log named no network)"
     alone = check_transport(None, build, gpus[:1], World(), {}, rocm=rocm, logged=True)
     assert alone.ok and "warning" not in alone.detail
+
+
+def test_a_stop_signal_ends_the_checks_once_and_a_second_one_does_not_interrupt_the_report():
+    import signal
+
+    from app.engines.diagnostics.doctor import Stopped, _stop_on_signals
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM)}
+    try:
+        _stop_on_signals()
+        with pytest.raises(Stopped):
+            signal.raise_signal(signal.SIGUSR1)
+        signal.raise_signal(signal.SIGTERM)  # as Apptainer's starter passes on what Slurm sent too: ignored
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)

@@ -75,6 +75,10 @@ def _stop_on_signals() -> None:
     import signal
 
     def stop(signum, frame):
+        # Once: a second signal (Apptainer's starter passes on what Slurm also sends the process) must not
+        # interrupt the report of the first.
+        for name in ("SIGUSR1", "SIGTERM"):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
         raise Stopped(signal.Signals(signum).name)
 
     for name in ("SIGUSR1", "SIGTERM"):
@@ -336,14 +340,16 @@ def check_allreduce(tf, world, gpus: list[str], megabytes: float, iterations: in
     return {"bytes": count * 4, "seconds": slowest, "algorithm_gbps": algorithm, "bus_gbps": bus}, check
 
 
-def never_initialised(library: str, engine: str, devices: int) -> str:
+def never_initialised(library: str, engine: str, devices: int, processes: int) -> str:
     """The transport row's warning when ``library`` (NCCL or RCCL) wrote no network to its log on a GPU node
-    whose allreduce spans ``devices`` GPUs: the collective went another way, through host memory."""
-    instead = (
-        "MultiWorkerMirroredStrategy fell back to TensorFlow's ring (gRPC through host memory)"
-        if engine == "tf"
-        else "Horovod reduced through its CPU operations (MPI or Gloo, through host memory)"
-    )
+    whose allreduce spans ``devices`` GPUs of ``processes`` processes: the collective went another way,
+    through host memory."""
+    if engine != "tf":
+        instead = "Horovod reduced through its CPU operations (MPI or Gloo, through host memory)"
+    elif processes > 1:
+        instead = "MultiWorkerMirroredStrategy fell back to TensorFlow's ring (gRPC through host memory)"
+    else:  # one process over its GPUs: MirroredStrategy without NCCL reduces through one device
+        instead = "MirroredStrategy reduced through one device (copies through host memory)"
     return (
         f"{library} never initialised; warning: {library} was expected for the allreduce over {devices} "
         f"GPUs, so {instead}: every gradient is copied off the GPU and back, far slower than {library} "
@@ -379,7 +385,7 @@ def check_transport(
     problem = ""
     devices = world.workers  # the GPUs the allreduce spans (the tf engine: a replica per GPU of a process)
     if gpus and ops.get("nccl") and network is None and logged and devices > 1:
-        transport = never_initialised("RCCL" if rocm else "NCCL", engine, devices)
+        transport = never_initialised("RCCL" if rocm else "NCCL", engine, devices, world.size)
     elif gpus and ops.get("nccl"):
         transport = f"NCCL/RCCL, network: {network}" if network else "NCCL/RCCL (its log named no network)"
         transport += "".join(
