@@ -55,7 +55,7 @@ def test_a_roihu_dry_run_ends_with_its_cost_at_the_time_limit():
     assert result.exit_code == 0, result.output
     # 32 GPUs x 12 h x 200 GPU-BU per GPU-hour (CSC's hpc-billing page)
     assert result.stderr.endswith(
-        "Cost: at most 76,800 GPU-BU at the time limit (32 GPU(s) x 12 h x 200 GPU-BU per GPU-hour)\n"
+        "Cost: at most 76,800 GPU-BU at the time limit (32 GPU(s) x 12 h x 200 GPU-BU per hour each)\n"
     )
     assert "Cost" not in result.stdout and result.stdout.startswith("#!/bin/bash")  # stdout: the script alone
 
@@ -245,5 +245,5 @@ def test_a_smoke_job_under_an_hour_is_priced_in_minutes():
     assert result.exit_code == 0, result.output
     # 8 GPUs x 10 minutes (SMOKE_TIME) x 200 GPU-BU per GPU-hour
     assert _last_line(result.stderr) == (
-        "Cost: at most 266.67 GPU-BU at the time limit (8 GPU(s) x 10 min x 200 GPU-BU per GPU-hour)"
+        "Cost: at most 266.67 GPU-BU at the time limit (8 GPU(s) x 10 min x 200 GPU-BU per hour each)"
     )

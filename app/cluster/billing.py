@@ -76,7 +76,7 @@ def _one(cluster: Cluster, billing: Billing, charge: Charge) -> tuple[float, str
     held = f"{charge.gpus} GPU(s)"
     gpus = held if billed == charge.gpus else f"{billed} GPUs' worth ({held} held)"
     value = cost(billing, billed, charge.time_s)
-    how = f"{gpus} x {hours(charge.time_s)} x {amount(billing.per_gpu_hour)} {billing.unit} per GPU-hour"
+    how = f"{gpus} x {hours(charge.time_s)} x {amount(billing.per_gpu_hour)} {billing.unit} per hour each"
     return value, how
 
 

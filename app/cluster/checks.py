@@ -4,6 +4,7 @@ be shell-quoted, and Slurm time limits (parsed as sbatch does). The rule they se
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -144,7 +145,10 @@ def _under(path: Path, folder: str) -> bool:
     """
     real = path.resolve()
     tops = {Path(folder), Path(folder).resolve()}
-    tops |= {(Path(folder) / part).resolve() for part in real.parts[1:] if (Path(folder) / part).is_symlink()}
+    for part in real.parts[1:]:
+        with contextlib.suppress(OSError):  # a folder this user may not search
+            if (Path(folder) / part).is_symlink():
+                tops.add((Path(folder) / part).resolve())
     return any(p == top or top in p.parents for p in (path, real) for top in tops)
 
 

@@ -65,27 +65,37 @@ def app_line(request: JobRequest, staged_bind: list[str]) -> str:
     )
 
 
-def check_tensorflow_here(cluster: Cluster) -> None:
-    """A job without a container runs the Python that renders it: refused here when it has no TensorFlow (a
-    login node's venv), which the job would find only after its queue wait. Looked up, not imported."""
+def _installed(name: str) -> bool:
+    """Whether ``name`` is an installed module here: looked up, not imported (a bare folder named so in the
+    current directory is a namespace package without a file, not TensorFlow)."""
     try:
-        found = importlib.util.find_spec("tensorflow") is not None
+        spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):
-        found = False
-    if found:
+        return False
+    return spec is not None and spec.origin not in (None, "namespace")
+
+
+def check_tensorflow_here(cluster: Cluster) -> None:
+    """A job without a container runs the Python that renders it: refused here when it has no TensorFlow or
+    no tf_keras (a login node's venv, a module venv missing its tf_keras), which the job would find only
+    after its queue wait."""
+    missing = [name for name in ("tensorflow", "tf_keras") if not _installed(name)]
+    if not missing:
         return
-    modules = cluster.container.modules
-    if modules:
-        how = (
-            f"load {' '.join(modules)} and run app submit from the venv made on top of it (python3 -m "
-            "venv --system-site-packages, then pip install 'scaleout[train]'; docs/clusters/, "
-            '"Without an image")'
-        )
-    else:
-        how = "run app submit from a venv with TensorFlow (make install)"
+    setup = "".join(f"module use {m}; " for m in cluster.container.module_use) + "".join(
+        f"module load {m}; " for m in cluster.container.modules
+    )
+    how = (
+        f"make a venv on top of the site's module ({setup}python3 -m venv --system-site-packages DIR; "
+        "DIR/bin/pip install 'scaleout[train] @ git+https://...' (the repository's URL) and, with --no-deps, "
+        "the tf_keras of the module's TensorFlow) and run its app"
+        if cluster.container.modules
+        else "run app from a venv with TensorFlow and tf_keras (make install)"
+    )
     raise UsageError(
-        f"--cluster {cluster.name}: its jobs run no container but the Python that runs app submit "
-        f"({show(sys.executable, limit=None)}), which has no TensorFlow; {how}"
+        f"--cluster {cluster.name}: its jobs run no container but the Python that runs app here "
+        f"({show(sys.executable, limit=None)}), which has no {' and no '.join(missing)}; {how}: "
+        f"jobs/clusters/{cluster.name}.yaml's header and docs/clusters/ say how"
     )
 
 

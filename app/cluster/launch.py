@@ -39,7 +39,7 @@ def _environment(cluster: Cluster) -> tuple[str, str]:
     steps = [f"export {n}={_env_value(v)}; " for n, v in task]
     if cluster.container.runtime == "native":
         steps.insert(0, HOLD)
-        lines += HOLD_COMMENT
+        lines = HOLD_COMMENT + lines
     if not steps:
         return lines, ""
     script = "".join(steps) + 'exec "$@"'

@@ -5,6 +5,7 @@ problem is one line naming the file and the key.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -441,11 +442,12 @@ class ProfileReader:
                 raise self.fail(
                     f"no_output_under: {show(folder)} is not a plain absolute path such as /projappl"
                 )
-            if folder.strip("/") == "":
+            if folder.strip("/") == "" or any(p in (".", "..") for p in folder.split("/")):
                 raise self.fail(
-                    "no_output_under: / would refuse every folder; name folders such as /projappl"
+                    f"no_output_under: {show(folder)} names / or holds . or ..; name folders such as "
+                    "/projappl"
                 )
-        return tuple(folders)
+        return tuple(os.path.normpath(f) for f in folders)
 
     def billing(self, raw: Raw) -> Billing | None:
         """``billing: {unit, per_gpu_hour, slice_cpus, slice_memory}``; None when the profile has none."""
