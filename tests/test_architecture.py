@@ -32,7 +32,11 @@ ONLY = {
     ("reports", "engines"): {"app.engines", "app.engines.diagnostics.timeline"},  # reading a Horovod trace
 }
 # Functions that load TensorFlow by name (importlib): importing them counts as importing TensorFlow.
-LOADS_TENSORFLOW = {"app.core.compat.import_tensorflow", "app.core.compat._import_quietly"}
+LOADS_TENSORFLOW = {
+    "app.core.compat.import_tensorflow",
+    "app.core.compat.import_tensorflow_without_keras",
+    "app.core.compat._import_quietly",
+}
 # Packages whose modules run on a login node: whatever they import, however indirectly, imports neither.
 LOGIN_NODE = ("cluster", "study", "reports")
 HEAVY = ("tensorflow", "horovod", "keras", "tf_keras", "tensorflow_datasets")
@@ -188,7 +192,7 @@ def test_the_graph_sees_real_imports():
     assert "horovod" in GRAPH["app.engines.horovod"][1]  # imported inside functions only
     assert "tensorflow" in GRAPH["app.training.checkpoint"][1]  # inside problem(), lazily
     assert "app.training" in GRAPH["app.study.large_batch"][0]  # a package's __init__ runs on import
-    assert "tensorflow" in GRAPH["app.data.convert"][1]  # through import_tensorflow(), loaded by name
+    assert "tensorflow" in GRAPH["app.data.convert"][1]  # through import_tensorflow_without_keras(), by name
 
 
 def test_the_engines_type_check_against_their_contract():

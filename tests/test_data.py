@@ -369,6 +369,12 @@ def test_unknown_tfds_dataset(tmp_path):
         (lambda raw: (raw / "val_labels.txt").write_text("n99999999\nn00001000\n"), {},
          "validation labels name classes without a train/ folder: n99999999"),
         (lambda raw: __import__("shutil").rmtree(raw / "train"), {}, "no train/ folder; expected train/<wnid>/*.JPEG and val/"),
+        # label files that are binary, or a CSV that is not Kaggle's, or a row without its class: one line each
+        (lambda raw: (raw / "val_labels.txt").write_bytes(b"\xff\xfe\x00n0001"), {}, "val_labels.txt: not a text file"),
+        (lambda raw: (raw / "LOC_val_solution.csv").write_text("n00001000\nn00001001\n"), {},
+         "LOC_val_solution.csv: not Kaggle's LOC_val_solution.csv (its header is ImageId,PredictionString)"),
+        (lambda raw: (raw / "LOC_val_solution.csv").write_text("ImageId,PredictionString\nval_0,\n"), {},
+         "LOC_val_solution.csv: line 2 names no image or no class"),
     ],
 )  # fmt: skip
 def test_converter_bad_source(tmp_path, damage, args, message):
@@ -642,3 +648,19 @@ def test_kaggle_loc_val_solution_labels_validation_by_image_name(tmp_path):
         ("ILSVRC2012_val_00000001", "n01440764"),
         ("ILSVRC2012_val_00000002", "n01443537"),
     ]
+
+
+def test_the_converters_need_tensorflow_but_not_tf_keras(monkeypatch):
+    """A venv with PyPI's tensorflow-cpu alone (Roihu-CPU's, docs/clusters/roihu.md step 4) converts: no
+    Keras is used there; training still refuses it."""
+    import importlib.util
+
+    from app.core import compat
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "tf_keras" else real(name, *a)
+    )
+    assert compat.import_tensorflow_without_keras() is tf
+    with pytest.raises(compat.KerasError, match="tf_keras"):
+        compat.import_tensorflow()

@@ -103,6 +103,17 @@ def import_tensorflow():
     return tf
 
 
+def import_tensorflow_without_keras():
+    """Import TensorFlow for work that uses no Keras (the TFRecord converters: tf.io, tf.image) and return it.
+
+    A venv with TensorFlow alone (PyPI's tensorflow-cpu, no tf_keras), as on a CPU node where only the
+    data is converted, runs them; a TensorFlow that is not installed is one line.
+    """
+    if importlib.util.find_spec("tensorflow") is None:
+        raise KerasError(_no_tensorflow())
+    return _import_quietly("tensorflow")
+
+
 class _IntBoundsRandom(random.Random):
     """``random.Random`` whose ``randint`` accepts the integral float bound tf_keras passes (``1e9``)."""
 

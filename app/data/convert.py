@@ -109,9 +109,9 @@ def _write_shard(
 ) -> tuple[str, int, list[str], list[tuple[str, str]]]:
     """Write one shard (in a worker process) and return (file name, examples, the JPEGs it repaired, the
     images it skipped with the reason)."""
-    from app.core.compat import import_tensorflow
+    from app.core.compat import import_tensorflow_without_keras
 
-    tf = import_tensorflow()
+    tf = import_tensorflow_without_keras()
 
     def feature(value):
         if isinstance(value, int):
@@ -233,10 +233,11 @@ def write_layout(
 ) -> Written:
     """Write ``layout`` into ``dest`` with ``workers`` processes (0: one per CPU); ``seed`` shuffles the
     training images among the shards. Refuses a DEST with earlier output unless ``force``."""
-    from app.core.compat import import_tensorflow
+    from app.core.compat import import_tensorflow_without_keras
 
-    # The workers need it: a machine without it is refused before anything is written.
-    import_tensorflow()
+    # The workers need it (no Keras: a venv with TensorFlow alone converts): a machine without it is refused
+    # before anything is written.
+    import_tensorflow_without_keras()
     previous = _previous_output(dest, force, layout.extras())
     train = list(layout.train)
     random.Random(seed).shuffle(train)  # every shard holds a mix of classes

@@ -11,9 +11,10 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from app.core.errors import UsageError
+from app.core.errors import UsageError, read_regular
 
 IMAGE_EXTENSIONS = {".jpeg", ".jpg", ".png"}  # what both converters take for an image (by name)
+LABELS_LIMIT = 64 * 2**20  # LOC_val_solution.csv of 50,000 images is about 10 MB
 
 
 def _images(folder: Path) -> list[Path]:
@@ -62,14 +63,37 @@ def _labelled_validation(src: Path, images: list[Path], labels_file: Path | None
             f"SRC {src}/val: images without class folders need labels; pass --labels FILE "
             "(LOC_val_solution.csv or one wnid per line)"
         )
+    label = f"--labels {path}"
+    try:
+        text = read_regular(path, label, LABELS_LIMIT).decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{label}: not a text file (LOC_val_solution.csv or one wnid per line)") from None
     if path.suffix == ".csv":
-        with open(path) as f:
-            rows = {r["ImageId"]: r["PredictionString"].split()[0] for r in csv.DictReader(f)}
+        rows = _solution_rows(text, label)
         missing = [p.name for p in images if p.stem not in rows]
         if missing:
-            raise UsageError(f"--labels {path}: no label for {missing[0]} (and {len(missing) - 1} more)")
+            raise UsageError(f"{label}: no label for {missing[0]} (and {len(missing) - 1} more)")
         return [(str(p), rows[p.stem]) for p in images]
-    lines = [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if len(lines) != len(images):
-        raise UsageError(f"--labels {path}: {len(lines)} labels for {len(images)} validation images")
-    return [(str(p), w) for p, w in zip(images, lines, strict=True)]
+        raise UsageError(f"{label}: {len(lines)} labels for {len(images)} validation images")
+    # equal lengths, checked above; by index, since zip's strict= needs Python 3.10 and this runs on 3.9
+    return [(str(images[i]), lines[i]) for i in range(len(images))]
+
+
+def _solution_rows(text: str, label: str) -> dict[str, str]:
+    """ImageId -> wnid from Kaggle's LOC_val_solution.csv (header ImageId,PredictionString; each row's
+    first wnid is its image's class)."""
+    reader = csv.DictReader(text.splitlines())
+    if not {"ImageId", "PredictionString"} <= set(reader.fieldnames or ()):
+        raise UsageError(
+            f"{label}: not Kaggle's LOC_val_solution.csv (its header is ImageId,PredictionString); for one "
+            "wnid per line, name the file .txt"
+        )
+    rows = {}
+    for number, row in enumerate(reader, start=2):
+        words = (row.get("PredictionString") or "").split()
+        if not row.get("ImageId") or not words:
+            raise UsageError(f"{label}: line {number} names no image or no class")
+        rows[row["ImageId"]] = words[0]
+    return rows
