@@ -452,7 +452,7 @@ def test_verdicts_in_words(tmp_path):
         "than 0.5 pp); constant warmup is worse (+1.11 pp [+0.98, +1.24], 2 seeds: the whole interval above 0.5 "
         "pp); without warmup is worse (+13.50 pp [+5.88, +21.12], 2 seeds: the whole interval above 0.5 pp); LR "
         "unscaled: cannot tell (+1.20 pp [-0.07, +2.47], 2 seeds; about 3 seeds would show it is worse with 80% "
-        "power if the true difference were +1.20 pp)",
+        "power if the true difference were +1.20 pp (its plan has 2))",
         "the linear scaling rule with gradual warmup keeps the baseline's accuracy up to k=8 (batch 1,024) here",
         # "gradual beats constant" as a computed, paired row (issue 36)
         "k=8: gradual against constant warmup, paired: -1.00 pp [-1.00, -1.00], 2 seeds: gradual warmup better "
