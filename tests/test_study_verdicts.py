@@ -524,3 +524,22 @@ def test_plan_large_batch_checks_variants_and_seeds_too(variants, own, says):
     with pytest.raises(UsageError, match="^--") as err:
         variants_plan(variants=variants, own=own)
     assert says in str(err.value)
+
+
+def test_the_command_that_continues_a_study_keeps_its_variants_and_seeds():
+    from app.cli.study_large_batch import LargeBatchRequest, _seed_counts
+
+    def again(seeds, variants):
+        request = LargeBatchRequest((), (), [1, 8], _seed_counts(seeds, variants), 0.5, "s", 1, Path("o"), None,
+                                    0, 1, False, {})  # fmt: skip
+        words = request.again()
+        return words[words.index("--seeds") :][:4]
+
+    assert again("7,unscaled=3,no-warmup=5", "gradual-warmup,no-warmup,unscaled") == [
+        "--seeds", "7,unscaled=3,no-warmup=5", "--variants", "unscaled,no-warmup,gradual-warmup"
+    ]  # fmt: skip
+    assert again("3", None) == ["--seeds", "3", "--name", "s"]  # all four: as before
+    assert again("2,baseline=3", None)[:2] == [
+        "--seeds",
+        "3,unscaled=2,no-warmup=2,constant-warmup=2,gradual-warmup=2",
+    ]
