@@ -452,7 +452,7 @@ def test_verdicts_in_words(tmp_path):
         "than 0.5 pp); constant warmup is worse (+1.11 pp [+0.98, +1.24], 2 seeds: the whole interval above 0.5 "
         "pp); without warmup is worse (+13.50 pp [+5.88, +21.12], 2 seeds: the whole interval above 0.5 pp); LR "
         "unscaled: cannot tell (+1.20 pp [-0.07, +2.47], 2 seeds; about 3 seeds would show it is worse with 80% "
-        "power if the true difference were +1.20 pp)",
+        "power if the true difference were +1.20 pp (its plan has 2))",
         "the linear scaling rule with gradual warmup keeps the baseline's accuracy up to k=8 (batch 1,024) here",
         # "gradual beats constant" as a computed, paired row (issue 36)
         "k=8: gradual against constant warmup, paired: -1.00 pp [-1.00, -1.00], 2 seeds: gradual warmup better "
@@ -671,11 +671,29 @@ def test_report_files_table_csv_and_figure(tmp_path):
         (["--k", "1,8,8"], "k 8 is given twice; give each k once"),
         (["--k", "1"], "only k = 1, the baseline: add at least one k > 1"),
         (["--k", "\u0668"], "is not a positive integer"),
-        (["--k", "1,8", "--seeds", "0"], "Invalid value for '--seeds': 0 is not in the range x>=1"),
-        (["--k", "1,8", "--seeds", "-1"], "Invalid value for '--seeds': -1 is not in the range x>=1"),
-        (["--k", "1,8", "--seeds", "1.5"], "'1.5' is not a valid integer"),
-        (["--k", "1,8", "--seeds", "nan"], "'nan' is not a valid integer"),
-        (["--k", "1,8", "--seeds", "101"], "--seeds 101: give 1 to 100 seeds per variant"),
+        (["--k", "1,8", "--seeds", "0"], "--seeds '0': baseline with 0 seeds: give 1 to 100"),
+        (["--k", "1,8", "--seeds", "-1"], "--seeds '-1': baseline with -1 seeds: give 1 to 100"),
+        (["--k", "1,8", "--seeds", "1.5"], "--seeds '1.5': '1.5' is not a whole number; give N seeds, or N,NAME=M"),
+        (["--k", "1,8", "--seeds", "nan"], "'nan' is not a whole number"),
+        (["--k", "1,8", "--seeds", "101"], "--seeds '101': baseline with 101 seeds: give 1 to 100"),
+        (["--k", "1,8", "--seeds", "7,foo=3"], "--seeds '7,foo=3': 'foo' is not a variant; name baseline or one of "
+         "unscaled,no-warmup,constant-warmup,gradual-warmup"),
+        (["--k", "1,8", "--seeds", "7,unscaled=0"], "--seeds '7,unscaled=0': unscaled with 0 seeds: give 1 to 100"),
+        (["--k", "1,8", "--seeds", "7,unscaled=-2"], "unscaled with -2 seeds: give 1 to 100"),
+        (["--k", "1,8", "--seeds", "7,unscaled=x"], "'unscaled=x' is not NAME=M with M a whole number"),
+        (["--k", "1,8", "--seeds", "7,unscaled"], "'unscaled' is not NAME=M with M a whole number"),
+        (["--k", "1,8", "--seeds", "3,no-warmup=5"], "no-warmup has 5 seeds, more than the baseline's 3: its seeds "
+         "pair with the baseline's seed by seed; give it at most 3"),
+        (["--k", "1,8", "--seeds", "7,baseline=2"], "unscaled has 7 seeds, more than the baseline's 2"),
+        (["--k", "1,8", "--seeds", "7,constant-warmup=3", "--variants", "unscaled,gradual-warmup"],
+         "constant-warmup is not in --variants (unscaled,gradual-warmup); add it there or leave it out here"),
+        (["--k", "1,8", "--seeds", "7,unscaled=3,unscaled=2"], "unscaled is given twice; give each name once"),
+        (["--k", "1,8", "--variants", "foo"], "--variants 'foo': 'foo' is not a k > 1 variant; give one or more "
+         "of unscaled,no-warmup,constant-warmup,gradual-warmup"),
+        (["--k", "1,8", "--variants", "baseline"], "'baseline' is not a k > 1 variant (it always runs)"),
+        (["--k", "1,8", "--variants", "unscaled,no-warmup,unscaled"], "unscaled is given twice"),
+        (["--k", "1,8", "--variants", ""], "--variants '': no variant named; give one or more of unscaled,"),
+        (["--k", "1,8", "--variants", " , "], "no variant named"),
         (["--k", "1,8", "--margin", "0"], "Invalid value for '--margin': 0.0: a positive number of percentage"),
         (["--k", "1,8", "--margin", "nan"], "Invalid value for '--margin': nan: a positive number of percentage"),
         (["--k", "1,8", "--margin", "1e999"], "Invalid value for '--margin': inf: a positive number of"),

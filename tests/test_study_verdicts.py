@@ -20,7 +20,7 @@ from app.reports.large_batch_pairs import Rule
 from app.study import dataset
 from app.study.executor import _record
 from app.study.folder import load_plan, prepare
-from app.study.large_batch import run_dir
+from app.study.large_batch import VARIANTS, plan_large_batch, run_dir
 
 
 def tfds_folder(root: Path, classes="10", name="fashion_mnist") -> Path:
@@ -401,3 +401,145 @@ def test_a_rule_on_its_own_defaults():
     rule = Rule()
     assert (rule.margin, rule.alpha, rule.post_hoc, rule.chance_pct) == (0.5, 0.025, False, None)
     assert Rule(classes=4).chance_pct == 25.0 and Rule(margin=1.0).post_hoc
+
+
+# ---------------------------------------------------------------------- variants, seeds per variant
+
+MAKE_STUDY = {"baseline": 7, "gradual-warmup": 7, "no-warmup": 5, "unscaled": 3}  # `make study`'s design
+
+
+def variants_plan(seeds=7, variants=("unscaled", "no-warmup", "gradual-warmup"), own=None):
+    """The shipped Fashion-MNIST study with ``variants`` only, ``own`` their seeds where not ``seeds``."""
+    own = {"no-warmup": 5, "unscaled": 3} if own is None else own
+    return plan_large_batch(fashion(), [1, 8], seeds, 1, "s", 60000, "test", True, 0.5, variants, own)
+
+
+def test_the_make_study_design_plans_22_runs_seed_by_seed():
+    p = variants_plan()
+    names = [r.name for r in p.runs]
+    assert len(names) == 22 and not any(r.variant == "constant-warmup" for r in p.runs)
+    for variant, n in MAKE_STUDY.items():
+        k = 1 if variant == "baseline" else 8
+        assert sorted(x for x in names if x.startswith(f"{variant}-")) == [
+            f"{variant}-k{k}-s{s}" for s in range(1, n + 1)
+        ]
+    assert [r.seed for r in p.runs] == sorted(r.seed for r in p.runs)  # seed by seed: the pilot table first
+    assert names[:4] == ["baseline-k1-s1", "unscaled-k8-s1", "no-warmup-k8-s1", "gradual-warmup-k8-s1"]
+    assert names[-2:] == ["baseline-k1-s7", "gradual-warmup-k8-s7"]
+    assert p.seeds == 7 and p.variants == ("unscaled", "no-warmup", "gradual-warmup")
+    assert p.seed_counts() == {"baseline": 7, "unscaled": 3, "no-warmup": 5, "gradual-warmup": 7}
+
+
+def test_the_make_study_dry_run_prints_each_variants_seeds(tmp_path, monkeypatch, capsys):
+    args = ["study", "large-batch", "-c", "configs/study_fashion_mnist_2core.yaml", "--k", "1,8", "--seeds",
+            "7,no-warmup=5,unscaled=3", "--variants", "unscaled,no-warmup,gradual-warmup", "--dry-run",
+            "--out", str(tmp_path / "studies")]  # fmt: skip
+    code, out, err = app_main(args, monkeypatch, capsys)
+    assert code == 0, err
+    assert (
+        "22 runs (baseline 7 seed(s), unscaled 3 seed(s), no-warmup 5 seed(s), gradual-warmup 7 seed(s)); "
+        "would create"
+    ) in out
+    assert "constant-warmup" not in out and "unscaled-k8-s4" not in out and "no-warmup-k8-s5:" in out
+    assert not (tmp_path / "studies").exists()
+
+
+def test_a_report_says_each_variants_own_seeds(tmp_path, ten_classes, monkeypatch, capsys):
+    folder, p = new_study(tmp_path, variants_plan(seeds=3, own={"no-warmup": 2, "unscaled": 1}))
+    for run in p.runs:
+        if run.name != "gradual-warmup-k8-s3":  # not finished yet
+            make_run(folder, run, [FINAL[run.variant][0]] * run.epochs)
+    _, md, rows = report(folder, p)
+    done = {r["variant"]: (r["seeds_done"], r["seeds_planned"]) for r in rows}
+    assert done == {"baseline": ("3", "3"), "unscaled": ("1", "1"), "no-warmup": ("2", "2"),
+                    "gradual-warmup": ("2", "3")}  # fmt: skip
+    table = [ln.split("|") for ln in md.split("\n\n")[2].splitlines()]  # Table 1, after the title and summary
+    cells = {c[3].strip(): c[-2].strip() for c in table if c[1].strip() == "8"}
+    assert cells == {"k x batch, LR unscaled": "1/1", "scaled LR, no warmup": "2/2",
+                     "scaled LR, gradual warmup": "2/3"}  # fmt: skip
+    assert "seeds baseline 3, unscaled 1, no-warmup 2, gradual-warmup 3, at most 1 worker(s)" in md
+    assert "scaled LR, constant warmup" not in md and "gradual against constant" not in md
+    code, out, err = app_main(["study", "status", str(folder)], monkeypatch, capsys)
+    assert code == 0 and "seeds baseline 3, unscaled 1, no-warmup 2, gradual-warmup 3" in out, err
+
+
+@pytest.mark.parametrize(
+    ("other", "says"),
+    [
+        (lambda: variants_plan(own={"no-warmup": 4, "unscaled": 3}), "--seeds '7,unscaled=3,no-warmup=5' there"),
+        (lambda: variants_plan(variants=("unscaled", "no-warmup", "constant-warmup", "gradual-warmup")),
+         "--variants 'unscaled,no-warmup,gradual-warmup' there vs 'unscaled,no-warmup,constant-warmup,"),
+        (lambda: plan(ks=(1, 8), seeds=7), "--seeds '7,unscaled=3,no-warmup=5' there vs 7 now"),
+    ],
+)  # fmt: skip
+def test_other_variants_or_seeds_are_another_study(tmp_path, other, says):
+    folder, _ = new_study(tmp_path, variants_plan())
+    assert prepare(folder, variants_plan(), fashion(), ["app"]) is False  # the same design continues it
+    with pytest.raises(UsageError, match="holds a different study") as err:
+        prepare(folder, other(), fashion(), ["app"])
+    assert says in str(err.value)
+    assert load_plan(folder) == variants_plan()
+
+
+def test_a_study_json_without_variants_means_all_four_with_seeds_each(tmp_path, monkeypatch, capsys):
+    folder, p = study_with_results(tmp_path)
+    meta = json.loads((folder / "study.json").read_text())
+    assert meta["plan"]["variants"] == ["unscaled", "no-warmup", "constant-warmup", "gradual-warmup"]
+    for key in ("variants", "variant_seeds"):
+        del meta["plan"][key]
+    (folder / "study.json").write_text(json.dumps(meta))
+    old = load_plan(folder)
+    assert old.variants == ("unscaled", "no-warmup", "constant-warmup", "gradual-warmup")
+    assert old.seed_counts() == dict.fromkeys(VARIANTS, 2) and old.identity() == p.identity()
+    assert prepare(folder, plan(seeds=2), fashion(), ["app"]) is False  # the same options continue it
+    code, _, err = app_main(["study", "report", str(folder)], monkeypatch, capsys)
+    assert code == 0, err
+    assert "2 seed(s) per variant" in (folder / "report" / "large_batch.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("variants", []), ("variants", ["baseline"]), ("variants", ["unscaled", "unscaled"]),
+     ("variant_seeds", {"unscaled": 3}), ("variant_seeds", {"constant-warmup": 0}),
+     ("variant_seeds", {"no-warmup": "2"}), ("variant_seeds", [1])],
+)  # fmt: skip
+def test_an_edited_variants_or_seeds_is_one_line(tmp_path, monkeypatch, capsys, key, value):
+    folder, _ = new_study(tmp_path)  # one seed each
+    meta = json.loads((folder / "study.json").read_text())
+    meta["plan"][key] = value
+    (folder / "study.json").write_text(json.dumps(meta))
+    code, _, err = app_main(["study", "report", str(folder)], monkeypatch, capsys)
+    assert code == 2 and err.count("\n") == 1 and "not a study plan this version of scaleout writes" in err
+
+
+@pytest.mark.parametrize(
+    ("variants", "own", "says"),
+    [
+        ((), {}, "--variants []: give one or more of"),
+        (("unscaled",), {"no-warmup": 2}, "not all in --variants unscaled"),
+        (("unscaled",), {"unscaled": 8}, "unscaled has 8 seeds, more than the baseline's 7"),
+    ],
+)
+def test_plan_large_batch_checks_variants_and_seeds_too(variants, own, says):
+    with pytest.raises(UsageError, match="^--") as err:
+        variants_plan(variants=variants, own=own)
+    assert says in str(err.value)
+
+
+def test_the_command_that_continues_a_study_keeps_its_variants_and_seeds():
+    from app.cli.study_large_batch import LargeBatchRequest, _seed_counts
+
+    def again(seeds, variants):
+        request = LargeBatchRequest((), (), [1, 8], _seed_counts(seeds, variants), 0.5, "s", 1, Path("o"), None,
+                                    0, 1, False, {})  # fmt: skip
+        words = request.again()
+        return words[words.index("--seeds") :][:4]
+
+    assert again("7,unscaled=3,no-warmup=5", "gradual-warmup,no-warmup,unscaled") == [
+        "--seeds", "7,unscaled=3,no-warmup=5", "--variants", "unscaled,no-warmup,gradual-warmup"
+    ]  # fmt: skip
+    assert again("3", None) == ["--seeds", "3", "--name", "s"]  # all four: as before
+    assert again("2,baseline=3", None)[:2] == [
+        "--seeds",
+        "3,unscaled=2,no-warmup=2,constant-warmup=2,gradual-warmup=2",
+    ]

@@ -128,7 +128,7 @@ def study_status(study_dir):
         return
     found = states(study_dir, plan, jobs)
     table = Table(
-        title=f"{plan.kind} study {plan.name}: k {','.join(map(str, plan.ks))}, {plan.seeds} seed(s)",
+        title=f"{plan.kind} study {plan.name}: k {','.join(map(str, plan.ks))}, {plan.seeds_summary()}",
         title_justify="left",
     )
     for column in ("run", "k", "workers x accumulation", "global batch", "state", "epochs", "detail"):

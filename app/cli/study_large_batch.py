@@ -24,6 +24,7 @@ from app.cli.study_setup import prepare_study, submit_study
 from app.core.errors import AppError, UsageError, brief
 from app.engines.world import joined_launcher
 from app.study.large_batch import MARGIN_PP
+from app.study.variants import K_VARIANTS, parse_seeds, parse_variants, seeds_text
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class LargeBatchRequest:
     configs: tuple[str, ...]
     sets: tuple[str, ...]
     ks: list[int]
-    seeds: int
+    seeds: dict[str, int]  # the baseline's and each variant's (app.study.variants), the variants run
     margin: float
     name: str
     np_: int
@@ -50,6 +51,10 @@ class LargeBatchRequest:
     @property
     def folder(self) -> Path:
         return self.out / self.name
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        return tuple(v for v in self.seeds if v != "baseline")
 
     @property
     def cluster(self) -> str | None:
@@ -72,7 +77,8 @@ class LargeBatchRequest:
             "--k",
             ",".join(map(str, self.ks)),
             "--seeds",
-            str(self.seeds),
+            seeds_text(self.seeds),
+            *(["--variants", ",".join(self.variants)] if self.variants != K_VARIANTS else []),
             *(["--margin", f"{self.margin:g}"] if self.margin != MARGIN_PP else []),
             "--name",
             self.name,
@@ -97,6 +103,18 @@ def _ks(ctx, param, value: str | None) -> list[int] | None:
         return parse_ks(value)
     except ValueError as exc:
         raise click.BadParameter(f"{brief(value)}: {exc}") from None
+
+
+def _seed_counts(seeds: str, variants: str | None) -> dict[str, int]:
+    """``--seeds`` and ``--variants`` read together: the baseline's and each variant's seeds."""
+    try:
+        chosen = K_VARIANTS if variants is None else parse_variants(variants)
+    except ValueError as exc:
+        raise UsageError(f"--variants {brief(variants)}: {exc}") from None
+    try:
+        return parse_seeds(seeds, chosen)
+    except ValueError as exc:
+        raise UsageError(f"--seeds {brief(seeds)}: {exc}") from None
 
 
 def _print_dry_run(request: LargeBatchRequest, plan, cfg, new: bool, show_scripts: bool) -> None:
@@ -124,9 +142,13 @@ def _print_dry_run(request: LargeBatchRequest, plan, cfg, new: bool, show_script
     if request.cluster:
         options = {**(request.job_options() or {}), "show_scripts": show_scripts}
         slurm_stage.submit_study(folder, plan, cfg, options, dry_run=True, echo=click.echo)
-    click.echo(
-        f"{len(plan.runs)} runs; would {'create' if new else 'continue'} {quoted(folder)}: {left} to train"
+    per_k = len([k for k in plan.ks if k > 1])
+    counts = ", ".join(
+        f"{v} {n} seed(s)" + ("" if v == "baseline" or per_k == 1 else f" x {per_k} k")
+        for v, n in plan.seed_counts().items()
     )
+    action = "create" if new else "continue"
+    click.echo(f"{len(plan.runs)} runs ({counts}); would {action} {quoted(folder)}: {left} to train")
 
 
 @study.command("large-batch")
@@ -155,11 +177,18 @@ def _print_dry_run(request: LargeBatchRequest, plan, cfg, new: bool, show_script
 )
 @click.option(
     "--seeds",
-    type=Int(min=1),
-    default=3,
+    default="3",
     show_default=True,
+    metavar="N[,NAME=M,...]",
     help="Seeds per variant (run.seed 1..N): verdicts compare each seed with the baseline's, with a "
-    "95% interval (one seed gives none).",
+    "95% interval (one seed gives none). NAME=M gives the baseline or one variant M instead, at most the "
+    "baseline's: e.g. 7,no-warmup=5,unscaled=3.",
+)
+@click.option(
+    "--variants",
+    metavar="NAME,...",
+    help="The k > 1 variants to run, of unscaled,no-warmup,constant-warmup,gradual-warmup (default: all "
+    "four); the baseline always runs.",
 )
 @click.option(
     "--margin",
@@ -227,6 +256,7 @@ def study_large_batch(
     sets,
     ks,
     seeds,
+    variants,
     margin,
     name,
     np_,
@@ -243,17 +273,20 @@ def study_large_batch(
 
     The config is the baseline (k = 1) on one worker. For each k > 1: k x its global batch at equal epochs,
     with the LR unscaled, scaled without warmup, scaled with a constant warmup and with a gradual warmup
-    (train.warmup_epochs). Runs go one after another as `app train` processes under
-    studies/<name>/runs/<variant>-k<k>-s<seed>; run the same command again to continue (finished runs are
-    skipped, others resume). With --cluster each run is a Slurm job on up to --np GPUs (requeued at its time
-    limit); when they have ended, `app study report` (on the login node) writes the report, and `app study
-    status` says when. The report goes to studies/<name>/report/.
+    (train.warmup_epochs); --variants runs some of them, and --seeds may give each its own seeds. Runs go
+    one after another as `app train` processes under studies/<name>/runs/<variant>-k<k>-s<seed>; run the
+    same command again to continue (finished runs are skipped, others resume). With --cluster each run is
+    a Slurm job on up to --np GPUs (requeued at its time limit); when they have ended, `app study report`
+    (on the login node) writes the report, and `app study status` says when. The report goes to
+    studies/<name>/report/.
 
     \b
     Example:
       app study large-batch -c configs/study_fashion_mnist.yaml --k 1,8
       app study large-batch -c configs/study_fashion_mnist.yaml --k 1,8,32 --seeds 5 --name fm-5seeds
       app study large-batch -c configs/study_fashion_mnist.yaml --k 1,8 --np 2 --dry-run
+      app study large-batch -c configs/study_fashion_mnist.yaml --k 1,8 --seeds 7,unscaled=3 \\
+        --variants unscaled,gradual-warmup
     """
     from app.core import config
 
@@ -267,7 +300,7 @@ def study_large_batch(
         configs,
         sets,
         ks,
-        seeds,
+        _seed_counts(seeds, variants),
         margin,
         name or cfg.name,
         np_,
@@ -299,13 +332,15 @@ def _plan(request: LargeBatchRequest, cfg):
     return large_batch.plan_large_batch(
         cfg,
         request.ks,
-        request.seeds,
+        request.seeds["baseline"],
         request.np_,
         request.name,
         examples,
         where,
         request.allow_small_budget,
         request.margin,
+        request.variants,
+        {v: n for v, n in request.seeds.items() if v != "baseline"},
     )
 
 

@@ -283,7 +283,7 @@ def plot(results: list[RunResult], path: Path) -> Path:
     from matplotlib.ticker import MaxNLocator
 
     ks = sorted({r.run.k for r in results if r.run.k > 1})
-    variants = VARIANTS[1:]
+    variants = [v for v in VARIANTS[1:] if any(r.run.variant == v for r in results)]  # those run
     fig, axes = plt.subplots(
         len(ks), len(variants), figsize=(3.4 * len(variants), 2.9 * len(ks)), squeeze=False, sharey=True
     )
@@ -329,7 +329,7 @@ def markdown(plan: StudyPlan, tables: dict, lines, warns, rule: Rule = DEFAULT_R
     out = [
         f"# Large-batch study {plan.name}: does accuracy hold at large batches?",
         "",
-        f"k = {ks}, {plan.seeds} seed(s) per variant, at most {plan.max_workers} worker(s) per run; "
+        f"k = {ks}, {plan.seeds_summary()}, at most {plan.max_workers} worker(s) per run; "
         f"{plan.config.get('model.name')} on {data}; verdicts on a margin of {rule.margin:g} pp at alpha "
         f"{rule.alpha:.1%} one-sided.",
         "",

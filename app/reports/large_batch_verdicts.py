@@ -174,7 +174,7 @@ def _variant_text(variant: str, cell: Cell, pair: Paired | None, seeds: Pairing,
     if pair is None:
         out += " not finished" if cell.mean is None else ": no seed pairs"
     else:
-        out = verdict_text(out, pair, margin, seeds.diverged_text())
+        out = verdict_text(out, pair, margin, seeds.diverged_text(), len(cell.results))
     return out + (f", leaving out {', '.join(seeds.left_out)}" if seeds.left_out else "")
 
 

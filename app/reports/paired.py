@@ -224,8 +224,11 @@ def sign_p(seeds: int) -> float:
     return 0.5**seeds
 
 
-def verdict_text(phrase: str, pair: Paired, margin: float, diverged: str = "") -> str:
-    """The verdict of ``pair`` in words, ``phrase`` naming the variant; ``diverged`` says which seeds did."""
+def verdict_text(phrase: str, pair: Paired, margin: float, diverged: str = "", planned: int = 0) -> str:
+    """The verdict of ``pair`` in words, ``phrase`` naming the variant; ``diverged`` says which seeds did.
+
+    ``planned``: the seeds the variant's plan has (0: not said); the seeds that would tell are set against it.
+    """
     m = f"{margin:g}"
     if pair.verdict == "holds":
         behind = (
@@ -249,7 +252,7 @@ def verdict_text(phrase: str, pair: Paired, margin: float, diverged: str = "") -
         goal = "it holds" if pair.mean < margin else "it is worse"
         need = (
             f"; about {pair.seeds_needed} seeds would show {goal} with {POWER:.0%} power if the true "
-            f"difference were {pair.mean:+.2f} pp"
+            f"difference were {pair.mean:+.2f} pp" + (f" (its plan has {planned})" if planned else "")
         )
     if pair.verdict == "behind":
         return (

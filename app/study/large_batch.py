@@ -20,15 +20,15 @@ from pathlib import Path
 
 from app.core import config as config_mod
 from app.core.errors import UsageError, brief, show
+from app.study.variants import K_VARIANTS, check_seeds, seeds_text
+from app.study.variants import MAX_SEEDS as MAX_SEEDS  # re-exported, as before app.study.variants
+from app.study.variants import VARIANTS as VARIANTS
 
-MAX_SEEDS = 100  # each seed is a whole grid of runs; more is a typo
 # The verdicts' test (app.reports.paired), stored in study.json so that the report judges by the plan's:
 # the margin in pp of top-1 error (`--margin`), and the one-sided error rate of each test (the 95% two-sided
 # t-interval's ends; only this one is tabulated).
 MARGIN_PP = 0.5
 ALPHA = 0.025
-# The grid of Goyal et al.'s Table 1, in the order the runs go and the table reads.
-VARIANTS = ("baseline", "unscaled", "no-warmup", "constant-warmup", "gradual-warmup")
 LABELS = {
     "baseline": "baseline",
     "unscaled": "k x batch, LR unscaled",
@@ -81,6 +81,25 @@ class StudyPlan:
     # The verdicts' margin (pp) and alpha, as planned; None in a study.json written before they were stored.
     margin: float | None = None
     alpha: float | None = None
+    # The k > 1 variants run, and each one's seeds where not ``seeds`` (the baseline's); a study.json written
+    # before they were stored ran all four with ``seeds`` each.
+    variants: tuple[str, ...] = K_VARIANTS
+    variant_seeds: dict = dataclasses.field(default_factory=dict)
+
+    def seeds_of(self, variant: str) -> int:
+        """How many seeds ``variant`` runs (run.seed 1..that)."""
+        return self.seeds if variant == "baseline" else self.variant_seeds.get(variant, self.seeds)
+
+    def seed_counts(self) -> dict[str, int]:
+        """The baseline's and each variant's seeds, in Goyal et al.'s order."""
+        return {v: self.seeds_of(v) for v in ("baseline", *self.variants)}
+
+    def seeds_summary(self) -> str:
+        """``3 seed(s) per variant``, or each one's count when they differ."""
+        counts = self.seed_counts()
+        if len(set(counts.values())) == 1:
+            return f"{self.seeds} seed(s) per variant"
+        return "seeds " + ", ".join(f"{v} {n}" for v, n in counts.items())
 
     def identity(self) -> dict:
         """What makes two plans the same study.
@@ -90,11 +109,13 @@ class StudyPlan:
         """
         cfg = {k: v for k, v in self.config.items() if k != "data.data_dir"}
         runs = [(r.name, r.workers, list(r.sets)) for r in self.runs]
+        counts = self.seed_counts()
         return {
             "kind": self.kind,
             "config": cfg,
             "k": list(self.ks),
-            "seeds": self.seeds,
+            "seeds": self.seeds if len(set(counts.values())) == 1 else seeds_text(counts),
+            "variants": ",".join(self.variants),
             "np": self.max_workers,
             "runs": runs,
             **({} if self.margin is None else {"margin": self.margin}),
@@ -102,8 +123,9 @@ class StudyPlan:
 
     def to_json(self) -> dict:
         out = dataclasses.asdict(self)
-        out["ks"], out["runs"] = (
+        out["ks"], out["variants"], out["runs"] = (
             list(self.ks),
+            list(self.variants),
             [{**dataclasses.asdict(r), "sets": list(r.sets)} for r in self.runs],
         )
         return out
@@ -111,7 +133,13 @@ class StudyPlan:
     @classmethod
     def from_json(cls, data: dict) -> StudyPlan:
         runs = tuple(RunPlan(**{**r, "sets": tuple(r["sets"])}) for r in data["runs"])
-        plan = cls(**{**data, "ks": tuple(data["ks"]), "runs": runs})
+        chosen = {"variants": tuple(data["variants"])} if "variants" in data else {}
+        plan = cls(**{**data, "ks": tuple(data["ks"]), "runs": runs, **chosen})
+        if not plan.variants or len(set(plan.variants)) != len(plan.variants):
+            raise ValueError("variants")
+        if not set(plan.variants) <= set(K_VARIANTS) or not set(plan.variant_seeds) <= set(plan.variants):
+            raise ValueError("variants")
+        check_seeds(plan.seed_counts())
         margin, alpha = plan.margin, plan.alpha
         if margin is not None and not (isinstance(margin, (int, float)) and 0 < margin <= 100):
             raise ValueError("margin")
@@ -188,6 +216,8 @@ def plan_large_batch(
     examples_from: str = "",
     allow_small_budget: bool = False,
     margin: float = MARGIN_PP,
+    variants: tuple[str, ...] = K_VARIANTS,
+    variant_seeds: dict[str, int] | None = None,
 ) -> StudyPlan:
     """The runs of Goyal et al.'s Table 1 for ``cfg`` (the baseline on one worker): pure, no I/O.
 
@@ -200,18 +230,21 @@ def plan_large_batch(
     Args:
         cfg: the baseline's resolved config.
         ks: the batch multiples (k = 1, the baseline, is added).
-        seeds: the seeds of every variant.
+        seeds: the baseline's seeds, and those of every variant not in ``variant_seeds``.
         max_workers: the most workers a run may use (``--np``/``--gpus``); the rest is accumulation.
         name: the study's name (its folder's).
         train_examples: the data's training examples (None: unknown, so not checked).
         examples_from: where ``train_examples`` came from.
         allow_small_budget: accept runs at k > 1 with fewer than MIN_BUDGET_UPDATES updates.
         margin: the verdicts' margin in pp, stored with ALPHA in the plan.
+        variants: the k > 1 variants to run (the baseline always runs).
+        variant_seeds: a variant's seeds where not ``seeds``: at most the baseline's (they pair with its).
 
     Raises:
         UsageError: a plan that cannot answer RQ3 (the message says what to change).
     """
-    _check_study(cfg, seeds, name)
+    counts = _seed_counts(seeds, variants, variant_seeds or {})
+    _check_study(cfg, name)
     try:
         ks = check_ks(list(ks))
     except ValueError as exc:
@@ -221,7 +254,11 @@ def plan_large_batch(
     for seed in range(1, seeds + 1):  # seed by seed: the first whole table comes first
         runs.append(plan_run(cfg, "baseline", 1, seed, max_workers, train_examples))
         runs += [
-            plan_run(cfg, v, k, seed, max_workers, train_examples) for k in ks if k > 1 for v in VARIANTS[1:]
+            plan_run(cfg, v, k, seed, max_workers, train_examples)
+            for k in ks
+            if k > 1
+            for v in counts
+            if v != "baseline" and seed <= counts[v]  # a variant with fewer seeds has no runs past them
         ]
     limited = _check_budget(cfg, runs, allow_small_budget)
     return StudyPlan(
@@ -237,7 +274,27 @@ def plan_large_batch(
         limited,
         margin,
         ALPHA,
+        tuple(v for v in counts if v != "baseline"),
+        {v: n for v, n in counts.items() if v != "baseline"},
     )
+
+
+def _seed_counts(seeds: int, variants: tuple[str, ...], variant_seeds: dict[str, int]) -> dict[str, int]:
+    """The baseline's and each variant's seeds, in Goyal et al.'s order, checked (app.study.variants)."""
+    if not variants or len(set(variants)) != len(variants) or not set(variants) <= set(K_VARIANTS):
+        raise UsageError(
+            f"--variants {brief(list(variants))}: give one or more of {','.join(K_VARIANTS)}, once"
+        )
+    if not set(variant_seeds) <= set(variants):
+        raise UsageError(
+            f"--seeds: {brief(sorted(variant_seeds))} not all in --variants {','.join(variants)}"
+        )
+    counts = {"baseline": seeds, **{v: variant_seeds.get(v, seeds) for v in K_VARIANTS if v in variants}}
+    try:
+        check_seeds(counts)
+    except ValueError as exc:
+        raise UsageError(f"--seeds {seeds_text(counts)}: {exc}") from None
+    return counts
 
 
 def _check_budget(cfg: config_mod.Config, runs: list[RunPlan], allow: bool) -> bool:
@@ -262,12 +319,10 @@ def _check_budget(cfg: config_mod.Config, runs: list[RunPlan], allow: bool) -> b
     )
 
 
-def _check_study(cfg: config_mod.Config, seeds: int, name: str) -> None:
-    """What the study as a whole needs: a folder name, 1 to MAX_SEEDS seeds, validation, a warmup length."""
+def _check_study(cfg: config_mod.Config, name: str) -> None:
+    """What the study as a whole needs: a folder name, validation, a warmup length."""
     if not config_mod.SAFE.fullmatch(name):
         raise UsageError(f"--name {show(name)}: cannot name a study folder; {config_mod.SAFE_HINT}")
-    if not 1 <= seeds <= MAX_SEEDS:
-        raise UsageError(f"--seeds {seeds}: give 1 to {MAX_SEEDS} seeds per variant (Goyal et al. use 5)")
     if not cfg.run.evaluate:
         raise UsageError(
             "run.evaluate is false: the study compares validation error; remove it or --set run.evaluate=true"
