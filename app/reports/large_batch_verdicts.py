@@ -145,6 +145,8 @@ def verdicts(table: list[Cell], rule: Rule = DEFAULT_RULE) -> list[str]:
                     pairs[f"{PHRASES[variant]} at k={k}"] = pair.seeds
                 if variant == "gradual-warmup":
                     held[k] = pair.verdict
+                if variant == "no-warmup":
+                    compared += no_warmup_below_goyal(k, cell, pair.verdict)
         few = fewest_updates(at_k.values())
         tail = (
             f" [budget-limited: only {few:,} updates per run, under {MIN_UPDATES}]"
@@ -200,6 +202,24 @@ def warmups_compared(k: int, at_k: dict[str, Cell], rule: Rule) -> list[str]:
     else:
         said = "no difference shown (the interval spans 0)"
     return [f"k={k}: gradual against constant warmup, paired: {pair.text()}: {said}"]
+
+
+# The LR at which Goyal et al. (2017, Table 1) saw training without warmup fall behind: k = 32 (8,192 images
+# per update), 0.1 per 256 images scaled linearly.
+GOYAL_NO_WARMUP_LR = 3.2
+
+
+def no_warmup_below_goyal(k: int, cell: Cell, verdict: str) -> list[str]:
+    """A note when no warmup is not shown worse at a scaled LR far below the one at which Goyal et al. saw it
+    fail: a warmup matters where the LR is large for the model, which this study may not reach."""
+    lr = cell.run.lr
+    if verdict == "worse" or lr > GOYAL_NO_WARMUP_LR / 2:
+        return []
+    return [
+        f"k={k}: no warmup is not shown worse here, at LR {lr:g}: Goyal et al. saw it fall behind at LR "
+        f"{GOYAL_NO_WARMUP_LR:g} (k = 32, 8,192 images per update on ImageNet, their Table 1); a warmup "
+        f"matters where the scaled LR is large for the model, which LR {lr:g} may not be"
+    ]
 
 
 def fewest_updates(table) -> int | None:
