@@ -18,6 +18,9 @@ BENCH_ARGS  ?=
 # unscaled 3, no constant warmup; 22 runs) and a 1-vs-2-worker scaling study (docs/study.md).
 STUDY_CONFIG ?= configs/study_fashion_mnist_2core.yaml
 STUDY_ARGS   ?= --k 1,8 --seeds 7,no-warmup=5,unscaled=3 --variants unscaled,no-warmup,gradual-warmup --parallel 2
+# The study's folder under studies/: a folder of another design (the 15-run one of 2026-12-05) is refused, not
+# mixed; its name says the design.
+STUDY_NAME   ?= fashion-mnist-goyal-k8
 SCALING_ARGS ?= --np 1,2 --batch-sizes 32,128 --steps 30 --windows 5 --timeline
 # The other venvs (scripts/venv.sh says what each holds); e.g. COMPAT_TF_VERSION=2.17.1 COMPAT_PYTHON=python3.12.
 MPICH_VENV        ?= .venv-mpich
@@ -82,9 +85,9 @@ train: install data ## quickstart: Fashion-MNIST, ResNet-20, 2 local CPU workers
 	$(APP) train -c configs/fashion_mnist.yaml --np $(NP) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) $(TRAIN_ARGS)
 
 study: install data ## the reference study's questions here: RQ3 (Goyal's Table 1, k=8, 22 runs: 3-7 seeds per variant) and RQ1+RQ2 (1 vs 2 workers), ~31 min with the older 15 runs (re-measured 2026-12-06, docs/study.md)
-	$(APP) study large-batch -c $(STUDY_CONFIG) $(STUDY_ARGS) --name fashion-mnist-large-batch $(if $(DATA_DIR),--data-dir $(DATA_DIR))
+	$(APP) study large-batch -c $(STUDY_CONFIG) $(STUDY_ARGS) --name $(STUDY_NAME) $(if $(DATA_DIR),--data-dir $(DATA_DIR))
 	$(APP) study scaling -c configs/study_fashion_mnist.yaml $(SCALING_ARGS) --name fashion-mnist-scaling $(if $(DATA_DIR),--data-dir $(DATA_DIR))
-	@echo "study: reports in studies/fashion-mnist-large-batch/report/ and studies/fashion-mnist-scaling/report/"
+	@echo "study: reports in studies/$(STUDY_NAME)/report/ and studies/fashion-mnist-scaling/report/"
 
 test: install test-data $(MPICH_VENV)/.installed ## run the test suite (includes 2-process Horovod runs under horovodrun and mpirun)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)

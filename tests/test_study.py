@@ -676,6 +676,8 @@ def test_report_files_table_csv_and_figure(tmp_path):
         (["--k", "1,8", "--seeds", "1.5"], "--seeds '1.5': '1.5' is not a whole number; give N seeds, or N,NAME=M"),
         (["--k", "1,8", "--seeds", "nan"], "'nan' is not a whole number"),
         (["--k", "1,8", "--seeds", "101"], "--seeds '101': baseline with 101 seeds: give 1 to 100"),
+        (["--k", "1,8", "--seeds", "99999999999"], "--seeds '99999999999': '99999999999': give 1 to 100 seeds"),
+        (["--k", "1,8", "--seeds", "unscaled=3"], "--seeds 'unscaled=3': 'unscaled=3': start with N, the baseline's"),
         (["--k", "1,8", "--seeds", "7,foo=3"], "--seeds '7,foo=3': 'foo' is not a variant; name baseline or one of "
          "unscaled,no-warmup,constant-warmup,gradual-warmup"),
         (["--k", "1,8", "--seeds", "7,unscaled=0"], "--seeds '7,unscaled=0': unscaled with 0 seeds: give 1 to 100"),

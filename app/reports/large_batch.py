@@ -160,7 +160,8 @@ def notes(plan: StudyPlan, rule: Rule = DEFAULT_RULE) -> list[str]:
         "top-1 error: 100 - the validation top-1 accuracy after the last epoch, in %; mean ± the sample "
         "standard deviation over seeds (n - 1, shown from 2 seeds); vs baseline, paired: the mean over seeds "
         "of each seed's difference to the baseline of the same seed, in percentage points (positive: worse "
-        "than the baseline; with every seed done it equals the difference of the means)",
+        "than the baseline; with every seed done it equals the variant's mean minus the baseline's over the "
+        "same seeds, 1..M for a variant of M seeds, while the baseline's row and curves use all its seeds)",
         f"every run trains {base.epochs} epochs (equal epochs, so k x larger batches make k x fewer "
         f"updates); global batch = k x {base.global_batch} = workers x accumulation steps x "
         f"{base.batch_size} images",

@@ -48,6 +48,13 @@ def parse_seeds(text: str, variants: tuple[str, ...] = K_VARIANTS) -> dict[str, 
     """
     items = [v.strip() for v in str(text).split(",")]
     default, named = items[0], items[1:]
+    if "=" in default:
+        raise ValueError(
+            f"{brief(default)}: start with N, the baseline's seeds (and every variant's not named), then "
+            "NAME=M,... (e.g. 7,no-warmup=5)"
+        )
+    if re.fullmatch(r"[0-9]{10,}", default):
+        raise ValueError(f"{brief(default)}: give 1 to {MAX_SEEDS} seeds")
     if not _INT.fullmatch(default):
         raise ValueError(
             f"{brief(default)} is not a whole number; give N seeds, or N,NAME=M,... (e.g. 7,no-warmup=5)"
