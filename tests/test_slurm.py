@@ -229,15 +229,18 @@ def test_tasks_that_did_not_join_one_job_are_refused(cluster, tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def study_status_then_report(cluster, folder) -> str:
-    """After a study's jobs have ended: `app study status` offers the report command (no report job), and
-    `app study report` (the login-node command) writes the report; status's output."""
+def study_status_then_report(cluster, folder, offer: str = "") -> str:
+    """After a study's jobs have ended: `app study status` offers the report command (no report job; ``offer``
+    when not the plain one), and `app study report` (the login-node command) writes the report; status's
+    output."""
     env = {**cluster.env, "PYTHONPATH": str(ROOT)}
     app = [sys.executable, "-m", "app", "study"]
     run = {"cwd": folder.parent, "env": env, "capture_output": True, "text": True, "timeout": 120}
     status = subprocess.run([*app, "status", str(folder)], **run)
     assert status.returncode == 0, status.stdout + status.stderr
-    offer = f"every job has ended: write the report with `app study report {folder}` (on the login node)"
+    offer = (
+        offer or f"every job has ended: write the report with `app study report {folder}` (on the login node)"
+    )
     assert status.stdout.splitlines()[-1] == offer, status.stdout
     report = subprocess.run([*app, "report", str(folder)], **run)
     assert report.returncode == 0, report.stdout + report.stderr
@@ -305,7 +308,12 @@ def test_a_study_part_whose_partition_refuses_it_is_named_and_the_rest_runs_with
     folder = tmp_path / "studies" / "gt"
     assert json.loads((folder / "jobs.json").read_text()) == {"workers-1": ids[0]}
     cluster.wait(ids[0])
-    study_status_then_report(cluster, folder)
+    study_status_then_report(
+        cluster,
+        folder,
+        "every job has ended; 1 not submitted (workers-2): run the study's command again to submit what is "
+        f"missing (what is done is skipped), or write the report of what is done with `app study report {folder}`",
+    )
     md = (folder / "report" / "scaling.md").read_text()
     assert "| 8 | 1 | 1 |" in md and "| 8 | 2 |" not in md, md
 

@@ -643,8 +643,9 @@ def test_status_says_the_jobs_left_then_offers_the_report_command(tmp_path, monk
     assert code == 0, stderr
     # no part wrote its results (the jobs failed or were cancelled): the study's command submits them again
     assert stdout.splitlines()[-1] == (
-        "every job has ended, 2 without its results (workers-1, workers-2): run the study's command again to "
-        f"submit them (what is done is skipped), or write the report of what is done with `{command}`"
+        "every job has ended; 2 ended without its results (workers-1, workers-2): run the study's command "
+        f"again to submit what is missing (what is done is skipped), or write the report of what is done with "
+        f"`{command}`"
     )
     squeue.write_text("#!/bin/sh\nexit 1\n")  # the controller does not answer: nothing is known
     code, stdout, stderr = app_main(["study", "status", str(folder)], monkeypatch, capsys)

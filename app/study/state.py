@@ -248,10 +248,23 @@ def report_advice(folder: Path, jobs: dict[str, tuple[str, str]], not_done: list
             f"`{command}` writes the report" + cancel
         )
     if not_done:
-        shown = ", ".join(not_done[:5]) + (f" and {len(not_done) - 5} more" if len(not_done) > 5 else "")
+        ended = [n for n in not_done if n in jobs]
+        said = [
+            f"{len(names)} {what} ({_names(names)})"
+            for names, what in (
+                (ended, "ended without its results"),
+                ([n for n in not_done if n not in jobs], "not submitted"),
+            )
+            if names
+        ]
         return (
-            f"every job has ended, {len(not_done)} without its results ({shown}): run the study's command "
-            f"again to submit them (what is done is skipped), or write the report of what is done with "
-            f"`{command}`" + cancel
+            f"every job has ended; {' and '.join(said)}: run the study's command again to submit what is "
+            f"missing (what is done is skipped), or write the report of what is done with `{command}`"
+            + cancel
         )
     return f"every job has ended: write the report with `{command}` (on the login node)" + cancel
+
+
+def _names(names: list[str]) -> str:
+    """Up to five names, and how many more."""
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
