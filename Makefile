@@ -84,7 +84,7 @@ test-data:
 train: install data ## quickstart: Fashion-MNIST, ResNet-20, 2 local CPU workers (NP=2), a few minutes
 	$(APP) train -c configs/fashion_mnist.yaml --np $(NP) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) $(TRAIN_ARGS)
 
-study: install data ## the reference study's questions here: RQ3 (Goyal's Table 1, k=8, 22 runs: 3-7 seeds per variant) and RQ1+RQ2 (1 vs 2 workers), 38 min on 2 cores (2026-12-07, docs/study.md)
+study: install data ## the reference study's questions here: RQ3 (Goyal's Table 1, k=8, 22 runs: 3-7 seeds per variant) and RQ1+RQ2 (1 vs 2 workers), 38 min on 2 cores with warm caches (2026-12-07, docs/study.md)
 	$(APP) study large-batch -c $(STUDY_CONFIG) $(STUDY_ARGS) --name $(STUDY_NAME) $(if $(DATA_DIR),--data-dir $(DATA_DIR))
 	$(APP) study scaling -c configs/study_fashion_mnist.yaml $(SCALING_ARGS) --name fashion-mnist-scaling $(if $(DATA_DIR),--data-dir $(DATA_DIR))
 	@echo "study: reports in studies/$(STUDY_NAME)/report/ and studies/fashion-mnist-scaling/report/"

@@ -168,8 +168,8 @@ def prepare(folder: Path, plan: StudyPlan | ScalingPlan, cfg, command: list[str]
         if diff:
             raise UsageError(
                 f"{label} holds a different study ({'; '.join(diff)}); continue it with its own options "
-                f"(see `app study status {show(folder, limit=None)}`), or pass another --name (more seeds "
-                "or other variants are another study: a new --name trains them all)"
+                '(the command that made it is its study.json\'s "command"), or pass another --name (more '
+                "seeds or other variants are another study: a new --name trains them all)"
             )
         return False
     if folder.is_dir() and any(folder.iterdir()):
