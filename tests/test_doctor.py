@@ -235,7 +235,7 @@ class _OneProcess:
         ("tf", True, {"size": 2}, "RCCL", "MultiWorkerMirroredStrategy fell back to TensorFlow's ring"),
         ("horovod", False, {"size": 2}, "NCCL", "Horovod reduced through its CPU operations (MPI or Gloo"),
     ],
-)  # fmt: skip
+)
 def test_a_collective_library_that_never_initialised_on_gpus_is_a_warning(
     monkeypatch, engine_name, rocm, world, library, instead
 ):

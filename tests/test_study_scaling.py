@@ -663,8 +663,10 @@ def test_a_finished_study_on_a_cluster_has_nothing_to_submit(tmp_path):
     for dry_run in (True, False):
         lines: list[str] = []
         assert submit_study(folder, p, cfg(), {"cluster": "local"}, dry_run=dry_run, echo=lines.append) == {}
-        assert lines == [f"nothing to submit: every part is done or its job is queued or running (see `app "
-                         f"study status {folder}`)"]  # fmt: skip
+        assert lines == [
+            f"nothing to submit: every part is done or its job is queued or running (see `app "
+            f"study status {folder}`)"
+        ]
 
 
 def test_status_of_a_local_study_offers_no_report_command(tmp_path):

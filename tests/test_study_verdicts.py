@@ -446,9 +446,21 @@ def test_the_make_study_design_plans_22_runs_seed_by_seed():
 
 
 def test_the_make_study_dry_run_prints_each_variants_seeds(tmp_path, monkeypatch, capsys):
-    args = ["study", "large-batch", "-c", "configs/study_fashion_mnist_2core.yaml", "--k", "1,8", "--seeds",
-            "7,no-warmup=5,unscaled=3", "--variants", "unscaled,no-warmup,gradual-warmup", "--dry-run",
-            "--out", str(tmp_path / "studies")]  # fmt: skip
+    args = [
+        "study",
+        "large-batch",
+        "-c",
+        "configs/study_fashion_mnist_2core.yaml",
+        "--k",
+        "1,8",
+        "--seeds",
+        "7,no-warmup=5,unscaled=3",
+        "--variants",
+        "unscaled,no-warmup,gradual-warmup",
+        "--dry-run",
+        "--out",
+        str(tmp_path / "studies"),
+    ]
     code, out, err = app_main(args, monkeypatch, capsys)
     assert code == 0, err
     assert (
@@ -466,12 +478,19 @@ def test_a_report_says_each_variants_own_seeds(tmp_path, ten_classes, monkeypatc
             make_run(folder, run, [FINAL[run.variant][0]] * run.epochs)
     _, md, rows = report(folder, p)
     done = {r["variant"]: (r["seeds_done"], r["seeds_planned"]) for r in rows}
-    assert done == {"baseline": ("3", "3"), "unscaled": ("1", "1"), "no-warmup": ("2", "2"),
-                    "gradual-warmup": ("2", "3")}  # fmt: skip
+    assert done == {
+        "baseline": ("3", "3"),
+        "unscaled": ("1", "1"),
+        "no-warmup": ("2", "2"),
+        "gradual-warmup": ("2", "3"),
+    }
     table = [ln.split("|") for ln in md.split("\n\n")[2].splitlines()]  # Table 1, after the title and summary
     cells = {c[3].strip(): c[-2].strip() for c in table if c[1].strip() == "8"}
-    assert cells == {"k x batch, LR unscaled": "1/1", "scaled LR, no warmup": "2/2",
-                     "scaled LR, gradual warmup": "2/3"}  # fmt: skip
+    assert cells == {
+        "k x batch, LR unscaled": "1/1",
+        "scaled LR, no warmup": "2/2",
+        "scaled LR, gradual warmup": "2/3",
+    }
     assert "seeds baseline 3, unscaled 1, no-warmup 2, gradual-warmup 3, at most 1 worker(s)" in md
     assert "scaled LR, constant warmup" not in md and "gradual against constant" not in md
     code, out, err = app_main(["study", "status", str(folder)], monkeypatch, capsys)
@@ -481,12 +500,17 @@ def test_a_report_says_each_variants_own_seeds(tmp_path, ten_classes, monkeypatc
 @pytest.mark.parametrize(
     ("other", "says"),
     [
-        (lambda: variants_plan(own={"no-warmup": 4, "unscaled": 3}), "--seeds '7,unscaled=3,no-warmup=5' there"),
-        (lambda: variants_plan(variants=("unscaled", "no-warmup", "constant-warmup", "gradual-warmup")),
-         "--variants 'unscaled,no-warmup,gradual-warmup' there vs 'unscaled,no-warmup,constant-warmup,"),
+        (
+            lambda: variants_plan(own={"no-warmup": 4, "unscaled": 3}),
+            "--seeds '7,unscaled=3,no-warmup=5' there",
+        ),
+        (
+            lambda: variants_plan(variants=("unscaled", "no-warmup", "constant-warmup", "gradual-warmup")),
+            "--variants 'unscaled,no-warmup,gradual-warmup' there vs 'unscaled,no-warmup,constant-warmup,",
+        ),
         (lambda: plan(ks=(1, 8), seeds=7), "--seeds '7,unscaled=3,no-warmup=5' there vs 7 now"),
     ],
-)  # fmt: skip
+)
 def test_other_variants_or_seeds_are_another_study(tmp_path, other, says):
     folder, _ = new_study(tmp_path, variants_plan())
     assert prepare(folder, variants_plan(), fashion(), ["app"]) is False  # the same design continues it
@@ -514,10 +538,16 @@ def test_a_study_json_without_variants_means_all_four_with_seeds_each(tmp_path, 
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("variants", []), ("variants", ["baseline"]), ("variants", ["unscaled", "unscaled"]),
-     ("variant_seeds", {"unscaled": 3}), ("variant_seeds", {"constant-warmup": 0}),
-     ("variant_seeds", {"no-warmup": "2"}), ("variant_seeds", [1])],
-)  # fmt: skip
+    [
+        ("variants", []),
+        ("variants", ["baseline"]),
+        ("variants", ["unscaled", "unscaled"]),
+        ("variant_seeds", {"unscaled": 3}),
+        ("variant_seeds", {"constant-warmup": 0}),
+        ("variant_seeds", {"no-warmup": "2"}),
+        ("variant_seeds", [1]),
+    ],
+)
 def test_an_edited_variants_or_seeds_is_one_line(tmp_path, monkeypatch, capsys, key, value):
     folder, _ = new_study(tmp_path)  # one seed each
     meta = json.loads((folder / "study.json").read_text())
@@ -545,14 +575,18 @@ def test_the_command_that_continues_a_study_keeps_its_variants_and_seeds():
     from app.cli.study_large_batch import LargeBatchRequest, _seed_counts
 
     def again(seeds, variants):
-        request = LargeBatchRequest((), (), [1, 8], _seed_counts(seeds, variants), 0.5, "s", 1, Path("o"), None,
-                                    0, 1, False, {})  # fmt: skip
+        request = LargeBatchRequest(
+            (), (), [1, 8], _seed_counts(seeds, variants), 0.5, "s", 1, Path("o"), None, 0, 1, False, {}
+        )
         words = request.again()
         return words[words.index("--seeds") :][:4]
 
     assert again("7,unscaled=3,no-warmup=5", "gradual-warmup,no-warmup,unscaled") == [
-        "--seeds", "7,unscaled=3,no-warmup=5", "--variants", "unscaled,no-warmup,gradual-warmup"
-    ]  # fmt: skip
+        "--seeds",
+        "7,unscaled=3,no-warmup=5",
+        "--variants",
+        "unscaled,no-warmup,gradual-warmup",
+    ]
     assert again("3", None) == ["--seeds", "3", "--name", "s"]  # all four: as before
     assert again("2,baseline=3", None)[:2] == [
         "--seeds",
