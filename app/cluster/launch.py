@@ -11,7 +11,7 @@ import shlex
 from app.cluster.profile_rules import ENV_PLACEHOLDERS, PLACEHOLDER, TASK_PLACEHOLDERS
 from app.cluster.profile_schema import Cluster
 from app.core.ports import TF_PORT_BASE, TF_PORT_SPAN
-from app.core.signals import HELD_VAR
+from app.core.signals import HELD, HELD_VAR
 
 
 def _env_value(value: str) -> str:
@@ -54,7 +54,7 @@ def _environment(cluster: Cluster) -> tuple[str, str]:
 # it found ignored, so each task's shell ignores them before it runs the wrapper; `app` gives itself the
 # default actions back as it starts (app/core/signals.py: release_held), and its training handlers take them
 # from there. (Apptainer's starter catches every signal and passes it on to the container.)
-HOLD = f'trap "" USR1 TERM; export {HELD_VAR}=SIGUSR1,SIGTERM; '
+HOLD = f'trap "" {" ".join(s.removeprefix("SIG") for s in HELD)}; export {HELD_VAR}={",".join(HELD)}; '
 HOLD_COMMENT = (
     "# Each task's shell ignores SIGUSR1 and SIGTERM before it runs python, so that a wrapper script\n"
     "# standing as python (a site module's) survives them; app takes them back as it starts\n"

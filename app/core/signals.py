@@ -20,6 +20,7 @@ from collections.abc import Callable
 # Set by a job's task shell that ignored these signals (named) before it ran `app` through what may be a
 # wrapper script (app/cluster/launch.py: HOLD).
 HELD_VAR = "SCALEOUT_HELD_SIGNALS"
+HELD = ("SIGUSR1", "SIGTERM")  # Slurm's --signal ahead of the time limit, and scancel's
 
 
 def release_held() -> None:
@@ -28,7 +29,7 @@ def release_held() -> None:
     signal until it installs its handler, as it does when started without a wrapper."""
     held = os.environ.pop(HELD_VAR, "")
     for name in held.split(","):
-        number = getattr(signal.Signals, name, None) if name in ("SIGUSR1", "SIGTERM") else None
+        number = getattr(signal.Signals, name, None) if name in HELD else None
         if number is not None and signal.getsignal(number) == signal.SIG_IGN:
             signal.signal(number, signal.SIG_DFL)
 
