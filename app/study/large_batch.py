@@ -20,7 +20,7 @@ from pathlib import Path
 
 from app.core import config as config_mod
 from app.core.errors import UsageError, brief, show
-from app.study.variants import K_VARIANTS, check_seeds, seeds_text
+from app.study.variants import K_VARIANTS, check_seeds, design_problem, seeds_text
 from app.study.variants import MAX_SEEDS as MAX_SEEDS  # re-exported, as before app.study.variants
 from app.study.variants import VARIANTS as VARIANTS
 
@@ -135,9 +135,7 @@ class StudyPlan:
         runs = tuple(RunPlan(**{**r, "sets": tuple(r["sets"])}) for r in data["runs"])
         chosen = {"variants": tuple(data["variants"])} if "variants" in data else {}
         plan = cls(**{**data, "ks": tuple(data["ks"]), "runs": runs, **chosen})
-        if not plan.variants or len(set(plan.variants)) != len(plan.variants):
-            raise ValueError("variants")
-        if not set(plan.variants) <= set(K_VARIANTS) or not set(plan.variant_seeds) <= set(plan.variants):
+        if design_problem(plan.variants, plan.variant_seeds):
             raise ValueError("variants")
         check_seeds(plan.seed_counts())
         margin, alpha = plan.margin, plan.alpha
@@ -281,11 +279,12 @@ def plan_large_batch(
 
 def _seed_counts(seeds: int, variants: tuple[str, ...], variant_seeds: dict[str, int]) -> dict[str, int]:
     """The baseline's and each variant's seeds, in Goyal et al.'s order, checked (app.study.variants)."""
-    if not variants or len(set(variants)) != len(variants) or not set(variants) <= set(K_VARIANTS):
+    problem = design_problem(variants, variant_seeds)
+    if problem == "variants":
         raise UsageError(
             f"--variants {brief(list(variants))}: give one or more of {','.join(K_VARIANTS)}, once"
         )
-    if not set(variant_seeds) <= set(variants):
+    if problem == "seeds":
         raise UsageError(
             f"--seeds: {brief(sorted(variant_seeds))} not all in --variants {','.join(variants)}"
         )

@@ -81,6 +81,17 @@ def parse_seeds(text: str, variants: tuple[str, ...] = K_VARIANTS) -> dict[str, 
     return counts
 
 
+def design_problem(variants: tuple[str, ...], variant_seeds: dict) -> str:
+    """What is wrong with a plan's variants and the variants it names seeds for: "variants" (none, one
+    twice or one unknown), "seeds" (seeds for a variant not run), or "" (nothing). The counts:
+    :func:`check_seeds`."""
+    if not variants or len(set(variants)) != len(variants) or not set(variants) <= set(K_VARIANTS):
+        return "variants"
+    if not set(variant_seeds) <= set(variants):
+        return "seeds"
+    return ""
+
+
 def check_seeds(counts: dict[str, int]) -> None:
     """Check ``counts`` (the baseline's and each variant's seeds): 1..MAX_SEEDS, none past the baseline's.
 
