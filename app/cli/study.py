@@ -88,7 +88,6 @@ def study_status(study_dir):
     from collections import Counter
 
     from rich.console import Console
-    from rich.table import Table
 
     from app.study.folder import load_plan
     from app.study.scaling import part_states
@@ -98,35 +97,50 @@ def study_status(study_dir):
     jobs = slurm_states(study_dir)
     console = Console(width=None if sys.stdout.isatty() else 120, highlight=False)
     if plan.kind == "scaling":
-        found = part_states(study_dir, plan, jobs)
-        where = f"Slurm profile {plan.cluster}" if plan.cluster else "local processes"
-        table = Table(
-            title=f"scaling study {plan.name}: workers {','.join(map(str, plan.workers))}, batch sizes "
-            f"{','.join(map(str, plan.batch_sizes))} ({where})",
-            title_justify="left",
+        found, planned, noun = part_states(study_dir, plan, jobs), plan.parts, "parts"
+        table = _parts_table(plan, found)
+    else:
+        found, planned, noun = states(study_dir, plan, jobs), plan.runs, "runs"
+        table = _runs_table(plan, found)
+    console.print(table)
+    counts = Counter(s.state for s in found)
+    order = ("done", "running", "partial", "failed", "pending")
+    console.print(", ".join(f"{counts[s]} {s}" for s in order if counts[s]) + f" of {len(found)} {noun}")
+    advice = report_advice(
+        study_dir, jobs, [p.name for p, s in zip_equal(planned, found) if s.state != "done"]
+    )
+    if advice:
+        console.print(advice, soft_wrap=True, markup=False)
+
+
+def _parts_table(plan, found):
+    """A scaling study's parts and their states, as `app study status` shows them."""
+    from rich.table import Table
+
+    where = f"Slurm profile {plan.cluster}" if plan.cluster else "local processes"
+    table = Table(
+        title=f"scaling study {plan.name}: workers {','.join(map(str, plan.workers))}, batch sizes "
+        f"{','.join(map(str, plan.batch_sizes))} ({where})",
+        title_justify="left",
+    )
+    for column in ("part", "workers", "state", "batch sizes measured", "detail"):
+        table.add_column(column, justify="right" if column == "workers" else "left")
+    for part, state in zip_equal(plan.parts, found):
+        what = f"{part.workers} processes" if part.independent else str(part.workers)
+        table.add_row(
+            part.name,
+            what,
+            state.state,
+            f"{state.epochs_done}/{len(plan.batch_sizes)}",
+            one_line(state.detail),
         )
-        for column in ("part", "workers", "state", "batch sizes measured", "detail"):
-            table.add_column(column, justify="right" if column == "workers" else "left")
-        for part, state in zip_equal(plan.parts, found):
-            what = f"{part.workers} processes" if part.independent else str(part.workers)
-            table.add_row(
-                part.name,
-                what,
-                state.state,
-                f"{state.epochs_done}/{len(plan.batch_sizes)}",
-                one_line(state.detail),
-            )
-        console.print(table)
-        counts = Counter(s.state for s in found)
-        order = ("done", "running", "partial", "failed", "pending")
-        console.print(", ".join(f"{counts[s]} {s}" for s in order if counts[s]) + f" of {len(found)} parts")
-        advice = report_advice(
-            study_dir, jobs, [p.name for p, s in zip_equal(plan.parts, found) if s.state != "done"]
-        )
-        if advice:
-            console.print(advice, soft_wrap=True, markup=False)
-        return
-    found = states(study_dir, plan, jobs)
+    return table
+
+
+def _runs_table(plan, found):
+    """A large-batch study's runs and their states, as `app study status` shows them."""
+    from rich.table import Table
+
     table = Table(
         title=f"{plan.kind} study {plan.name}: k {','.join(map(str, plan.ks))}, {plan.seeds_summary()}",
         title_justify="left",
@@ -143,15 +157,7 @@ def study_status(study_dir):
             f"{state.epochs_done}/{run.epochs}",
             one_line("; ".join(filter(None, [state.detail, state.damage]))),
         )
-    console.print(table)
-    counts = Counter(s.state for s in found)
-    order = ("done", "running", "partial", "failed", "pending")
-    console.print(", ".join(f"{counts[s]} {s}" for s in order if counts[s]) + f" of {len(found)} runs")
-    advice = report_advice(
-        study_dir, jobs, [r.name for r, s in zip_equal(plan.runs, found) if s.state != "done"]
-    )
-    if advice:
-        console.print(advice, soft_wrap=True, markup=False)
+    return table
 
 
 @study.command("report")

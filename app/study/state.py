@@ -227,7 +227,8 @@ def report_advice(folder: Path, jobs: dict[str, tuple[str, str]], not_done: list
     known. A "report" entry (a report job that older versions submitted) is not one of the study's jobs: one
     still waiting is named, to be cancelled (it would hold a GPU for work that needs none).
     """
-    if not any(name != "report" for name in jobs):
+    own = {name: job for name, job in jobs.items() if name != "report"}
+    if not own:
         return None
     command = f"app study report {shlex.quote(str(folder))}"
     old = jobs.get("report")
@@ -236,24 +237,24 @@ def report_advice(folder: Path, jobs: dict[str, tuple[str, str]], not_done: list
         if old and old[1] in ACTIVE
         else ""
     )
-    if any(state == NO_ANSWER for name, (_, state) in jobs.items() if name != "report"):
+    if any(state == NO_ANSWER for _, state in own.values()):
         return (
             "squeue did not answer, so whether the study's jobs have ended is not known; `squeue --me` "
             f"shows them, and `{command}` writes the report of what is done"
         )
-    waiting = sorted(job for name, (job, state) in jobs.items() if name != "report" and state in ACTIVE)
+    waiting = sorted(job for job, state in own.values() if state in ACTIVE)
     if waiting:
         return (
             f"{len(waiting)} job(s) still queued or running ({', '.join(waiting)}); when they have ended, "
             f"`{command}` writes the report" + cancel
         )
     if not_done:
-        ended = [n for n in not_done if n in jobs]
+        ended = [n for n in not_done if n in own]
         said = [
             f"{len(names)} {what} ({_names(names)})"
             for names, what in (
                 (ended, "ended without its results"),
-                ([n for n in not_done if n not in jobs], "not submitted"),
+                ([n for n in not_done if n not in own], "not submitted"),
             )
             if names
         ]
